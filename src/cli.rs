@@ -1,0 +1,219 @@
+//! The command line: `run`, `simulate` and `demo`.
+
+use crate::config::{Config, LogFormat, Overrides};
+use crate::demo::{self, DemoOptions};
+use crate::sidecar::{termination_signal, Sidecar};
+use crate::simulate::delay::Delay;
+use crate::simulate::{SimEngine, SimOptions};
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::error;
+
+/// Exit status for a bad configuration (EX_USAGE).
+pub const EXIT_CONFIG: u8 = 64;
+
+/// llmslo: measure TTFT, TPOT and tokens in front of an LLM engine and export SLOs to Prometheus.
+#[derive(Debug, Parser)]
+#[command(name = "llmslo", version, about)]
+pub struct Cli {
+    /// Log filter, e.g. `info` or `llmslo=debug`.
+    #[arg(long, global = true, env = "LLMSLO_LOG")]
+    log: Option<String>,
+    /// Log format.
+    #[arg(long, global = true, env = "LLMSLO_LOG_FORMAT", value_enum)]
+    log_format: Option<LogFormat>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the sidecar in front of an engine.
+    Run(RunArgs),
+    /// Run the built-in simulated OpenAI-compatible engine.
+    Simulate(SimulateArgs),
+    /// Start a simulated engine, the sidecar and a small load; print live TTFT/TPOT.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+struct RunArgs {
+    /// The engine's base URL, e.g. http://127.0.0.1:8000.
+    #[arg(long, env = "LLMSLO_UPSTREAM")]
+    upstream: Option<String>,
+    /// Address the proxy listens on [default: 0.0.0.0:8080].
+    #[arg(long, env = "LLMSLO_LISTEN")]
+    listen: Option<String>,
+    /// Address for /metrics, /healthz and /readyz [default: 0.0.0.0:9464].
+    #[arg(long, env = "LLMSLO_METRICS_LISTEN")]
+    metrics_listen: Option<String>,
+    /// YAML config file (flags and environment override it).
+    #[arg(long, env = "LLMSLO_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+struct SimulateArgs {
+    /// Address to serve on.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    listen: SocketAddr,
+    /// Model names served (repeat or comma-separate).
+    #[arg(long = "model", value_delimiter = ',', default_value = "sim")]
+    models: Vec<String>,
+    /// Time to first token: `200ms`, `uniform:100ms..300ms` or `normal:200ms,20ms`.
+    #[arg(long, default_value = "200ms")]
+    ttft: Delay,
+    /// Time per output token, same forms as --ttft.
+    #[arg(long, default_value = "30ms")]
+    tpot: Delay,
+    /// Tokens per content chunk.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    tokens_per_chunk: u32,
+    /// Output tokens when a request sets no max_tokens.
+    #[arg(long, default_value_t = 64)]
+    max_tokens: u32,
+    /// Probability (0-1) of answering HTTP 500.
+    #[arg(long, default_value_t = 0.0, value_parser = probability)]
+    error_rate: f64,
+    /// Probability (0-1) of an error payload mid-stream.
+    #[arg(long, default_value_t = 0.0, value_parser = probability)]
+    midstream_error_rate: f64,
+    /// Probability (0-1) of closing the connection mid-stream.
+    #[arg(long, default_value_t = 0.0, value_parser = probability)]
+    abort_rate: f64,
+    /// Seed for token text, timings and faults.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+#[derive(Debug, Args)]
+struct DemoArgs {
+    /// Address the sidecar listens on.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Address for the sidecar's /metrics.
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    metrics_listen: SocketAddr,
+    /// Concurrent streaming clients.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    concurrency: u64,
+    /// Seconds between table prints.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    interval: Duration,
+    /// Stop after this long (default: run until Ctrl-C).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    duration: Option<Duration>,
+}
+
+fn probability(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err(format!("`{text}` is not a probability between 0 and 1")),
+    }
+}
+
+impl Cli {
+    /// Runs the chosen subcommand to completion.
+    pub async fn run(self) -> ExitCode {
+        match self.command {
+            Command::Run(args) => {
+                let overrides = Overrides {
+                    upstream: args.upstream,
+                    listen: args.listen,
+                    metrics_listen: args.metrics_listen,
+                    log: self.log,
+                    log_format: self.log_format,
+                };
+                let config = match Config::load(overrides, args.config.as_deref()) {
+                    Ok(config) => config,
+                    Err(e) => {
+                        eprintln!("llmslo: {e}");
+                        return ExitCode::from(EXIT_CONFIG);
+                    }
+                };
+                init_logging(&config.log, config.log_format);
+                match Sidecar::start(&config).await {
+                    Ok(sidecar) => {
+                        termination_signal().await;
+                        sidecar.shutdown().await;
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        error!(error = %e, "could not start the sidecar");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
+            Command::Simulate(args) => {
+                init_logging(
+                    self.log.as_deref().unwrap_or("info"),
+                    self.log_format.unwrap_or(LogFormat::Text),
+                );
+                let listener = match TcpListener::bind(args.listen).await {
+                    Ok(listener) => listener,
+                    Err(e) => {
+                        error!(error = %e, listen = %args.listen, "could not bind");
+                        return ExitCode::FAILURE;
+                    }
+                };
+                let engine = SimEngine::new(SimOptions {
+                    models: args.models,
+                    ttft: args.ttft,
+                    tpot: args.tpot,
+                    tokens_per_chunk: args.tokens_per_chunk,
+                    default_max_tokens: args.max_tokens,
+                    error_rate: args.error_rate,
+                    midstream_error_rate: args.midstream_error_rate,
+                    abort_rate: args.abort_rate,
+                    seed: args.seed,
+                });
+                tracing::info!(listen = %args.listen, "simulated engine serving");
+                let shutdown = CancellationToken::new();
+                let stop = shutdown.clone();
+                tokio::spawn(async move {
+                    termination_signal().await;
+                    stop.cancel();
+                });
+                engine.serve(listener, shutdown).await;
+                ExitCode::SUCCESS
+            }
+            Command::Demo(args) => {
+                init_logging(
+                    self.log.as_deref().unwrap_or("warn"),
+                    self.log_format.unwrap_or(LogFormat::Text),
+                );
+                let options = DemoOptions {
+                    listen: args.listen,
+                    metrics_listen: args.metrics_listen,
+                    concurrency: args.concurrency as usize,
+                    interval: args.interval,
+                    duration: args.duration,
+                };
+                match demo::run(options).await {
+                    Ok(()) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("llmslo demo: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Installs the global tracing subscriber (stderr); an invalid filter falls back to `info`.
+fn init_logging(filter: &str, format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| "info".into());
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}

@@ -1,0 +1,476 @@
+//! Typed, validated configuration from flags, environment and a YAML file
+//! (precedence: flag > environment > file > default).
+
+use crate::metrics::buckets::BucketOverrides;
+use http::Uri;
+use serde::Deserialize;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// A configuration problem; its message names the key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The config file could not be read.
+    #[error("config file {path}: {source}")]
+    Read {
+        /// The file named by `--config` / `LLMSLO_CONFIG`.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The config file is not valid YAML for the schema (serde names the key and line).
+    #[error("config file {path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What serde_yaml said, which names the key and its line.
+        message: String,
+    },
+    /// A value is out of range or malformed.
+    #[error("config key `{key}`: {message}")]
+    Invalid {
+        /// The offending key.
+        key: String,
+        /// What is wrong with it.
+        message: String,
+    },
+}
+
+impl ConfigError {
+    fn invalid(key: &str, message: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            key: key.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+/// Log line format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// The engine behind the sidecar, exported as the `provider` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// vLLM.
+    Vllm,
+    /// Text Generation Inference.
+    Tgi,
+    /// SGLang.
+    Sglang,
+    /// llama.cpp server.
+    Llamacpp,
+    /// Any other OpenAI-compatible engine.
+    Openai,
+}
+
+impl Engine {
+    /// The `provider` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Engine::Vllm => "vllm",
+            Engine::Tgi => "tgi",
+            Engine::Sglang => "sglang",
+            Engine::Llamacpp => "llamacpp",
+            Engine::Openai => "openai",
+        }
+    }
+}
+
+/// Values given on the command line or in the environment (clap resolves flag > env).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    /// `--upstream` / `LLMSLO_UPSTREAM`.
+    pub upstream: Option<String>,
+    /// `--listen` / `LLMSLO_LISTEN`.
+    pub listen: Option<String>,
+    /// `--metrics-listen` / `LLMSLO_METRICS_LISTEN`.
+    pub metrics_listen: Option<String>,
+    /// `--log` / `LLMSLO_LOG`.
+    pub log: Option<String>,
+    /// `--log-format` / `LLMSLO_LOG_FORMAT`.
+    pub log_format: Option<LogFormat>,
+}
+
+/// The YAML file's schema; every key is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    upstream: Option<String>,
+    listen: Option<String>,
+    metrics_listen: Option<String>,
+    log: Option<String>,
+    log_format: Option<LogFormat>,
+    engine: Option<Engine>,
+    models: Option<Vec<String>>,
+    max_models: Option<usize>,
+    max_peek_bytes: Option<usize>,
+    max_event_bytes: Option<usize>,
+    #[serde(default, with = "humantime_serde")]
+    upstream_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    drain_timeout: Option<Duration>,
+    health_path: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    health_interval: Option<Duration>,
+    buckets: Option<BucketOverrides>,
+}
+
+/// The effective, validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The engine's base URI (`http://host:port`).
+    pub upstream: Uri,
+    /// Where the proxy listens.
+    pub listen: SocketAddr,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    pub metrics_listen: SocketAddr,
+    /// The tracing filter (`info`, `llmslo=debug`, ...).
+    pub log: String,
+    /// Log line format.
+    pub log_format: LogFormat,
+    /// The engine kind, exported as `provider`.
+    pub engine: Engine,
+    /// Model allow-list; empty learns up to `max_models`.
+    pub models: Vec<String>,
+    /// Distinct model label values learned before the rest become `other`.
+    pub max_models: usize,
+    /// Bytes of a generation request read to learn `model` and `stream`.
+    pub max_peek_bytes: usize,
+    /// Largest stream event (or JSON response) interpreted.
+    pub max_event_bytes: usize,
+    /// How long the engine may take to send a response head (then 504).
+    pub upstream_timeout: Duration,
+    /// How long in-flight streams may finish after SIGTERM.
+    pub drain_timeout: Duration,
+    /// The engine's health path, probed for `/readyz`.
+    pub health_path: String,
+    /// How often the health path is probed.
+    pub health_interval: Duration,
+    /// Per-family histogram bucket overrides.
+    pub buckets: BucketOverrides,
+}
+
+/// Defaults for every key.
+pub mod defaults {
+    use std::time::Duration;
+    /// `listen`.
+    pub const LISTEN: &str = "0.0.0.0:8080";
+    /// `metrics_listen`.
+    pub const METRICS_LISTEN: &str = "0.0.0.0:9464";
+    /// `log`.
+    pub const LOG: &str = "info";
+    /// `max_models`.
+    pub const MAX_MODELS: usize = 16;
+    /// `max_peek_bytes`: 4 MiB.
+    pub const MAX_PEEK_BYTES: usize = 4 << 20;
+    /// `max_event_bytes`: 1 MiB.
+    pub const MAX_EVENT_BYTES: usize = 1 << 20;
+    /// `upstream_timeout`.
+    pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(600);
+    /// `drain_timeout`.
+    pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+    /// `health_path`.
+    pub const HEALTH_PATH: &str = "/health";
+    /// `health_interval`.
+    pub const HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+}
+
+impl Config {
+    /// Merges flags/env over the optional file over defaults, and validates the result.
+    pub fn load(overrides: Overrides, file: Option<&Path>) -> Result<Self, ConfigError> {
+        let file_config = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                })?;
+                parse_yaml(&text).map_err(|message| ConfigError::Parse {
+                    path: path.to_path_buf(),
+                    message,
+                })?
+            }
+            None => FileConfig::default(),
+        };
+        Self::merge(overrides, file_config)
+    }
+
+    /// Builds the configuration from YAML text alone (no flags or environment).
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let file = parse_yaml(text).map_err(|message| ConfigError::Parse {
+            path: PathBuf::from("<inline>"),
+            message,
+        })?;
+        Self::merge(Overrides::default(), file)
+    }
+
+    fn merge(o: Overrides, f: FileConfig) -> Result<Self, ConfigError> {
+        let upstream = o.upstream.or(f.upstream).ok_or_else(|| {
+            ConfigError::invalid(
+                "upstream",
+                "required: give --upstream, LLMSLO_UPSTREAM or `upstream:` in the file",
+            )
+        })?;
+        let config = Config {
+            upstream: parse_upstream(&upstream)?,
+            listen: parse_addr(
+                "listen",
+                o.listen.or(f.listen).as_deref().unwrap_or(defaults::LISTEN),
+            )?,
+            metrics_listen: parse_addr(
+                "metrics_listen",
+                o.metrics_listen
+                    .or(f.metrics_listen)
+                    .as_deref()
+                    .unwrap_or(defaults::METRICS_LISTEN),
+            )?,
+            log: o.log.or(f.log).unwrap_or_else(|| defaults::LOG.to_string()),
+            log_format: o.log_format.or(f.log_format).unwrap_or(LogFormat::Text),
+            engine: f.engine.unwrap_or(Engine::Openai),
+            models: f.models.unwrap_or_default(),
+            max_models: f.max_models.unwrap_or(defaults::MAX_MODELS),
+            max_peek_bytes: f.max_peek_bytes.unwrap_or(defaults::MAX_PEEK_BYTES),
+            max_event_bytes: f.max_event_bytes.unwrap_or(defaults::MAX_EVENT_BYTES),
+            upstream_timeout: f.upstream_timeout.unwrap_or(defaults::UPSTREAM_TIMEOUT),
+            drain_timeout: f.drain_timeout.unwrap_or(defaults::DRAIN_TIMEOUT),
+            health_path: f
+                .health_path
+                .unwrap_or_else(|| defaults::HEALTH_PATH.to_string()),
+            health_interval: f.health_interval.unwrap_or(defaults::HEALTH_INTERVAL),
+            buckets: f.buckets.unwrap_or_default(),
+        };
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if tracing_subscriber::EnvFilter::try_new(&self.log).is_err() {
+            return Err(ConfigError::invalid(
+                "log",
+                format!("`{}` is not a valid log filter", self.log),
+            ));
+        }
+        if self.max_models == 0 {
+            return Err(ConfigError::invalid("max_models", "must be at least 1"));
+        }
+        if self.models.iter().any(|m| m.is_empty()) {
+            return Err(ConfigError::invalid(
+                "models",
+                "model names must not be empty",
+            ));
+        }
+        if !(1..=(64 << 20)).contains(&self.max_peek_bytes) {
+            return Err(ConfigError::invalid(
+                "max_peek_bytes",
+                "must be between 1 byte and 64 MiB",
+            ));
+        }
+        if !(1024..=(64 << 20)).contains(&self.max_event_bytes) {
+            return Err(ConfigError::invalid(
+                "max_event_bytes",
+                "must be between 1 KiB and 64 MiB",
+            ));
+        }
+        for (key, value) in [
+            ("upstream_timeout", self.upstream_timeout),
+            ("drain_timeout", self.drain_timeout),
+            ("health_interval", self.health_interval),
+        ] {
+            if value.is_zero() {
+                return Err(ConfigError::invalid(key, "must be longer than zero"));
+            }
+        }
+        if !self.health_path.starts_with('/') {
+            return Err(ConfigError::invalid("health_path", "must start with `/`"));
+        }
+        self.buckets
+            .validate()
+            .map_err(|(key, message)| ConfigError::invalid(&key, message))
+    }
+}
+
+fn parse_yaml(text: &str) -> Result<FileConfig, String> {
+    if text.trim().is_empty() {
+        return Ok(FileConfig::default());
+    }
+    serde_yaml::from_str(text).map_err(|e| e.to_string())
+}
+
+fn parse_addr(key: &str, value: &str) -> Result<SocketAddr, ConfigError> {
+    value.parse().map_err(|_| {
+        ConfigError::invalid(
+            key,
+            format!("`{value}` is not an address like 0.0.0.0:8080"),
+        )
+    })
+}
+
+fn parse_upstream(value: &str) -> Result<Uri, ConfigError> {
+    let uri: Uri = value
+        .parse()
+        .map_err(|e| ConfigError::invalid("upstream", format!("`{value}` is not a URI: {e}")))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(ConfigError::invalid(
+                "upstream",
+                "https upstreams are not supported: llmslo runs beside the engine and speaks plain HTTP to it",
+            ))
+        }
+        _ => return Err(ConfigError::invalid("upstream", format!("`{value}` must start with http://"))),
+    }
+    if uri.authority().is_none() {
+        return Err(ConfigError::invalid(
+            "upstream",
+            format!("`{value}` has no host"),
+        ));
+    }
+    if uri.query().is_some() {
+        return Err(ConfigError::invalid(
+            "upstream",
+            "must not have a query string",
+        ));
+    }
+    Ok(uri)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key_of(result: Result<Config, ConfigError>) -> String {
+        match result.unwrap_err() {
+            ConfigError::Invalid { key, .. } => key,
+            other => other.to_string(),
+        }
+    }
+
+    #[test]
+    fn defaults_apply_to_a_minimal_file() {
+        let c = Config::from_yaml("upstream: http://127.0.0.1:8000\n").unwrap();
+        assert_eq!(c.listen, "0.0.0.0:8080".parse().unwrap());
+        assert_eq!(c.metrics_listen, "0.0.0.0:9464".parse().unwrap());
+        assert_eq!(c.max_peek_bytes, 4 << 20);
+        assert_eq!(c.max_event_bytes, 1 << 20);
+        assert_eq!(c.upstream_timeout, Duration::from_secs(600));
+        assert_eq!(c.drain_timeout, Duration::from_secs(30));
+        assert_eq!(c.max_models, 16);
+        assert_eq!(c.health_path, "/health");
+        assert_eq!(c.engine, Engine::Openai);
+    }
+
+    #[test]
+    fn every_key_parses_from_yaml() {
+        let c = Config::from_yaml(
+            "upstream: http://engine:8000/base\nlisten: 127.0.0.1:1\nmetrics_listen: 127.0.0.1:2\nlog: debug\n\
+             log_format: json\nengine: vllm\nmodels: [a, b]\nmax_models: 3\nmax_peek_bytes: 1024\n\
+             max_event_bytes: 2048\nupstream_timeout: 2m\ndrain_timeout: 5s\nhealth_path: /ping\n\
+             health_interval: 1s\nbuckets:\n  ttft: [0.1, 0.5]\n",
+        )
+        .unwrap();
+        assert_eq!(c.upstream.path(), "/base");
+        assert_eq!(c.log_format, LogFormat::Json);
+        assert_eq!(c.engine, Engine::Vllm);
+        assert_eq!(c.models, ["a", "b"]);
+        assert_eq!(c.upstream_timeout, Duration::from_secs(120));
+        assert_eq!(c.buckets.ttft, Some(vec![0.1, 0.5]));
+    }
+
+    #[test]
+    fn flags_and_env_win_over_the_file() {
+        let file = FileConfig {
+            upstream: Some("http://file:1".into()),
+            listen: Some("127.0.0.1:1".into()),
+            ..FileConfig::default()
+        };
+        let flags = Overrides {
+            upstream: Some("http://flag:2".into()),
+            ..Overrides::default()
+        };
+        let c = Config::merge(flags, file).unwrap();
+        assert_eq!(c.upstream.host(), Some("flag"));
+        assert_eq!(c.listen, "127.0.0.1:1".parse().unwrap());
+    }
+
+    #[test]
+    fn bad_values_name_their_key() {
+        let up = "upstream: http://127.0.0.1:8000\n";
+        assert_eq!(key_of(Config::from_yaml("listen: 1.2.3.4:5\n")), "upstream");
+        assert_eq!(
+            key_of(Config::from_yaml("upstream: https://x:1\n")),
+            "upstream"
+        );
+        assert_eq!(key_of(Config::from_yaml("upstream: ftp://x\n")), "upstream");
+        assert_eq!(
+            key_of(Config::from_yaml("upstream: /relative\n")),
+            "upstream"
+        );
+        assert_eq!(
+            key_of(Config::from_yaml(&format!("{up}listen: nowhere\n"))),
+            "listen"
+        );
+        assert_eq!(
+            key_of(Config::from_yaml(&format!("{up}max_models: 0\n"))),
+            "max_models"
+        );
+        assert_eq!(
+            key_of(Config::from_yaml(&format!("{up}max_event_bytes: 10\n"))),
+            "max_event_bytes"
+        );
+        assert_eq!(
+            key_of(Config::from_yaml(&format!("{up}upstream_timeout: 0s\n"))),
+            "upstream_timeout"
+        );
+        assert_eq!(
+            key_of(Config::from_yaml(&format!("{up}health_path: health\n"))),
+            "health_path"
+        );
+        assert_eq!(
+            key_of(Config::from_yaml(&format!("{up}log: \"llmslo=loud\"\n"))),
+            "log"
+        );
+        assert_eq!(
+            key_of(Config::from_yaml(&format!(
+                "{up}buckets: {{tpot: [0.2, 0.1]}}\n"
+            ))),
+            "buckets.tpot"
+        );
+    }
+
+    #[test]
+    fn schema_errors_name_the_key_and_line() {
+        let unknown = Config::from_yaml("upstream: http://x:1\nmax_modles: 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            unknown.contains("max_modles") && unknown.contains("line 2"),
+            "{unknown}"
+        );
+        let wrong_type = Config::from_yaml("upstream: http://x:1\nmax_models: many\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            wrong_type.contains("max_models") && wrong_type.contains("line 2"),
+            "{wrong_type}"
+        );
+        let duration = Config::from_yaml("upstream: http://x:1\ndrain_timeout: soon\n")
+            .unwrap_err()
+            .to_string();
+        assert!(duration.contains("drain_timeout"), "{duration}");
+        let engine = Config::from_yaml("upstream: http://x:1\nengine: triton\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            engine.contains("engine") && engine.contains("triton"),
+            "{engine}"
+        );
+    }
+}

@@ -1,0 +1,14 @@
+//! llmslo: a sidecar in front of LLM inference engines that measures what users feel
+//! (TTFT, TPOT, inter-chunk latency, tokens) from the streamed responses and exports it to
+//! Prometheus. `main.rs` is a thin CLI over this library so tests drive the whole app.
+
+pub mod cli;
+pub mod config;
+pub mod demo;
+pub mod health;
+pub mod metrics;
+pub mod observe;
+pub mod proxy;
+pub mod serve;
+pub mod sidecar;
+pub mod simulate;

@@ -1,0 +1,129 @@
+//! Histogram bucket edges (DESIGN §4) and the constructor that gives each family its own.
+
+use prometheus_client::metrics::family::MetricConstructor;
+use prometheus_client::metrics::histogram::Histogram;
+use serde::Deserialize;
+use std::sync::Arc;
+
+/// Time to first token edges, seconds.
+pub const TTFT: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+
+/// Time per output token and inter-chunk latency edges, seconds.
+pub const TPOT: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+];
+
+/// End-to-end request duration edges, seconds.
+pub const E2E: &[f64] = &[
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92, 163.84,
+    327.68, 655.36, 1310.72, 2621.44, 5242.88,
+];
+
+/// Token usage edges, tokens.
+pub const TOKENS: &[f64] = &[
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0, 67108864.0,
+];
+
+/// Tokens per chunk edges.
+pub const TOKENS_PER_CHUNK: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0];
+
+/// Per-family bucket overrides from the config file (`buckets:`).
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BucketOverrides {
+    /// `buckets.ttft`.
+    pub ttft: Option<Vec<f64>>,
+    /// `buckets.tpot` (also used for inter-chunk latency).
+    pub tpot: Option<Vec<f64>>,
+    /// `buckets.e2e`.
+    pub e2e: Option<Vec<f64>>,
+    /// `buckets.tokens`.
+    pub tokens: Option<Vec<f64>>,
+    /// `buckets.tokens_per_chunk`.
+    pub tokens_per_chunk: Option<Vec<f64>>,
+}
+
+impl BucketOverrides {
+    /// Checks every override; the error names the offending key.
+    pub fn validate(&self) -> Result<(), (String, String)> {
+        let all = [
+            ("ttft", &self.ttft),
+            ("tpot", &self.tpot),
+            ("e2e", &self.e2e),
+            ("tokens", &self.tokens),
+            ("tokens_per_chunk", &self.tokens_per_chunk),
+        ];
+        for (name, edges) in all {
+            if let Some(edges) = edges {
+                check_edges(edges).map_err(|why| (format!("buckets.{name}"), why))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn check_edges(edges: &[f64]) -> Result<(), String> {
+    if edges.is_empty() {
+        return Err("must list at least one bucket edge".into());
+    }
+    if edges.iter().any(|e| !e.is_finite() || *e <= 0.0) {
+        return Err("every edge must be a positive, finite number".into());
+    }
+    if edges.windows(2).any(|w| w[0] >= w[1]) {
+        return Err("edges must be strictly increasing".into());
+    }
+    Ok(())
+}
+
+/// A histogram constructor holding one family's bucket edges.
+#[derive(Debug, Clone)]
+pub struct Buckets(Arc<[f64]>);
+
+impl Buckets {
+    /// The configured edges when given, else the defaults.
+    pub fn new(configured: Option<&Vec<f64>>, default: &[f64]) -> Self {
+        Buckets(configured.map_or(default, |v| v.as_slice()).into())
+    }
+}
+
+impl MetricConstructor<Histogram> for Buckets {
+    fn new_metric(&self) -> Histogram {
+        Histogram::new(self.0.iter().copied())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_strictly_increasing() {
+        for edges in [TTFT, TPOT, E2E, TOKENS, TOKENS_PER_CHUNK] {
+            assert!(check_edges(edges).is_ok());
+        }
+    }
+
+    #[test]
+    fn bad_overrides_name_their_key() {
+        let bad = BucketOverrides {
+            tpot: Some(vec![0.1, 0.05]),
+            ..Default::default()
+        };
+        assert_eq!(bad.validate().unwrap_err().0, "buckets.tpot");
+        let empty = BucketOverrides {
+            e2e: Some(vec![]),
+            ..Default::default()
+        };
+        assert_eq!(empty.validate().unwrap_err().0, "buckets.e2e");
+        let negative = BucketOverrides {
+            ttft: Some(vec![-1.0]),
+            ..Default::default()
+        };
+        assert_eq!(negative.validate().unwrap_err().0, "buckets.ttft");
+    }
+}

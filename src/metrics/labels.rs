@@ -1,0 +1,175 @@
+//! Label sets and the bounded model-name normaliser.
+
+use crate::observe::record::{Operation, Outcome};
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
+use std::collections::HashSet;
+use std::fmt::Write;
+use std::sync::RwLock;
+
+/// Label value for requests whose body named no model (or could not be read).
+pub const UNKNOWN_MODEL: &str = "unknown";
+/// Label value for models outside the allow-list or past `max_models`.
+pub const OTHER_MODEL: &str = "other";
+/// Longest model name kept as a label value.
+const MAX_MODEL_NAME_LEN: usize = 128;
+
+impl EncodeLabelValue for Operation {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+impl EncodeLabelValue for Outcome {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+/// `model`, `operation`, `provider`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RequestLabels {
+    /// Normalised model.
+    pub model: String,
+    /// Route-derived operation.
+    pub operation: Operation,
+    /// Engine kind.
+    pub provider: String,
+}
+
+/// `model`, `operation`, `provider`, `outcome`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    /// Normalised model.
+    pub model: String,
+    /// Route-derived operation.
+    pub operation: Operation,
+    /// Engine kind.
+    pub provider: String,
+    /// How the request ended.
+    pub outcome: Outcome,
+}
+
+/// `model`, `operation`, `provider`, `token_type`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct TokenLabels {
+    /// Normalised model.
+    pub model: String,
+    /// Route-derived operation.
+    pub operation: Operation,
+    /// Engine kind.
+    pub provider: String,
+    /// `input` or `output`.
+    pub token_type: &'static str,
+}
+
+/// `model`, `operation`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct InFlightLabels {
+    /// Normalised model.
+    pub model: String,
+    /// Route-derived operation.
+    pub operation: Operation,
+}
+
+/// `version`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct BuildLabels {
+    /// The crate version.
+    pub version: &'static str,
+}
+
+/// Maps request-supplied model names onto a bounded set of label values.
+#[derive(Debug)]
+pub struct ModelNames {
+    allow_list: Option<HashSet<String>>,
+    learned: RwLock<HashSet<String>>,
+    max_models: usize,
+}
+
+impl ModelNames {
+    /// An allow-list when `models` is non-empty, else learning up to `max_models` names.
+    pub fn new(models: &[String], max_models: usize) -> Self {
+        Self {
+            allow_list: (!models.is_empty()).then(|| models.iter().cloned().collect()),
+            learned: RwLock::new(HashSet::new()),
+            max_models,
+        }
+    }
+
+    /// The configured models, known before any traffic (empty when learning).
+    pub fn configured(&self) -> Vec<String> {
+        let mut models: Vec<String> = self.allow_list.iter().flatten().cloned().collect();
+        models.sort();
+        models
+    }
+
+    /// The label value for a request that named `raw` (or nothing), and whether it was just learned.
+    pub fn normalise(&self, raw: Option<&str>) -> (String, bool) {
+        let Some(name) = raw else {
+            return (UNKNOWN_MODEL.to_string(), false);
+        };
+        if let Some(allowed) = &self.allow_list {
+            let label = if allowed.contains(name) {
+                name
+            } else {
+                OTHER_MODEL
+            };
+            return (label.to_string(), false);
+        }
+        if !is_plausible_model_name(name) {
+            return (OTHER_MODEL.to_string(), false);
+        }
+        if self.learned.read().expect("model set lock").contains(name) {
+            return (name.to_string(), false);
+        }
+        let mut learned = self.learned.write().expect("model set lock");
+        if learned.len() < self.max_models {
+            let first_seen = learned.insert(name.to_string());
+            (name.to_string(), first_seen)
+        } else if learned.contains(name) {
+            (name.to_string(), false)
+        } else {
+            (OTHER_MODEL.to_string(), false)
+        }
+    }
+}
+
+fn is_plausible_model_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_MODEL_NAME_LEN
+        && name != UNKNOWN_MODEL
+        && name != OTHER_MODEL
+        && name.chars().all(|c| c.is_ascii_graphic())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allow_list_maps_everything_else_to_other() {
+        let names = ModelNames::new(&["llama".into()], 16);
+        assert_eq!(names.normalise(Some("llama")).0, "llama");
+        assert_eq!(names.normalise(Some("gpt-x")).0, OTHER_MODEL);
+        assert_eq!(names.normalise(None).0, UNKNOWN_MODEL);
+        assert_eq!(names.configured(), ["llama"]);
+    }
+
+    #[test]
+    fn learning_stops_at_max_models() {
+        let names = ModelNames::new(&[], 2);
+        assert_eq!(names.normalise(Some("a")), ("a".to_string(), true));
+        assert_eq!(names.normalise(Some("b")), ("b".to_string(), true));
+        assert_eq!(names.normalise(Some("c")), (OTHER_MODEL.to_string(), false));
+        assert_eq!(names.normalise(Some("a")), ("a".to_string(), false));
+    }
+
+    #[test]
+    fn implausible_names_are_other_and_not_learned() {
+        let names = ModelNames::new(&[], 1);
+        for bad in ["", "has space", &"x".repeat(200), "unknown"] {
+            assert_eq!(names.normalise(Some(bad)).0, OTHER_MODEL, "{bad}");
+        }
+        assert_eq!(names.normalise(Some("ok")).0, "ok");
+    }
+}

@@ -1,0 +1,370 @@
+//! The Prometheus registry: DESIGN §4 families, per-request recording, and encoding.
+
+pub mod buckets;
+pub mod labels;
+pub mod server;
+
+use crate::observe::record::{Operation, Outcome, RequestRecord};
+use buckets::{BucketOverrides, Buckets};
+use labels::{BuildLabels, InFlightLabels, ModelNames, OutcomeLabels, RequestLabels, TokenLabels};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+/// The content type `/metrics` is served with.
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+const OPERATIONS: [Operation; 2] = [Operation::Chat, Operation::TextCompletion];
+
+/// What the metrics need from the configuration.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsConfig {
+    /// The `provider` label value (the engine kind).
+    pub provider: String,
+    /// Model allow-list; empty means learn up to `max_models`.
+    pub models: Vec<String>,
+    /// How many distinct models are learned before the rest become `other`.
+    pub max_models: usize,
+    /// Per-family bucket overrides.
+    pub buckets: BucketOverrides,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, Buckets>;
+
+/// All request-level metric families, registered in one registry.
+pub struct Metrics {
+    registry: Registry,
+    provider: String,
+    models: ModelNames,
+    ttft: HistogramFamily<RequestLabels>,
+    tpot: HistogramFamily<RequestLabels>,
+    inter_chunk: HistogramFamily<RequestLabels>,
+    tokens_per_chunk: HistogramFamily<RequestLabels>,
+    duration: HistogramFamily<OutcomeLabels>,
+    token_usage: HistogramFamily<TokenLabels>,
+    requests: Family<OutcomeLabels, Counter>,
+    output_tokens: Family<RequestLabels, Counter>,
+    input_tokens: Family<RequestLabels, Counter>,
+    in_flight: Family<InFlightLabels, Gauge>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics")
+            .field("provider", &self.provider)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Handles resolved once when a request starts, used while its response streams.
+#[derive(Debug)]
+pub struct RequestHandles {
+    /// The request's normalised model.
+    pub model: String,
+    /// The request's operation.
+    pub operation: Operation,
+    /// Inter-chunk latency histogram for this request's labels.
+    pub inter_chunk: Histogram,
+    _in_flight: InFlight,
+}
+
+/// Counts a request in `llmslo_requests_in_flight` for as long as it lives.
+#[derive(Debug)]
+struct InFlight(Gauge);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+impl Metrics {
+    /// Builds and registers every family, pre-creating series for configured models.
+    pub fn new(config: &MetricsConfig) -> Self {
+        let b = &config.buckets;
+        let metrics = Self {
+            registry: Registry::default(),
+            provider: config.provider.clone(),
+            models: ModelNames::new(&config.models, config.max_models),
+            ttft: Family::new_with_constructor(Buckets::new(b.ttft.as_ref(), buckets::TTFT)),
+            tpot: Family::new_with_constructor(Buckets::new(b.tpot.as_ref(), buckets::TPOT)),
+            inter_chunk: Family::new_with_constructor(Buckets::new(b.tpot.as_ref(), buckets::TPOT)),
+            tokens_per_chunk: Family::new_with_constructor(Buckets::new(
+                b.tokens_per_chunk.as_ref(),
+                buckets::TOKENS_PER_CHUNK,
+            )),
+            duration: Family::new_with_constructor(Buckets::new(b.e2e.as_ref(), buckets::E2E)),
+            token_usage: Family::new_with_constructor(Buckets::new(
+                b.tokens.as_ref(),
+                buckets::TOKENS,
+            )),
+            requests: Family::default(),
+            output_tokens: Family::default(),
+            input_tokens: Family::default(),
+            in_flight: Family::default(),
+        };
+        let metrics = metrics.registered();
+        for model in metrics.models.configured() {
+            metrics.create_series(&model);
+        }
+        metrics
+    }
+
+    fn registered(mut self) -> Self {
+        let r = &mut self.registry;
+        r.register_with_unit(
+            "gen_ai_server_time_to_first_token",
+            "Time from the request head reaching llmslo to the first generated token forwarded to the client",
+            Unit::Seconds,
+            self.ttft.clone(),
+        );
+        r.register_with_unit(
+            "gen_ai_server_time_per_output_token",
+            "Time per output token after the first: (t_last - t_first) / (N - 1)",
+            Unit::Seconds,
+            self.tpot.clone(),
+        );
+        r.register_with_unit(
+            "gen_ai_server_request_duration",
+            "Time from the request head to the end of the response (or its abort)",
+            Unit::Seconds,
+            self.duration.clone(),
+        );
+        r.register(
+            "gen_ai_client_token_usage",
+            "Tokens per request, by token_type (input from usage, output from usage or counted)",
+            self.token_usage.clone(),
+        );
+        r.register_with_unit(
+            "llmslo_inter_chunk_latency",
+            "Gap between consecutive token-carrying stream events",
+            Unit::Seconds,
+            self.inter_chunk.clone(),
+        );
+        r.register(
+            "llmslo_tokens_per_chunk",
+            "Mean output tokens per token-carrying stream event, one observation per request",
+            self.tokens_per_chunk.clone(),
+        );
+        r.register(
+            "llmslo_requests",
+            "Measured requests by outcome",
+            self.requests.clone(),
+        );
+        r.register(
+            "llmslo_output_tokens",
+            "Output tokens generated",
+            self.output_tokens.clone(),
+        );
+        r.register(
+            "llmslo_input_tokens",
+            "Input (prompt) tokens reported by the engine",
+            self.input_tokens.clone(),
+        );
+        r.register(
+            "llmslo_requests_in_flight",
+            "Measured requests whose response has not ended",
+            self.in_flight.clone(),
+        );
+        let build_info = Family::<BuildLabels, Gauge>::default();
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
+        r.register("llmslo_build_info", "llmslo build information", build_info);
+        self
+    }
+
+    /// Creates every series of `model` at zero, so dashboards and alerts never miss one.
+    fn create_series(&self, model: &str) {
+        for operation in OPERATIONS {
+            let labels = self.request_labels(model, operation);
+            for family in [
+                &self.ttft,
+                &self.tpot,
+                &self.inter_chunk,
+                &self.tokens_per_chunk,
+            ] {
+                drop(family.get_or_create(&labels));
+            }
+            drop(self.output_tokens.get_or_create(&labels));
+            drop(self.input_tokens.get_or_create(&labels));
+            for token_type in ["input", "output"] {
+                drop(
+                    self.token_usage
+                        .get_or_create(&self.token_labels(&labels, token_type)),
+                );
+            }
+            drop(self.in_flight.get_or_create(&InFlightLabels {
+                model: model.to_string(),
+                operation,
+            }));
+            for outcome in Outcome::ALL {
+                let labels = self.outcome_labels(&labels, outcome);
+                drop(self.requests.get_or_create(&labels));
+                drop(self.duration.get_or_create(&labels));
+            }
+        }
+    }
+
+    /// Starts measuring a request: normalises its model and counts it in flight.
+    pub fn start_request(&self, raw_model: Option<&str>, operation: Operation) -> RequestHandles {
+        let (model, first_seen) = self.models.normalise(raw_model);
+        if first_seen {
+            self.create_series(&model);
+        }
+        let gauge = self
+            .in_flight
+            .get_or_create(&InFlightLabels {
+                model: model.clone(),
+                operation,
+            })
+            .clone();
+        gauge.inc();
+        let inter_chunk = self
+            .inter_chunk
+            .get_or_create(&self.request_labels(&model, operation))
+            .clone();
+        RequestHandles {
+            model,
+            operation,
+            inter_chunk,
+            _in_flight: InFlight(gauge),
+        }
+    }
+
+    /// Records a finished request into every family it touches.
+    pub fn record(&self, record: &RequestRecord) {
+        let labels = self.request_labels(&record.model, record.operation);
+        if let Some(ttft) = record.ttft {
+            self.ttft.get_or_create(&labels).observe(ttft.as_secs_f64());
+        }
+        if let Some(tpot) = record.tpot {
+            self.tpot.get_or_create(&labels).observe(tpot.as_secs_f64());
+        }
+        if let Some(mean) = record.tokens_per_chunk() {
+            self.tokens_per_chunk.get_or_create(&labels).observe(mean);
+        }
+        if let Some(n) = record.output_tokens {
+            self.output_tokens.get_or_create(&labels).inc_by(n);
+            self.token_usage
+                .get_or_create(&self.token_labels(&labels, "output"))
+                .observe(n as f64);
+        }
+        if let Some(n) = record.input_tokens {
+            self.input_tokens.get_or_create(&labels).inc_by(n);
+            self.token_usage
+                .get_or_create(&self.token_labels(&labels, "input"))
+                .observe(n as f64);
+        }
+        let labels = self.outcome_labels(&labels, record.outcome);
+        self.requests.get_or_create(&labels).inc();
+        self.duration
+            .get_or_create(&labels)
+            .observe(record.e2e.as_secs_f64());
+    }
+
+    /// The whole registry in the OpenMetrics text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+
+    fn request_labels(&self, model: &str, operation: Operation) -> RequestLabels {
+        RequestLabels {
+            model: model.to_string(),
+            operation,
+            provider: self.provider.clone(),
+        }
+    }
+
+    fn outcome_labels(&self, labels: &RequestLabels, outcome: Outcome) -> OutcomeLabels {
+        OutcomeLabels {
+            model: labels.model.clone(),
+            operation: labels.operation,
+            provider: labels.provider.clone(),
+            outcome,
+        }
+    }
+
+    fn token_labels(&self, labels: &RequestLabels, token_type: &'static str) -> TokenLabels {
+        TokenLabels {
+            model: labels.model.clone(),
+            operation: labels.operation,
+            provider: labels.provider.clone(),
+            token_type,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn metrics(models: &[&str]) -> Metrics {
+        Metrics::new(&MetricsConfig {
+            provider: "vllm".into(),
+            models: models.iter().map(|m| m.to_string()).collect(),
+            max_models: 16,
+            buckets: BucketOverrides::default(),
+        })
+    }
+
+    #[test]
+    fn configured_models_are_pre_created_at_zero() {
+        let text = metrics(&["llama"]).encode();
+        assert!(text.contains(
+            "llmslo_requests_total{model=\"llama\",operation=\"chat\",provider=\"vllm\",outcome=\"upstream_error\"} 0"
+        ));
+        assert!(text.contains(
+            "gen_ai_server_time_per_output_token_seconds_count{model=\"llama\",operation=\"text_completion\",provider=\"vllm\"} 0"
+        ));
+        assert!(text.contains("llmslo_build_info{version=\"0.1.0\"} 1"));
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[test]
+    fn a_record_lands_in_every_family() {
+        let m = metrics(&[]);
+        let handles = m.start_request(Some("llama"), Operation::Chat);
+        assert!(m
+            .encode()
+            .contains("llmslo_requests_in_flight{model=\"llama\",operation=\"chat\"} 1"));
+        m.record(&RequestRecord {
+            model: handles.model.clone(),
+            operation: Operation::Chat,
+            outcome: Outcome::Success,
+            ttft: Some(Duration::from_millis(120)),
+            tpot: Some(Duration::from_millis(20)),
+            e2e: Duration::from_millis(500),
+            output_tokens: Some(21),
+            input_tokens: Some(7),
+            token_events: 7,
+        });
+        drop(handles);
+        let text = m.encode();
+        let l = "model=\"llama\",operation=\"chat\",provider=\"vllm\"";
+        for line in [
+            format!("gen_ai_server_time_to_first_token_seconds_sum{{{l}}} 0.12"),
+            format!("gen_ai_server_time_to_first_token_seconds_bucket{{le=\"0.25\",{l}}} 1"),
+            format!("gen_ai_server_time_to_first_token_seconds_bucket{{le=\"0.1\",{l}}} 0"),
+            format!("gen_ai_server_time_per_output_token_seconds_sum{{{l}}} 0.02"),
+            format!("llmslo_tokens_per_chunk_sum{{{l}}} 3.0"),
+            format!("llmslo_output_tokens_total{{{l}}} 21"),
+            format!("llmslo_input_tokens_total{{{l}}} 7"),
+            format!("gen_ai_client_token_usage_sum{{{l},token_type=\"output\"}} 21.0"),
+            format!("llmslo_requests_total{{{l},outcome=\"success\"}} 1"),
+            format!("gen_ai_server_request_duration_seconds_count{{{l},outcome=\"success\"}} 1"),
+            "llmslo_requests_in_flight{model=\"llama\",operation=\"chat\"} 0".to_string(),
+        ] {
+            assert!(text.contains(&line), "missing {line} in\n{text}");
+        }
+    }
+}

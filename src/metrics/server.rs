@@ -1,0 +1,44 @@
+//! The metrics port: `/metrics` (OpenMetrics), `/healthz` (process up), `/readyz` (upstream answering).
+
+use super::{Metrics, OPENMETRICS_CONTENT_TYPE};
+use crate::health::Readiness;
+use bytes::Bytes;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use std::convert::Infallible;
+use std::sync::Arc;
+
+/// Answers one request on the metrics port.
+pub async fn handle<B>(
+    request: Request<B>,
+    metrics: Arc<Metrics>,
+    readiness: Arc<Readiness>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    if request.method() != Method::GET && request.method() != Method::HEAD {
+        return Ok(plain(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n"));
+    }
+    Ok(match request.uri().path() {
+        "/metrics" => Response::builder()
+            .header(header::CONTENT_TYPE, OPENMETRICS_CONTENT_TYPE)
+            .body(Full::new(Bytes::from(metrics.encode())))
+            .expect("static response parts are valid"),
+        "/healthz" => plain(StatusCode::OK, "ok\n"),
+        "/readyz" if readiness.is_ready() => plain(StatusCode::OK, "ready\n"),
+        "/readyz" => plain(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "upstream has not answered its health path recently\n",
+        ),
+        _ => plain(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics, /healthz or /readyz\n",
+        ),
+    })
+}
+
+fn plain(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .expect("static response parts are valid")
+}

@@ -1,0 +1,9 @@
+//! Watching responses go by: SSE parsing, protocol interpretation, the observed body and
+//! the per-request record.
+
+pub mod body;
+pub mod openai;
+pub mod record;
+pub mod sse;
+pub mod stream;
+pub mod tracker;

@@ -1,0 +1,385 @@
+//! Interpretation of OpenAI-compatible stream events (chat and completions), per DESIGN §2.
+//!
+//! Each SSE `data:` payload (or a whole non-streaming JSON body) is summarised without allocating: which choices carried tokens,
+//! whether any of them is visible content, the token counts the event states, its usage and
+//! whether it is an error or the `[DONE]` sentinel.
+
+use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde::Deserialize;
+use std::fmt;
+
+/// Token counts reported by the engine in a `usage` object.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub struct Usage {
+    /// `usage.prompt_tokens`.
+    #[serde(default)]
+    pub prompt_tokens: Option<u64>,
+    /// `usage.completion_tokens`.
+    #[serde(default)]
+    pub completion_tokens: Option<u64>,
+}
+
+/// What one stream event means for measurement.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EventSummary {
+    /// The event carries at least one generated token (possibly held-back, empty text).
+    pub has_tokens: bool,
+    /// The event carries visible generated content: the first such event is the first token.
+    pub visible: bool,
+    /// Tokens the event states explicitly (`token_ids` or `logprobs.content` lengths), if any.
+    pub explicit_tokens: Option<u64>,
+    /// The event's `usage` object, if any (the usage-only chunk, or continuous usage).
+    pub usage: Option<Usage>,
+    /// The event is a usage-only chunk (`choices: []` with usage).
+    pub usage_only: bool,
+    /// The event is an error payload (`{"error": ...}`).
+    pub error: bool,
+    /// The event is the `[DONE]` sentinel.
+    pub done: bool,
+    /// The payload was not JSON the interpreter understands.
+    pub unparsable: bool,
+}
+
+/// Summarises one `data:` payload of an OpenAI-compatible stream.
+pub fn summarise(data: &[u8]) -> EventSummary {
+    if data == b"[DONE]" {
+        return EventSummary {
+            done: true,
+            ..EventSummary::default()
+        };
+    }
+    match serde_json::from_slice::<Chunk>(data) {
+        Ok(chunk) => {
+            let choices = chunk.choices.unwrap_or_default();
+            EventSummary {
+                has_tokens: choices.token_choices > 0,
+                visible: choices.visible,
+                explicit_tokens: choices.explicit_tokens,
+                usage_only: chunk.usage.is_some() && choices.count == 0,
+                usage: chunk.usage,
+                error: chunk.error.is_some(),
+                done: false,
+                unparsable: false,
+            }
+        }
+        Err(_) => EventSummary {
+            unparsable: true,
+            ..EventSummary::default()
+        },
+    }
+}
+
+#[derive(Deserialize)]
+struct Chunk {
+    #[serde(default)]
+    choices: Option<ChoicesSummary>,
+    #[serde(default)]
+    usage: Option<Usage>,
+    #[serde(default)]
+    error: Option<NotNull>,
+}
+
+/// Present when a JSON value is not `null`.
+struct NotNull;
+
+impl<'de> Deserialize<'de> for NotNull {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        IgnoredAny::deserialize(d).map(|_| NotNull)
+    }
+}
+
+/// The `choices` array folded into counts, without collecting it.
+#[derive(Default)]
+struct ChoicesSummary {
+    count: usize,
+    token_choices: usize,
+    visible: bool,
+    explicit_tokens: Option<u64>,
+}
+
+impl<'de> Deserialize<'de> for ChoicesSummary {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct SeqVisitor;
+        impl<'de> Visitor<'de> for SeqVisitor {
+            type Value = ChoicesSummary;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array of choices")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ChoicesSummary, A::Error> {
+                let mut summary = ChoicesSummary::default();
+                while let Some(choice) = seq.next_element::<Choice>()? {
+                    summary.count += 1;
+                    let delta = choice.delta.unwrap_or_default();
+                    let text = choice.text.or(delta.content);
+                    let visible = text == Some(Text::NonEmpty)
+                        || delta.reasoning == Some(Text::NonEmpty)
+                        || delta.tool_calls.is_some();
+                    // A choice carries a token when it has content text, even empty text that
+                    // holds back a partial UTF-8 sequence; vLLM's role chunk has `role` and
+                    // empty content and is not a token.
+                    let held_back = text == Some(Text::Empty) && !delta.has_role;
+                    if visible || held_back {
+                        summary.token_choices += 1;
+                    }
+                    summary.visible |= visible;
+                    if let Some(n) = choice.token_ids.or(choice.logprobs.and_then(|l| l.content)) {
+                        *summary.explicit_tokens.get_or_insert(0) += n.0;
+                    }
+                }
+                Ok(summary)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<ChoicesSummary, E> {
+                Ok(ChoicesSummary::default())
+            }
+        }
+        d.deserialize_any(SeqVisitor)
+    }
+}
+
+#[derive(Deserialize)]
+struct Choice {
+    #[serde(default)]
+    delta: Option<Delta>,
+    #[serde(default)]
+    text: Option<Text>,
+    #[serde(default)]
+    token_ids: Option<ArrayLen>,
+    #[serde(default)]
+    logprobs: Option<Logprobs>,
+}
+
+#[derive(Deserialize)]
+struct Logprobs {
+    #[serde(default)]
+    content: Option<ArrayLen>,
+}
+
+#[derive(Default)]
+struct Delta {
+    has_role: bool,
+    content: Option<Text>,
+    reasoning: Option<Text>,
+    tool_calls: Option<ArrayLen>,
+}
+
+impl<'de> Deserialize<'de> for Delta {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct MapVisitor;
+        impl<'de> Visitor<'de> for MapVisitor {
+            type Value = Delta;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a delta object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Delta, A::Error> {
+                let mut delta = Delta::default();
+                while let Some(key) = map.next_key::<Key>()? {
+                    match key {
+                        Key::Role => {
+                            delta.has_role = map.next_value::<Option<NotNull>>()?.is_some()
+                        }
+                        Key::Content => delta.content = map.next_value()?,
+                        Key::Reasoning => {
+                            let text: Option<Text> = map.next_value()?;
+                            if text == Some(Text::NonEmpty) || delta.reasoning.is_none() {
+                                delta.reasoning = text;
+                            }
+                        }
+                        Key::ToolCalls => {
+                            delta.tool_calls =
+                                map.next_value::<Option<ArrayLen>>()?.filter(|n| n.0 > 0)
+                        }
+                        Key::Other => {
+                            map.next_value::<IgnoredAny>()?;
+                        }
+                    }
+                }
+                Ok(delta)
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Delta, E> {
+                Ok(Delta::default())
+            }
+        }
+        d.deserialize_any(MapVisitor)
+    }
+}
+
+/// Keys of a delta that matter; everything else is skipped.
+enum Key {
+    Role,
+    Content,
+    Reasoning,
+    ToolCalls,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Key {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl Visitor<'_> for KeyVisitor {
+            type Value = Key;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a field name")
+            }
+            fn visit_str<E: de::Error>(self, key: &str) -> Result<Key, E> {
+                Ok(match key {
+                    "role" => Key::Role,
+                    "content" => Key::Content,
+                    "reasoning_content" | "reasoning" => Key::Reasoning,
+                    "tool_calls" => Key::ToolCalls,
+                    _ => Key::Other,
+                })
+            }
+        }
+        d.deserialize_identifier(KeyVisitor)
+    }
+}
+
+/// Whether a JSON string is empty, learned without keeping it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Text {
+    Empty,
+    NonEmpty,
+}
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct TextVisitor;
+        impl Visitor<'_> for TextVisitor {
+            type Value = Text;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Text, E> {
+                Ok(if s.is_empty() {
+                    Text::Empty
+                } else {
+                    Text::NonEmpty
+                })
+            }
+        }
+        d.deserialize_str(TextVisitor)
+    }
+}
+
+/// The length of a JSON array, counted without keeping its elements.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ArrayLen(u64);
+
+impl<'de> Deserialize<'de> for ArrayLen {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct LenVisitor;
+        impl<'de> Visitor<'de> for LenVisitor {
+            type Value = ArrayLen;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an array")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<ArrayLen, A::Error> {
+                let mut n = 0;
+                while seq.next_element::<IgnoredAny>()?.is_some() {
+                    n += 1;
+                }
+                Ok(ArrayLen(n))
+            }
+        }
+        d.deserialize_seq(LenVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn role_only_chunk_is_not_a_token() {
+        let s = summarise(br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#);
+        assert!(!s.has_tokens && !s.visible);
+    }
+
+    #[test]
+    fn content_chunk_is_a_visible_token() {
+        let s = summarise(br#"{"choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":null}]}"#);
+        assert!(s.has_tokens && s.visible);
+        assert_eq!(s.explicit_tokens, None);
+    }
+
+    #[test]
+    fn empty_content_without_role_is_a_held_back_token() {
+        let s = summarise(br#"{"choices":[{"index":0,"delta":{"content":""},"token_ids":null}]}"#);
+        assert!(s.has_tokens && !s.visible);
+    }
+
+    #[test]
+    fn finish_only_delta_is_not_a_token() {
+        let s = summarise(br#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}"#);
+        assert!(!s.has_tokens);
+    }
+
+    #[test]
+    fn escaped_content_is_visible() {
+        let s = summarise(br#"{"choices":[{"delta":{"content":"\n\u00e9"}}]}"#);
+        assert!(s.visible);
+    }
+
+    #[test]
+    fn reasoning_and_tool_calls_are_content() {
+        assert!(
+            summarise(br#"{"choices":[{"delta":{"reasoning_content":"hmm","content":null}}]}"#)
+                .visible
+        );
+        assert!(summarise(br#"{"choices":[{"delta":{"reasoning":"hmm"}}]}"#).visible);
+        assert!(summarise(br#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#).visible);
+    }
+
+    #[test]
+    fn completions_text_counts() {
+        assert!(
+            summarise(br#"{"object":"text_completion","choices":[{"index":0,"text":" a"}]}"#)
+                .visible
+        );
+        let held = summarise(br#"{"object":"text_completion","choices":[{"index":0,"text":""}]}"#);
+        assert!(held.has_tokens && !held.visible);
+    }
+
+    #[test]
+    fn explicit_token_counts_from_token_ids_or_logprobs() {
+        let s = summarise(br#"{"choices":[{"delta":{"content":"abc"},"token_ids":[1,2,3]}]}"#);
+        assert_eq!(s.explicit_tokens, Some(3));
+        let s = summarise(br#"{"choices":[{"delta":{"content":"ab"},"logprobs":{"content":[{"token":"a"},{"token":"b"}]}}]}"#);
+        assert_eq!(s.explicit_tokens, Some(2));
+    }
+
+    #[test]
+    fn usage_only_chunk() {
+        let s = summarise(br#"{"choices":[],"usage":{"prompt_tokens":11,"total_tokens":27,"completion_tokens":16}}"#);
+        assert!(s.usage_only && !s.has_tokens);
+        assert_eq!(
+            s.usage,
+            Some(Usage {
+                prompt_tokens: Some(11),
+                completion_tokens: Some(16)
+            })
+        );
+    }
+
+    #[test]
+    fn error_payload_and_done() {
+        assert!(summarise(br#"{"error":{"message":"boom","code":500}}"#).error);
+        assert!(summarise(b"[DONE]").done);
+        assert!(!summarise(br#"{"error":null,"choices":[]}"#).error);
+    }
+
+    #[test]
+    fn garbage_is_unparsable_not_a_panic() {
+        for junk in [
+            &b"{"[..],
+            b"",
+            b"nul",
+            b"{\"choices\":7}",
+            b"\xff\xfe",
+            b"[1,2]",
+        ] {
+            let s = summarise(junk);
+            assert!(s.unparsable && !s.has_tokens, "{junk:?}");
+        }
+    }
+}

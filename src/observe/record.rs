@@ -1,0 +1,114 @@
+//! The per-request record: what one finished request measured, ready for metrics and SLOs.
+
+use std::time::Duration;
+
+/// The kind of generation a request asked for, from its route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    TextCompletion,
+}
+
+impl Operation {
+    /// The `operation` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Chat => "chat",
+            Operation::TextCompletion => "text_completion",
+        }
+    }
+
+    /// The operation served at `path`, if it is one llmslo measures.
+    pub fn from_path(path: &str) -> Option<Self> {
+        match path.trim_end_matches('/') {
+            "/v1/chat/completions" => Some(Operation::Chat),
+            "/v1/completions" => Some(Operation::TextCompletion),
+            _ => None,
+        }
+    }
+}
+
+/// How a request ended (DESIGN §2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// Completed normally.
+    Success,
+    /// Status ≥ 500, an error payload after 200, or a stream cut short.
+    UpstreamError,
+    /// The engine answered 4xx.
+    ClientError,
+    /// The client went away before the response ended.
+    ClientCancelled,
+    /// The engine did not send a response head in time (the sidecar answered 504).
+    Timeout,
+    /// The engine could not be reached (the sidecar answered 502).
+    ConnectError,
+}
+
+impl Outcome {
+    /// Every outcome, in label order.
+    pub const ALL: [Outcome; 6] = [
+        Outcome::Success,
+        Outcome::UpstreamError,
+        Outcome::ClientError,
+        Outcome::ClientCancelled,
+        Outcome::Timeout,
+        Outcome::ConnectError,
+    ];
+
+    /// The `outcome` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Success => "success",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::ClientError => "client_error",
+            Outcome::ClientCancelled => "client_cancelled",
+            Outcome::Timeout => "timeout",
+            Outcome::ConnectError => "connect_error",
+        }
+    }
+
+    /// The outcome an HTTP status implies before the body is seen, if it decides one.
+    pub fn from_status(status: u16) -> Option<Self> {
+        match status {
+            500.. => Some(Outcome::UpstreamError),
+            400..=499 => Some(Outcome::ClientError),
+            _ => None,
+        }
+    }
+}
+
+/// Everything measured about one finished request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RequestRecord {
+    /// Normalised model label.
+    pub model: String,
+    /// Route-derived operation.
+    pub operation: Operation,
+    /// How it ended.
+    pub outcome: Outcome,
+    /// Time to first token, when a first token was seen.
+    pub ttft: Option<Duration>,
+    /// Time per output token, when at least two token events were seen.
+    pub tpot: Option<Duration>,
+    /// Request head to end of response (or abort).
+    pub e2e: Duration,
+    /// Output tokens: from usage when reported, else counted from events.
+    pub output_tokens: Option<u64>,
+    /// Input tokens from usage, when reported.
+    pub input_tokens: Option<u64>,
+    /// Stream events that carried tokens.
+    pub token_events: u64,
+}
+
+impl RequestRecord {
+    /// Mean output tokens per token-carrying stream event, when both are known.
+    pub fn tokens_per_chunk(&self) -> Option<f64> {
+        match (self.output_tokens, self.token_events) {
+            (Some(n), events) if events > 0 => Some(n as f64 / events as f64),
+            _ => None,
+        }
+    }
+}

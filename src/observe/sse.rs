@@ -1,0 +1,280 @@
+//! Incremental Server-Sent Events parser over raw bytes (WHATWG event-stream rules).
+//!
+//! Bytes go in as they arrive from the network, in frames of any size; complete events
+//! come out through a callback. Line ends may be `\n`, `\r\n` or `\r`, an event may span
+//! any number of frames, and a UTF-8 sequence may be split between frames: the parser
+//! never looks at characters, only at the ASCII bytes that delimit lines and fields.
+//! Memory is bounded: an event larger than the limit makes the parser give up for the
+//! rest of the stream (the caller keeps forwarding the bytes).
+
+/// One dispatched event: its `event:` type (empty when absent) and its joined `data:` lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SseEvent<'a> {
+    /// The `event:` field, empty when the event had none.
+    pub event_type: &'a [u8],
+    /// The `data:` lines joined with `\n`, without the final newline.
+    pub data: &'a [u8],
+}
+
+/// Incremental SSE parser with a bounded buffer.
+#[derive(Debug)]
+pub struct SseParser {
+    max_event_bytes: usize,
+    /// Bytes of a line whose end has not arrived yet.
+    line: Vec<u8>,
+    /// Data of the event being assembled, each line followed by `\n`.
+    data: Vec<u8>,
+    event_type: Vec<u8>,
+    /// The previous byte was a `\r` that ended a line: a following `\n` belongs to it.
+    skip_lf: bool,
+    /// Still at the very start of the stream, where a UTF-8 byte order mark is dropped.
+    at_start: bool,
+    gave_up: bool,
+}
+
+impl SseParser {
+    /// A parser that gives up once one event (its pending line plus data) exceeds `max_event_bytes`.
+    pub fn new(max_event_bytes: usize) -> Self {
+        Self {
+            max_event_bytes,
+            line: Vec::new(),
+            data: Vec::new(),
+            event_type: Vec::new(),
+            skip_lf: false,
+            at_start: true,
+            gave_up: false,
+        }
+    }
+
+    /// True once an oversized event made the parser stop interpreting the stream.
+    pub fn gave_up(&self) -> bool {
+        self.gave_up
+    }
+
+    /// Feed the next bytes of the stream; `on_event` is called for every event they complete.
+    pub fn feed(&mut self, mut bytes: &[u8], mut on_event: impl FnMut(SseEvent<'_>)) {
+        if self.gave_up {
+            return;
+        }
+        if self.at_start {
+            if let Some(rest) = self.strip_bom(bytes) {
+                bytes = rest;
+            } else {
+                return;
+            }
+        }
+        if self.skip_lf && !bytes.is_empty() {
+            self.skip_lf = false;
+            if bytes[0] == b'\n' {
+                bytes = &bytes[1..];
+            }
+        }
+        while let Some(end) = memchr::memchr2(b'\n', b'\r', bytes) {
+            let terminator = bytes[end];
+            let tail = &bytes[..end];
+            if self.line.is_empty() {
+                self.process_line(tail, &mut on_event);
+            } else {
+                let mut line = std::mem::take(&mut self.line);
+                line.extend_from_slice(tail);
+                self.process_line(&line, &mut on_event);
+                line.clear();
+                self.line = line;
+            }
+            if self.gave_up {
+                return;
+            }
+            bytes = &bytes[end + 1..];
+            if terminator == b'\r' {
+                match bytes.first() {
+                    Some(b'\n') => bytes = &bytes[1..],
+                    Some(_) => {}
+                    None => self.skip_lf = true,
+                }
+            }
+        }
+        self.line.extend_from_slice(bytes);
+        self.check_bound();
+    }
+
+    /// Handles the optional BOM at the start; `None` means the bytes were all consumed.
+    fn strip_bom<'b>(&mut self, bytes: &'b [u8]) -> Option<&'b [u8]> {
+        const BOM: &[u8] = b"\xEF\xBB\xBF";
+        // Collect up to three bytes in `line` to decide whether the stream starts with a BOM.
+        let seen = self.line.len();
+        let take = (BOM.len() - seen).min(bytes.len());
+        let mut head = self.line.clone();
+        head.extend_from_slice(&bytes[..take]);
+        if !BOM.starts_with(&head) {
+            self.at_start = false;
+            return Some(bytes);
+        }
+        if head.len() < BOM.len() {
+            self.line = head;
+            return None;
+        }
+        self.at_start = false;
+        self.line.clear();
+        Some(&bytes[take..])
+    }
+
+    fn process_line(&mut self, line: &[u8], on_event: &mut impl FnMut(SseEvent<'_>)) {
+        if line.is_empty() {
+            self.dispatch(on_event);
+            return;
+        }
+        if line[0] == b':' {
+            return; // comment
+        }
+        let (field, value) = match memchr::memchr(b':', line) {
+            Some(colon) => {
+                let value = &line[colon + 1..];
+                (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
+            }
+            None => (line, &b""[..]),
+        };
+        match field {
+            b"data" => {
+                self.data.extend_from_slice(value);
+                self.data.push(b'\n');
+                self.check_bound();
+            }
+            b"event" => {
+                self.event_type.clear();
+                self.event_type.extend_from_slice(value);
+            }
+            _ => {} // id, retry and unknown fields do not matter for measurement
+        }
+    }
+
+    fn dispatch(&mut self, on_event: &mut impl FnMut(SseEvent<'_>)) {
+        if !self.data.is_empty() {
+            let data = &self.data[..self.data.len() - 1];
+            on_event(SseEvent {
+                event_type: &self.event_type,
+                data,
+            });
+        }
+        self.data.clear();
+        self.event_type.clear();
+    }
+
+    fn check_bound(&mut self) {
+        if self.line.len() + self.data.len() > self.max_event_bytes {
+            self.gave_up = true;
+            self.line = Vec::new();
+            self.data = Vec::new();
+            self.event_type = Vec::new();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn events_of(chunks: &[&[u8]], limit: usize) -> (Vec<(String, String)>, bool) {
+        let mut parser = SseParser::new(limit);
+        let mut out = Vec::new();
+        for chunk in chunks {
+            parser.feed(chunk, |e| {
+                out.push((
+                    String::from_utf8(e.event_type.to_vec()).unwrap(),
+                    String::from_utf8(e.data.to_vec()).unwrap(),
+                ))
+            });
+        }
+        (out, parser.gave_up())
+    }
+
+    fn data_of(chunks: &[&[u8]]) -> Vec<String> {
+        events_of(chunks, 1 << 20)
+            .0
+            .into_iter()
+            .map(|e| e.1)
+            .collect()
+    }
+
+    #[test]
+    fn all_three_line_endings() {
+        assert_eq!(
+            data_of(&[b"data: a\n\ndata: b\r\n\r\ndata: c\r\rdata: d\n\n"]),
+            ["a", "b", "c", "d"]
+        );
+    }
+
+    #[test]
+    fn crlf_split_between_frames_is_one_line_end() {
+        assert_eq!(
+            data_of(&[b"data: a\r", b"\n\r", b"\ndata: b\r", b"\r"]),
+            ["a", "b"]
+        );
+    }
+
+    #[test]
+    fn multi_line_data_is_joined_with_newline() {
+        assert_eq!(data_of(&[b"data: one\ndata:two\ndata\n\n"]), ["one\ntwo\n"]);
+    }
+
+    #[test]
+    fn comments_and_other_fields_are_not_events() {
+        let (events, _) = events_of(
+            &[b": keep-alive\n\nid: 7\nretry: 10\n\nevent: ping\ndata: x\n\n"],
+            1024,
+        );
+        assert_eq!(events, [("ping".to_string(), "x".to_string())]);
+    }
+
+    #[test]
+    fn event_split_at_every_byte_gives_the_same_events() {
+        let stream = "data: {\"a\":\"héllo ✓\"}\r\n\r\n: c\n\ndata: [DONE]\n\n".as_bytes();
+        let whole = data_of(&[stream]);
+        let bytes: Vec<&[u8]> = stream.chunks(1).collect();
+        assert_eq!(data_of(&bytes), whole);
+        for cut in 0..stream.len() {
+            assert_eq!(
+                data_of(&[&stream[..cut], &stream[cut..]]),
+                whole,
+                "cut at {cut}"
+            );
+        }
+        assert_eq!(whole, ["{\"a\":\"héllo ✓\"}", "[DONE]"]);
+    }
+
+    #[test]
+    fn utf8_split_across_frames_is_reassembled() {
+        let stream = "data: ✓\n\n".as_bytes();
+        // Cut inside the three-byte check mark.
+        assert_eq!(data_of(&[&stream[..7], &stream[7..]]), ["✓"]);
+    }
+
+    #[test]
+    fn byte_order_mark_is_dropped_even_when_split() {
+        assert_eq!(data_of(&[b"\xEF", b"\xBB", b"\xBFdata: x\n\n"]), ["x"]);
+        assert_eq!(data_of(&[b"\xEF\xBB\xBFdata: x\n\n"]), ["x"]);
+    }
+
+    #[test]
+    fn incomplete_event_at_end_is_not_dispatched() {
+        assert_eq!(data_of(&[b"data: a\n\ndata: b\n"]), ["a"]);
+    }
+
+    #[test]
+    fn oversized_event_makes_the_parser_give_up() {
+        let big = vec![b'x'; 100];
+        let mut chunk = b"data: ".to_vec();
+        chunk.extend_from_slice(&big);
+        let (events, gave_up) = events_of(&[b"data: ok\n\n", &chunk, b"\n\ndata: later\n\n"], 64);
+        assert_eq!(events.len(), 1);
+        assert!(gave_up);
+    }
+
+    #[test]
+    fn oversized_multi_line_data_also_counts() {
+        let (_, gave_up) = events_of(
+            &[b"data: 0123456789\ndata: 0123456789\ndata: 0123456789\n"],
+            24,
+        );
+        assert!(gave_up);
+    }
+}

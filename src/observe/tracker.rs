@@ -1,0 +1,185 @@
+//! The per-request tracker: follows one measured request from its head to its end and
+//! records it exactly once, also when the client goes away (drop).
+
+use super::openai::{summarise, EventSummary};
+use super::record::{Operation, Outcome, RequestRecord};
+use super::stream::StreamObserver;
+use crate::metrics::{Metrics, RequestHandles};
+use http::{header, HeaderMap, StatusCode};
+use std::sync::Arc;
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+/// How the response (or the attempt to get one) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The body reached its end.
+    Complete,
+    /// The upstream body failed part-way (reset, truncated chunking).
+    BodyError,
+    /// The client went away before the end.
+    Cancelled,
+    /// No response came from the engine; the sidecar answered with this outcome.
+    Failed(Outcome),
+}
+
+/// Measures one request; records it when finished, or as `client_cancelled` when dropped.
+#[derive(Debug)]
+pub struct RequestTracker {
+    metrics: Arc<Metrics>,
+    handles: RequestHandles,
+    t0: Instant,
+    max_event_bytes: usize,
+    response: ResponseKind,
+    finished: bool,
+}
+
+#[derive(Debug)]
+enum ResponseKind {
+    /// No response head yet.
+    Waiting,
+    /// The status decided the outcome (4xx, 5xx).
+    Decided(Outcome),
+    /// A 2xx event stream.
+    Stream(Box<StreamObserver>),
+    /// A 2xx JSON body, kept up to the event bound to read its usage.
+    Json { body: Vec<u8>, overflowed: bool },
+    /// Any other 2xx body.
+    Opaque,
+}
+
+impl RequestTracker {
+    /// Starts tracking a request whose head arrived at `t0`.
+    pub fn start(
+        metrics: Arc<Metrics>,
+        raw_model: Option<&str>,
+        operation: Operation,
+        t0: Instant,
+        max_event_bytes: usize,
+    ) -> Self {
+        let handles = metrics.start_request(raw_model, operation);
+        Self {
+            metrics,
+            handles,
+            t0,
+            max_event_bytes,
+            response: ResponseKind::Waiting,
+            finished: false,
+        }
+    }
+
+    /// Chooses how to read the body from the response head.
+    pub fn on_response_head(&mut self, status: StatusCode, headers: &HeaderMap) {
+        self.response = if let Some(outcome) = Outcome::from_status(status.as_u16()) {
+            ResponseKind::Decided(outcome)
+        } else {
+            let content_type = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_ascii_lowercase();
+            if content_type.starts_with("text/event-stream") {
+                ResponseKind::Stream(Box::new(StreamObserver::new(self.max_event_bytes)))
+            } else if content_type.starts_with("application/json") {
+                ResponseKind::Json {
+                    body: Vec::new(),
+                    overflowed: false,
+                }
+            } else {
+                ResponseKind::Opaque
+            }
+        };
+    }
+
+    /// Observes body bytes forwarded to the client at `now`.
+    pub fn on_data(&mut self, bytes: &[u8], now: Instant) {
+        match &mut self.response {
+            ResponseKind::Stream(observer) => {
+                let gaps = &self.handles.inter_chunk;
+                observer.feed(bytes, now, |gap| gaps.observe(gap.as_secs_f64()));
+            }
+            ResponseKind::Json { body, overflowed } if !*overflowed => {
+                if body.len() + bytes.len() > self.max_event_bytes {
+                    *overflowed = true;
+                    *body = Vec::new();
+                } else {
+                    body.extend_from_slice(bytes);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Records the request; later calls (and the drop) do nothing.
+    pub fn finish(&mut self, end: End, now: Instant) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
+        let mut record = RequestRecord {
+            model: self.handles.model.clone(),
+            operation: self.handles.operation,
+            outcome: Outcome::Success,
+            ttft: None,
+            tpot: None,
+            e2e: now - self.t0,
+            output_tokens: None,
+            input_tokens: None,
+            token_events: 0,
+        };
+        let body_outcome = match &self.response {
+            ResponseKind::Waiting | ResponseKind::Opaque => None,
+            ResponseKind::Decided(outcome) => Some(*outcome),
+            ResponseKind::Stream(observer) => {
+                let summary = observer.summary();
+                record.ttft = summary.first_token.map(|first| first - self.t0);
+                record.tpot = summary.tpot;
+                record.output_tokens = summary.output_tokens;
+                record.input_tokens = summary.input_tokens;
+                record.token_events = summary.token_events;
+                if summary.gave_up {
+                    warn!(
+                        max_event_bytes = self.max_event_bytes,
+                        "a stream event exceeded max_event_bytes; measurement of this response stopped there"
+                    );
+                }
+                let cut_short = !summary.saw_done && !summary.gave_up;
+                (summary.saw_error || cut_short).then_some(Outcome::UpstreamError)
+            }
+            ResponseKind::Json { body, overflowed } => {
+                let summary = if *overflowed {
+                    EventSummary::default()
+                } else {
+                    summarise(body)
+                };
+                let usage = summary.usage.unwrap_or_default();
+                record.output_tokens = usage.completion_tokens;
+                record.input_tokens = usage.prompt_tokens;
+                summary.error.then_some(Outcome::UpstreamError)
+            }
+        };
+        record.outcome = match (end, &self.response) {
+            (End::Failed(outcome), _) => outcome,
+            (_, ResponseKind::Decided(outcome)) => *outcome,
+            (End::Cancelled, _) => Outcome::ClientCancelled,
+            (End::BodyError, _) => Outcome::UpstreamError,
+            (End::Complete, _) => body_outcome.unwrap_or(Outcome::Success),
+        };
+        debug!(
+            model = %record.model,
+            operation = record.operation.as_str(),
+            outcome = record.outcome.as_str(),
+            ttft_ms = record.ttft.map(|d| d.as_secs_f64() * 1e3),
+            tpot_ms = record.tpot.map(|d| d.as_secs_f64() * 1e3),
+            e2e_ms = record.e2e.as_secs_f64() * 1e3,
+            output_tokens = record.output_tokens,
+            "request finished"
+        );
+        self.metrics.record(&record);
+    }
+}
+
+impl Drop for RequestTracker {
+    fn drop(&mut self) {
+        self.finish(End::Cancelled, Instant::now());
+    }
+}

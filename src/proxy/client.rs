@@ -1,0 +1,79 @@
+//! The pooled HTTP client to the one configured upstream.
+
+use super::UpstreamBody;
+use bytes::Bytes;
+use http::uri::{Authority, Scheme};
+use http::{Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::{Client, Error};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::time::Duration;
+
+/// How long a pooled upstream connection may sit idle.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How long connecting to the upstream may take before it counts as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A pooled HTTP/1.1 client bound to one upstream; it can reach no other target.
+#[derive(Clone, Debug)]
+pub struct UpstreamClient {
+    client: Client<HttpConnector, UpstreamBody>,
+    scheme: Scheme,
+    authority: Authority,
+    base_path: String,
+}
+
+impl UpstreamClient {
+    /// A client for `upstream` (an `http://host:port[/base]` URI, validated by the config).
+    pub fn new(upstream: &Uri) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .build(connector);
+        Self {
+            client,
+            scheme: upstream.scheme().cloned().unwrap_or(Scheme::HTTP),
+            authority: upstream
+                .authority()
+                .cloned()
+                .expect("validated upstream has an authority"),
+            base_path: upstream.path().trim_end_matches('/').to_string(),
+        }
+    }
+
+    /// The upstream URI for a request's path and query; the client's URI never picks the target.
+    pub fn uri_for(&self, path_and_query: &str) -> Uri {
+        Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(format!("{}{}", self.base_path, path_and_query))
+            .build()
+            .expect("an authority and an origin-form path make a valid URI")
+    }
+
+    /// Sends a request whose URI came from [`Self::uri_for`].
+    pub async fn send(&self, request: Request<UpstreamBody>) -> Result<Response<Incoming>, Error> {
+        self.client.request(request).await
+    }
+
+    /// GETs `path` on the upstream and returns the status (the body is drained).
+    pub async fn get_status(&self, path: &str) -> Result<StatusCode, Error> {
+        let request = Request::get(self.uri_for(path))
+            .body(
+                Empty::<Bytes>::new()
+                    .map_err(|never| match never {})
+                    .boxed_unsync(),
+            )
+            .expect("a GET with a valid URI is a valid request");
+        let response = self.send(request).await?;
+        let status = response.status();
+        let _ = response.into_body().collect().await;
+        Ok(status)
+    }
+}

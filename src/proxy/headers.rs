@@ -1,0 +1,83 @@
+//! Header handling for a forwarding proxy: hop-by-hop removal (RFC 9110 §7.6.1) and
+//! `x-forwarded-for`.
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use std::net::IpAddr;
+
+/// Headers that describe one connection, never forwarded.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "proxy-connection",
+    "keep-alive",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "http2-settings",
+];
+
+/// Removes the hop-by-hop headers, including every header the `Connection` header names.
+pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+}
+
+/// Appends `client` to `x-forwarded-for`, joining any values the client already sent.
+pub fn append_forwarded_for(headers: &mut HeaderMap, client: IpAddr) {
+    let mut chain: Vec<String> = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .map(str::to_string)
+        .collect();
+    chain.push(client.to_string());
+    if let Ok(value) = HeaderValue::from_str(&chain.join(", ")) {
+        headers.insert("x-forwarded-for", value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn removes_standard_and_connection_named_headers() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            "connection",
+            HeaderValue::from_static("keep-alive, X-Secret-Hop"),
+        );
+        h.insert("x-secret-hop", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        h.insert("te", HeaderValue::from_static("trailers"));
+        h.insert("upgrade", HeaderValue::from_static("websocket"));
+        h.insert("authorization", HeaderValue::from_static("Bearer x"));
+        h.insert("content-type", HeaderValue::from_static("application/json"));
+        remove_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort();
+        assert_eq!(left, ["authorization", "content-type"]);
+    }
+
+    #[test]
+    fn forwarded_for_is_appended() {
+        let mut h = HeaderMap::new();
+        append_forwarded_for(&mut h, "10.0.0.1".parse().unwrap());
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1");
+        h.append("x-forwarded-for", HeaderValue::from_static("192.0.2.9"));
+        append_forwarded_for(&mut h, "127.0.0.1".parse().unwrap());
+        assert_eq!(h["x-forwarded-for"], "10.0.0.1, 192.0.2.9, 127.0.0.1");
+    }
+}

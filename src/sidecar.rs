@@ -1,0 +1,112 @@
+//! The running sidecar: the proxy port, the metrics port and the readiness probe, started
+//! together and stopped together.
+
+use crate::config::Config;
+use crate::health::{self, Readiness};
+use crate::metrics::{server as metrics_server, Metrics, MetricsConfig};
+use crate::proxy::client::UpstreamClient;
+use crate::proxy::{Proxy, ProxySettings};
+use crate::serve::serve;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+/// A started sidecar; dropping it does not stop it, [`Sidecar::shutdown`] does.
+#[derive(Debug)]
+pub struct Sidecar {
+    /// Where the proxy accepts client requests.
+    pub proxy_addr: SocketAddr,
+    /// Where `/metrics`, `/healthz` and `/readyz` are served.
+    pub metrics_addr: SocketAddr,
+    /// The shared registry (tests and the demo read it directly).
+    pub metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+    tasks: JoinSet<()>,
+}
+
+impl Sidecar {
+    /// Binds both ports and starts serving.
+    pub async fn start(config: &Config) -> std::io::Result<Self> {
+        let proxy_listener = TcpListener::bind(config.listen).await?;
+        let metrics_listener = TcpListener::bind(config.metrics_listen).await?;
+        let proxy_addr = proxy_listener.local_addr()?;
+        let metrics_addr = metrics_listener.local_addr()?;
+
+        let metrics = Arc::new(Metrics::new(&MetricsConfig {
+            provider: config.engine.as_str().to_string(),
+            models: config.models.clone(),
+            max_models: config.max_models,
+            buckets: config.buckets.clone(),
+        }));
+        let client = UpstreamClient::new(&config.upstream);
+        let readiness = Arc::new(Readiness::new(config.health_interval * 3));
+        let proxy = Arc::new(Proxy {
+            client: client.clone(),
+            metrics: metrics.clone(),
+            settings: ProxySettings {
+                upstream: config.upstream.to_string(),
+                max_peek_bytes: config.max_peek_bytes,
+                max_event_bytes: config.max_event_bytes,
+                upstream_timeout: config.upstream_timeout,
+            },
+        });
+
+        let shutdown = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        tasks.spawn(serve(
+            proxy_listener,
+            move |request, peer| proxy.clone().handle(request, peer),
+            shutdown.clone(),
+            config.drain_timeout,
+        ));
+        let (m, r) = (metrics.clone(), readiness.clone());
+        tasks.spawn(serve(
+            metrics_listener,
+            move |request, _peer| metrics_server::handle(request, m.clone(), r.clone()),
+            shutdown.clone(),
+            config.drain_timeout,
+        ));
+        tasks.spawn(health::probe_upstream(
+            client,
+            config.health_path.clone(),
+            config.health_interval,
+            readiness,
+            shutdown.clone(),
+        ));
+        info!(%proxy_addr, %metrics_addr, upstream = %config.upstream, "llmslo sidecar started");
+        Ok(Self {
+            proxy_addr,
+            metrics_addr,
+            metrics,
+            shutdown,
+            tasks,
+        })
+    }
+
+    /// Stops accepting, lets in-flight responses finish (up to the drain deadline), and returns.
+    pub async fn shutdown(mut self) {
+        self.shutdown.cancel();
+        while self.tasks.join_next().await.is_some() {}
+        info!("llmslo sidecar stopped");
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT (Ctrl-C).
+pub async fn termination_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

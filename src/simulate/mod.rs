@@ -1,0 +1,419 @@
+//! The built-in simulated engine: an OpenAI-compatible server with vLLM-shaped streams,
+//! configurable TTFT and TPOT, several tokens per chunk, and injected faults. It is what
+//! the tests run against and what `llmslo demo` serves.
+
+pub mod chunks;
+pub mod delay;
+
+use crate::observe::record::Operation;
+use bytes::Bytes;
+use chunks::{error_body, sse_event, ResponseId, DONE_EVENT};
+use delay::Delay;
+use http::{header, Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Body, Frame, Incoming};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Deserialize;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio::time::{sleep_until, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Largest request body the simulated engine reads.
+const MAX_REQUEST_BYTES: usize = 4 << 20;
+const WORDS: [&str; 16] = [
+    "the",
+    "model",
+    "streams",
+    "tokens",
+    "while",
+    "the",
+    "sidecar",
+    "measures",
+    "latency",
+    "per",
+    "request",
+    "and",
+    "exports",
+    "every",
+    "figure",
+    "faithfully",
+];
+
+/// How the simulated engine behaves.
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    /// Model names served; requests naming another get 404 like vLLM.
+    pub models: Vec<String>,
+    /// Time from request to the first content chunk.
+    pub ttft: Delay,
+    /// Time per output token after the first.
+    pub tpot: Delay,
+    /// Tokens carried by each content chunk (speculative decoding, `--stream-interval`).
+    pub tokens_per_chunk: u32,
+    /// Output tokens when the request sets no `max_tokens`.
+    pub default_max_tokens: u32,
+    /// Probability of answering HTTP 500.
+    pub error_rate: f64,
+    /// Probability of an error payload mid-stream (after a 200).
+    pub midstream_error_rate: f64,
+    /// Probability of closing the connection abruptly mid-stream.
+    pub abort_rate: f64,
+    /// Seed for token text, timing draws and fault decisions.
+    pub seed: u64,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        Self {
+            models: vec!["sim".to_string()],
+            ttft: Delay::Fixed(Duration::from_millis(200)),
+            tpot: Delay::Fixed(Duration::from_millis(30)),
+            tokens_per_chunk: 1,
+            default_max_tokens: 64,
+            error_rate: 0.0,
+            midstream_error_rate: 0.0,
+            abort_rate: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+/// The simulated engine's shared state.
+#[derive(Debug)]
+pub struct SimEngine {
+    options: SimOptions,
+    requests: AtomicU64,
+}
+
+/// The fields of a generation request the simulator honours.
+#[derive(Debug, Deserialize)]
+struct GenerationRequest {
+    model: Option<String>,
+    #[serde(default)]
+    stream: bool,
+    max_tokens: Option<u32>,
+    max_completion_tokens: Option<u32>,
+    stream_options: Option<StreamOptions>,
+    messages: Option<Vec<serde_json::Value>>,
+    prompt: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+}
+
+/// What goes wrong in one response, decided when it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    None,
+    Http500,
+    MidstreamError,
+    Abort,
+}
+
+type SimBody = http_body_util::combinators::UnsyncBoxBody<Bytes, SimAbort>;
+
+/// The error that makes hyper cut the connection mid-body (an abrupt close).
+#[derive(Debug, thiserror::Error)]
+#[error("simulated engine aborted the response")]
+pub struct SimAbort;
+
+impl SimEngine {
+    /// An engine with `options`.
+    pub fn new(options: SimOptions) -> Arc<Self> {
+        Arc::new(Self {
+            options,
+            requests: AtomicU64::new(0),
+        })
+    }
+
+    /// Serves on `listener` until `shutdown`.
+    pub async fn serve(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
+        crate::serve::serve(
+            listener,
+            move |request, _peer| self.clone().handle(request),
+            shutdown,
+            Duration::from_secs(5),
+        )
+        .await
+    }
+
+    /// Answers one request.
+    pub async fn handle(
+        self: Arc<Self>,
+        request: Request<Incoming>,
+    ) -> Result<Response<SimBody>, Infallible> {
+        let path = request.uri().path().to_string();
+        Ok(match (request.method().clone(), path.as_str()) {
+            (Method::GET, "/health") => json_response(StatusCode::OK, String::new()),
+            (Method::GET, "/v1/models") => self.models(),
+            (Method::POST, _) if Operation::from_path(&path).is_some() => {
+                let operation = Operation::from_path(&path).expect("checked above");
+                self.generate(request, operation).await
+            }
+            _ => json_response(
+                StatusCode::NOT_FOUND,
+                error_body("Not Found", "NotFoundError", 404).to_string(),
+            ),
+        })
+    }
+
+    fn models(&self) -> Response<SimBody> {
+        let data: Vec<_> = self
+            .options
+            .models
+            .iter()
+            .map(|m| serde_json::json!({"id": m, "object": "model", "created": unix_now(), "owned_by": "vllm"}))
+            .collect();
+        json_response(
+            StatusCode::OK,
+            serde_json::json!({"object": "list", "data": data}).to_string(),
+        )
+    }
+
+    async fn generate(
+        &self,
+        request: Request<Incoming>,
+        operation: Operation,
+    ) -> Response<SimBody> {
+        let body = match Limited::new(request.into_body(), MAX_REQUEST_BYTES)
+            .collect()
+            .await
+        {
+            Ok(body) => body.to_bytes(),
+            Err(_) => return bad_request("request body too large or unreadable"),
+        };
+        let parsed: GenerationRequest = match serde_json::from_slice(&body) {
+            Ok(parsed) => parsed,
+            Err(e) => return bad_request(&format!("invalid JSON body: {e}")),
+        };
+        let model = match parsed.model.as_deref() {
+            None => self.options.models[0].clone(),
+            Some(m) if self.options.models.iter().any(|served| served == m) => m.to_string(),
+            Some(m) => {
+                let message = format!("The model `{m}` does not exist.");
+                return json_response(
+                    StatusCode::NOT_FOUND,
+                    error_body(&message, "NotFoundError", 404).to_string(),
+                );
+            }
+        };
+        let max_tokens = parsed
+            .max_tokens
+            .or(parsed.max_completion_tokens)
+            .unwrap_or(self.options.default_max_tokens);
+        if max_tokens == 0 || max_tokens > 1_000_000 {
+            return bad_request("max_tokens must be between 1 and 1000000");
+        }
+        let serial = self.requests.fetch_add(1, Ordering::Relaxed);
+        let mut rng =
+            SmallRng::seed_from_u64(self.options.seed ^ serial.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let fault = self.draw_fault(&mut rng);
+        if fault == Fault::Http500 {
+            let body = error_body("simulated engine failure", "InternalServerError", 500);
+            return json_response(StatusCode::INTERNAL_SERVER_ERROR, body.to_string());
+        }
+        let id = ResponseId {
+            id: format!(
+                "{}-sim{serial:016x}",
+                if operation == Operation::Chat {
+                    "chatcmpl"
+                } else {
+                    "cmpl"
+                }
+            ),
+            created: unix_now(),
+            model,
+            operation,
+        };
+        let plan = Plan {
+            prompt_tokens: prompt_tokens(&parsed),
+            max_tokens,
+            include_usage: parsed.stream_options.is_some_and(|o| o.include_usage),
+            fault,
+        };
+        if parsed.stream {
+            self.stream(id, plan, rng)
+        } else {
+            self.whole(id, plan, rng).await
+        }
+    }
+
+    fn draw_fault(&self, rng: &mut SmallRng) -> Fault {
+        let o = &self.options;
+        if rng.random_bool(o.error_rate.clamp(0.0, 1.0)) {
+            Fault::Http500
+        } else if rng.random_bool(o.midstream_error_rate.clamp(0.0, 1.0)) {
+            Fault::MidstreamError
+        } else if rng.random_bool(o.abort_rate.clamp(0.0, 1.0)) {
+            Fault::Abort
+        } else {
+            Fault::None
+        }
+    }
+
+    /// Streams the response: role chunk at once, first content after TTFT, then one chunk
+    /// of `tokens_per_chunk` tokens every `tokens_per_chunk` × TPOT.
+    fn stream(&self, id: ResponseId, plan: Plan, mut rng: SmallRng) -> Response<SimBody> {
+        let (tx, rx) = mpsc::channel(16);
+        let options = self.options.clone();
+        tokio::spawn(async move {
+            let start = Instant::now();
+            let send = |event: String| tx.send(Ok(Frame::data(Bytes::from(event))));
+            if id.operation == Operation::Chat && send(sse_event(&id.role_chunk())).await.is_err() {
+                return;
+            }
+            let per_chunk = options.tokens_per_chunk.max(1);
+            let fault_at = plan.max_tokens / 2;
+            let mut due = start + options.ttft.sample(&mut rng);
+            let mut sent = 0;
+            while sent < plan.max_tokens {
+                if plan.fault != Fault::None && sent >= fault_at.max(1) {
+                    if plan.fault == Fault::MidstreamError {
+                        let error =
+                            error_body("simulated mid-stream failure", "InternalServerError", 500);
+                        let _ = send(sse_event(&error)).await;
+                        let _ = send(DONE_EVENT.to_string()).await;
+                    } else {
+                        let _ = tx.send(Err(SimAbort)).await;
+                    }
+                    return;
+                }
+                let n = per_chunk.min(plan.max_tokens - sent);
+                let text: String = (0..n)
+                    .map(|_| format!(" {}", WORDS[rng.random_range(0..WORDS.len())]))
+                    .collect();
+                sent += n;
+                let finish = (sent == plan.max_tokens).then_some("length");
+                sleep_until(due).await;
+                if send(sse_event(&id.content_chunk(&text, finish)))
+                    .await
+                    .is_err()
+                {
+                    return; // the client went away
+                }
+                for _ in 0..per_chunk {
+                    due += options.tpot.sample(&mut rng);
+                }
+            }
+            if plan.include_usage {
+                let _ = send(sse_event(
+                    &id.usage_chunk(plan.prompt_tokens, plan.max_tokens as u64),
+                ))
+                .await;
+            }
+            let _ = send(DONE_EVENT.to_string()).await;
+        });
+        Response::builder()
+            .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
+            .body(ChannelBody(rx).boxed_unsync())
+            .expect("static response parts are valid")
+    }
+
+    /// Waits as long as generating all tokens would take, then answers with one JSON body.
+    async fn whole(&self, id: ResponseId, plan: Plan, mut rng: SmallRng) -> Response<SimBody> {
+        let mut total = self.options.ttft.sample(&mut rng);
+        for _ in 1..plan.max_tokens {
+            total += self.options.tpot.sample(&mut rng);
+        }
+        tokio::time::sleep(total).await;
+        if plan.fault != Fault::None {
+            let body = error_body("simulated engine failure", "InternalServerError", 500);
+            return json_response(StatusCode::INTERNAL_SERVER_ERROR, body.to_string());
+        }
+        let text: String = (0..plan.max_tokens)
+            .map(|_| format!(" {}", WORDS[rng.random_range(0..WORDS.len())]))
+            .collect();
+        let body = id.full_response(&text, plan.prompt_tokens, plan.max_tokens as u64);
+        json_response(StatusCode::OK, body.to_string())
+    }
+}
+
+/// What one generation will do.
+#[derive(Debug, Clone, Copy)]
+struct Plan {
+    prompt_tokens: u64,
+    max_tokens: u32,
+    include_usage: bool,
+    fault: Fault,
+}
+
+/// A rough prompt token count: words in the messages or prompt.
+fn prompt_tokens(request: &GenerationRequest) -> u64 {
+    fn words(value: &serde_json::Value) -> u64 {
+        match value {
+            serde_json::Value::String(s) => s.split_whitespace().count() as u64,
+            serde_json::Value::Array(items) => items.iter().map(words).sum(),
+            serde_json::Value::Object(map) => map.get("content").map_or(0, words),
+            _ => 0,
+        }
+    }
+    let messages = request.messages.iter().flatten().map(words).sum::<u64>();
+    (messages + request.prompt.as_ref().map_or(0, words)).max(1)
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn json_response(status: StatusCode, body: String) -> Response<SimBody> {
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(
+            Full::new(Bytes::from(body))
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        )
+        .expect("static response parts are valid")
+}
+
+fn bad_request(message: &str) -> Response<SimBody> {
+    json_response(
+        StatusCode::BAD_REQUEST,
+        error_body(message, "BadRequestError", 400).to_string(),
+    )
+}
+
+/// A response body fed by the generating task.
+struct ChannelBody(mpsc::Receiver<Result<Frame<Bytes>, SimAbort>>);
+
+impl Body for ChannelBody {
+    type Data = Bytes;
+    type Error = SimAbort;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, SimAbort>>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_tokens_counts_words_of_messages_and_prompts() {
+        let request: GenerationRequest = serde_json::from_str(
+            r#"{"messages":[{"role":"user","content":"one two three"},{"role":"user","content":[{"type":"text","text":"x"}]}]}"#,
+        )
+        .unwrap();
+        assert_eq!(prompt_tokens(&request), 3);
+        let request: GenerationRequest = serde_json::from_str(r#"{"prompt":"a b"}"#).unwrap();
+        assert_eq!(prompt_tokens(&request), 2);
+    }
+}
