@@ -278,6 +278,7 @@ impl SimEngine {
             let mut due = start + options.ttft.sample(&mut rng);
             let mut sent = 0;
             while sent < plan.max_tokens {
+                sleep_until(due).await;
                 if plan.fault != Fault::None && sent >= fault_at.max(1) {
                     if plan.fault == Fault::MidstreamError {
                         let error =
@@ -295,7 +296,6 @@ impl SimEngine {
                     .collect();
                 sent += n;
                 let finish = (sent == plan.max_tokens).then_some("length");
-                sleep_until(due).await;
                 if send(sse_event(&id.content_chunk(&text, finish)))
                     .await
                     .is_err()

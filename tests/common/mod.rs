@@ -1,0 +1,237 @@
+//! Shared harness for the integration tests: real servers on 127.0.0.1:0.
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use bytes::Bytes;
+use http::{header, Request, Response};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use llmslo::config::Config;
+use llmslo::sidecar::Sidecar;
+use llmslo::simulate::{SimEngine, SimOptions};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+/// Starts the simulated engine on 127.0.0.1:0.
+pub async fn start_engine(options: SimOptions) -> (SocketAddr, CancellationToken) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    tokio::spawn(SimEngine::new(options).serve(listener, shutdown.clone()));
+    (addr, shutdown)
+}
+
+/// Starts the sidecar in front of `upstream`, with extra YAML config lines.
+pub async fn start_sidecar(upstream: SocketAddr, extra_yaml: &str) -> Sidecar {
+    let yaml = format!(
+        "upstream: http://{upstream}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nengine: vllm\n{extra_yaml}"
+    );
+    Sidecar::start(&Config::from_yaml(&yaml).unwrap())
+        .await
+        .unwrap()
+}
+
+/// A fixed-delay engine: `ttft`, `tpot` in milliseconds.
+pub fn timed_engine(ttft_ms: u64, tpot_ms: u64) -> SimOptions {
+    SimOptions {
+        ttft: llmslo::simulate::delay::Delay::Fixed(Duration::from_millis(ttft_ms)),
+        tpot: llmslo::simulate::delay::Delay::Fixed(Duration::from_millis(tpot_ms)),
+        ..SimOptions::default()
+    }
+}
+
+/// A plain HTTP/1.1 client.
+pub fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new())
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .build_http()
+}
+
+/// A chat request body.
+pub fn chat_body(max_tokens: u32, stream: bool, include_usage: bool) -> String {
+    let mut body = serde_json::json!({
+        "model": "sim",
+        "messages": [{"role": "user", "content": "hello there"}],
+        "max_tokens": max_tokens,
+        "stream": stream,
+    });
+    if include_usage {
+        body["stream_options"] = serde_json::json!({"include_usage": true});
+    }
+    body.to_string()
+}
+
+/// POSTs `body` to `path` on `addr`.
+pub async fn post(addr: SocketAddr, path: &str, body: String) -> Response<Incoming> {
+    let request = Request::post(format!("http://{addr}{path}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    client().request(request).await.unwrap()
+}
+
+/// POSTs and reads the whole response: status and body.
+pub async fn post_collect(addr: SocketAddr, path: &str, body: String) -> (u16, Bytes) {
+    let response = post(addr, path, body).await;
+    let status = response.status().as_u16();
+    (
+        status,
+        response.into_body().collect().await.unwrap().to_bytes(),
+    )
+}
+
+/// The sum of every sample of `name` whose labels include all of `labels`.
+pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|line| !line.starts_with('#'))
+        .filter_map(|line| {
+            let (series, value) = line.rsplit_once(' ')?;
+            let (n, l) = series.split_once('{').unwrap_or((series, ""));
+            let matches = n == name
+                && labels
+                    .iter()
+                    .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")));
+            matches.then(|| value.parse::<f64>().unwrap())
+        })
+        .sum()
+}
+
+/// Waits (in virtual or real time) until `llmslo_requests_in_flight` is zero everywhere.
+pub async fn settle(sidecar: &Sidecar) {
+    for _ in 0..200 {
+        if sample(&sidecar.metrics.encode(), "llmslo_requests_in_flight", &[]) == 0.0 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("requests still in flight:\n{}", sidecar.metrics.encode());
+}
+
+/// One scripted response: a raw head, then body pieces written as HTTP chunks after delays.
+#[derive(Clone, Debug)]
+pub struct Script {
+    /// Status line and headers, CRLF-separated, without the blank line.
+    pub head: String,
+    /// (delay before, bytes) for each chunk.
+    pub pieces: Vec<(Duration, Vec<u8>)>,
+    /// Close the connection instead of sending the final chunk.
+    pub cut_short: bool,
+    /// Never answer at all.
+    pub silent: bool,
+}
+
+impl Script {
+    /// A chunked 200 SSE response made of `pieces`.
+    pub fn sse(pieces: Vec<(Duration, Vec<u8>)>) -> Self {
+        Self {
+            head: "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\ntransfer-encoding: chunked"
+                .to_string(),
+            pieces,
+            cut_short: false,
+            silent: false,
+        }
+    }
+}
+
+/// A raw upstream that answers every connection with `script` and keeps every request it got.
+pub async fn scripted_upstream(script: Script) -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let received = Arc::new(Mutex::new(Vec::new()));
+    let log = received.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(answer(stream, script.clone(), log.clone()));
+        }
+    });
+    (addr, received)
+}
+
+async fn answer(mut stream: TcpStream, script: Script, log: Arc<Mutex<Vec<Vec<u8>>>>) {
+    loop {
+        let Some(request) = read_request(&mut stream).await else {
+            return;
+        };
+        log.lock().unwrap().push(request);
+        if script.silent {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+            return;
+        }
+        let chunked = script
+            .head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked");
+        if stream
+            .write_all(format!("{}\r\n\r\n", script.head).as_bytes())
+            .await
+            .is_err()
+        {
+            return;
+        }
+        for (delay, piece) in &script.pieces {
+            tokio::time::sleep(*delay).await;
+            let mut out = Vec::new();
+            if chunked {
+                out.extend_from_slice(format!("{:x}\r\n", piece.len()).as_bytes());
+                out.extend_from_slice(piece);
+                out.extend_from_slice(b"\r\n");
+            } else {
+                out.extend_from_slice(piece);
+            }
+            if stream.write_all(&out).await.is_err() {
+                return;
+            }
+        }
+        if script.cut_short {
+            return;
+        }
+        if chunked && stream.write_all(b"0\r\n\r\n").await.is_err() {
+            return;
+        }
+    }
+}
+
+/// Reads one HTTP/1.1 request (head and Content-Length body) as raw bytes.
+async fn read_request(stream: &mut TcpStream) -> Option<Vec<u8>> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    let head_end = loop {
+        if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break pos + 4;
+        }
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).to_ascii_lowercase();
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    while buf.len() < head_end + length {
+        let n = stream.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+    Some(buf)
+}
+
+/// Reads a fixture from tests/fixtures.
+pub fn fixture(name: &str) -> Vec<u8> {
+    std::fs::read(format!(
+        "{}/tests/fixtures/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap()
+}
