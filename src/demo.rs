@@ -68,7 +68,9 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
         sidecar.metrics_addr
     );
 
-    let client: DemoClient = Client::builder(TokioExecutor::new()).build_http();
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client: DemoClient = Client::builder(TokioExecutor::new()).build(connector);
     let mut load = JoinSet::new();
     for worker in 0..options.concurrency {
         load.spawn(stream_forever(

@@ -46,12 +46,28 @@ pub fn timed_engine(ttft_ms: u64, tpot_ms: u64) -> SimOptions {
     }
 }
 
-/// A plain HTTP/1.1 client.
+/// A plain HTTP/1.1 client (TCP_NODELAY, as real streaming clients set it).
 pub fn client() -> Client<HttpConnector, Full<Bytes>> {
-    Client::builder(TokioExecutor::new())
+    client_builder().build(connector())
+}
+
+/// An HTTP/2 prior-knowledge (h2c) client.
+pub fn h2c_client() -> Client<HttpConnector, Full<Bytes>> {
+    client_builder().http2_only(true).build(connector())
+}
+
+fn client_builder() -> hyper_util::client::legacy::Builder {
+    let mut builder = Client::builder(TokioExecutor::new());
+    builder
         .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .build_http()
+        .timer(TokioTimer::new());
+    builder
+}
+
+fn connector() -> HttpConnector {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector
 }
 
 /// A chat request body.
@@ -225,6 +241,16 @@ async fn read_request(stream: &mut TcpStream) -> Option<Vec<u8>> {
         buf.extend_from_slice(&chunk[..n]);
     }
     Some(buf)
+}
+
+/// The first request the scripted upstream got that starts with `prefix` (skipping health probes).
+pub fn request_to(log: &Mutex<Vec<Vec<u8>>>, prefix: &str) -> String {
+    let log = log.lock().unwrap();
+    let request = log
+        .iter()
+        .find(|r| r.starts_with(prefix.as_bytes()))
+        .expect("no such request");
+    String::from_utf8_lossy(request).into_owned()
 }
 
 /// Reads a fixture from tests/fixtures.

@@ -1,0 +1,505 @@
+//! Transparency and robustness of the proxy: byte-identical streams, header handling,
+//! target pinning, error answers, the request peek, h2c, the metrics port and shutdown.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http::{header, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Splits `bytes` into pieces of awkward sizes (cutting events, lines and UTF-8 sequences).
+fn awkward_pieces(bytes: &[u8]) -> Vec<(Duration, Vec<u8>)> {
+    let sizes = [1, 7, 64, 3, 200, 5, 333, 2];
+    let mut pieces = Vec::new();
+    let mut rest = bytes;
+    for size in sizes.iter().cycle() {
+        if rest.is_empty() {
+            break;
+        }
+        let n = (*size).min(rest.len());
+        pieces.push((Duration::from_millis(1), rest[..n].to_vec()));
+        rest = &rest[n..];
+    }
+    pieces
+}
+
+fn fixture_head(name: &str) -> String {
+    String::from_utf8(fixture(name))
+        .unwrap()
+        .trim_end()
+        .to_string()
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_receives_exactly_the_bytes_the_engine_sent() {
+    for name in [
+        "vllm-chat",
+        "vllm-completions",
+        "vllm-chat-n2",
+        "vllm-chat-eos",
+    ] {
+        let sse = fixture(&format!("{name}.sse"));
+        let head_file = if name == "vllm-completions" {
+            "vllm-completions.headers"
+        } else {
+            "vllm-chat.headers"
+        };
+        let script = Script {
+            head: fixture_head(head_file),
+            ..Script::sse(awkward_pieces(&sse))
+        };
+        let (upstream, _) = scripted_upstream(script).await;
+        let sidecar = start_sidecar(upstream, "").await;
+        let path = if name == "vllm-completions" {
+            "/v1/completions"
+        } else {
+            "/v1/chat/completions"
+        };
+        let response = post(
+            sidecar.proxy_addr,
+            path,
+            r#"{"model":"tiny","stream":true}"#.to_string(),
+        )
+        .await;
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            response.headers()["content-type"],
+            "text/event-stream; charset=utf-8"
+        );
+        assert_eq!(response.headers()["server"], "uvicorn");
+        assert_eq!(response.headers()["vary"], "Origin");
+        let received = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(received, Bytes::from(sse), "{name}: bytes differ");
+        settle(&sidecar).await;
+        let m = sidecar.metrics.encode();
+        assert_eq!(
+            sample(&m, "llmslo_requests_total", &[("outcome", "success")]),
+            1.0,
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn role_chunk_alone_is_not_the_first_token() {
+    let sse = fixture("vllm-chat.sse");
+    let first_event_end = sse.windows(2).position(|w| w == b"\n\n").unwrap() + 2;
+    let script = Script::sse(vec![
+        (Duration::ZERO, sse[..first_event_end].to_vec()),
+        (Duration::from_millis(300), sse[first_event_end..].to_vec()),
+    ]);
+    let (upstream, _) = scripted_upstream(script).await;
+    let sidecar = start_sidecar(upstream, "").await;
+    post_collect(
+        sidecar.proxy_addr,
+        "/v1/chat/completions",
+        r#"{"model":"tiny"}"#.into(),
+    )
+    .await;
+    settle(&sidecar).await;
+    let m = sidecar.metrics.encode();
+    let ttft = sample(
+        &m,
+        "gen_ai_server_time_to_first_token_seconds_sum",
+        &[("model", "tiny")],
+    );
+    assert!(
+        (ttft - 0.300).abs() < 0.002,
+        "ttft {ttft}: the role chunk was taken as a token"
+    );
+    // N from the usage chunk.
+    assert_eq!(
+        sample(&m, "llmslo_output_tokens_total", &[("model", "tiny")]),
+        16.0
+    );
+    assert_eq!(
+        sample(&m, "llmslo_input_tokens_total", &[("model", "tiny")]),
+        11.0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn stream_without_done_is_an_upstream_error() {
+    let mut sse = fixture("vllm-chat-nousage.sse");
+    sse.truncate(sse.len() - b"data: [DONE]\n\n".len());
+    let (upstream, _) = scripted_upstream(Script::sse(vec![(Duration::ZERO, sse)])).await;
+    let sidecar = start_sidecar(upstream, "").await;
+    let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", "{}".into()).await;
+    assert_eq!(status, 200);
+    settle(&sidecar).await;
+    let m = sidecar.metrics.encode();
+    assert_eq!(
+        sample(
+            &m,
+            "llmslo_requests_total",
+            &[("outcome", "upstream_error")]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn oversized_event_stops_measuring_but_not_forwarding() {
+    let mut sse = b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"".to_vec();
+    sse.extend(std::iter::repeat_n(b'x', 8 * 1024));
+    sse.extend_from_slice(b"\"}}]}\n\ndata: [DONE]\n\n");
+    let (upstream, _) = scripted_upstream(Script::sse(awkward_pieces(&sse))).await;
+    let sidecar = start_sidecar(upstream, "max_event_bytes: 4096\n").await;
+    let (status, body) =
+        post_collect(sidecar.proxy_addr, "/v1/chat/completions", "{}".into()).await;
+    assert_eq!(status, 200);
+    assert_eq!(body, Bytes::from(sse));
+    settle(&sidecar).await;
+    let m = sidecar.metrics.encode();
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "success")]),
+        1.0
+    );
+    assert_eq!(
+        sample(&m, "gen_ai_server_time_to_first_token_seconds_count", &[]),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn end_to_end_headers_pass_and_hop_by_hop_headers_do_not() {
+    let (upstream, received) = scripted_upstream(Script::sse(vec![(
+        Duration::ZERO,
+        b"data: [DONE]\n\n".to_vec(),
+    )]))
+    .await;
+    let sidecar = start_sidecar(upstream, "").await;
+    let request = Request::post(format!("http://{}/v1/chat/completions", sidecar.proxy_addr))
+        .header(header::HOST, "chat.example.com")
+        .header(header::AUTHORIZATION, "Bearer sk-test")
+        .header(header::CONNECTION, "x-hop")
+        .header("x-hop", "secret-to-this-hop")
+        .header("x-forwarded-for", "198.51.100.7")
+        .header("x-request-id", "abc")
+        .body(Full::new(Bytes::from_static(
+            b"{\"model\":\"m\",\"stream\":true}",
+        )))
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    response.into_body().collect().await.unwrap();
+    let head = request_to(&received, "POST ").to_ascii_lowercase();
+    assert!(
+        head.starts_with("post /v1/chat/completions http/1.1\r\n"),
+        "{head}"
+    );
+    assert!(head.contains("host: chat.example.com\r\n"), "{head}");
+    assert!(head.contains("authorization: bearer sk-test\r\n"));
+    assert!(head.contains("x-request-id: abc\r\n"));
+    assert!(
+        head.contains("x-forwarded-for: 198.51.100.7, 127.0.0.1\r\n"),
+        "{head}"
+    );
+    assert!(!head.contains("x-hop"), "{head}");
+    assert!(head.ends_with("{\"model\":\"m\",\"stream\":true}"));
+}
+
+#[tokio::test]
+async fn absolute_uri_and_foreign_host_still_go_to_the_configured_upstream() {
+    let (upstream, received) = scripted_upstream(Script {
+        head: "HTTP/1.1 200 OK\r\ncontent-length: 2".into(),
+        pieces: vec![(Duration::ZERO, b"ok".to_vec())],
+        cut_short: false,
+        silent: false,
+    })
+    .await;
+    let sidecar = start_sidecar(upstream, "").await;
+    let mut stream = TcpStream::connect(sidecar.proxy_addr).await.unwrap();
+    stream
+        .write_all(b"GET http://169.254.169.254/latest/meta-data HTTP/1.1\r\nHost: 169.254.169.254\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("ok"));
+    let head = request_to(&received, "GET /latest");
+    assert!(
+        head.starts_with("GET /latest/meta-data HTTP/1.1\r\n"),
+        "{head}"
+    );
+
+    let mut stream = TcpStream::connect(sidecar.proxy_addr).await.unwrap();
+    stream
+        .write_all(b"CONNECT internal.example:443 HTTP/1.1\r\nHost: internal.example:443\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 1024];
+    let n = stream.read(&mut buf).await.unwrap();
+    let answer = String::from_utf8_lossy(&buf[..n]);
+    assert!(answer.starts_with("HTTP/1.1 405"), "{answer}");
+    assert!(answer.contains("method_not_allowed"));
+    let log = received.lock().unwrap();
+    assert!(
+        !log.iter().any(|r| r.starts_with(b"CONNECT")),
+        "CONNECT never reaches the upstream"
+    );
+}
+
+#[tokio::test]
+async fn upstream_down_gives_502_json_and_connect_error() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let sidecar = start_sidecar(closed, "").await;
+    let (status, body) = post_collect(
+        sidecar.proxy_addr,
+        "/v1/chat/completions",
+        chat_body(4, true, false),
+    )
+    .await;
+    assert_eq!(status, 502);
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["error"]["type"], "upstream_unavailable");
+    assert!(
+        json["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("refused"),
+        "{json}"
+    );
+    let m = sidecar.metrics.encode();
+    assert_eq!(
+        sample(
+            &m,
+            "llmslo_requests_total",
+            &[("outcome", "connect_error"), ("model", "sim")]
+        ),
+        1.0
+    );
+    assert_eq!(sample(&m, "llmslo_requests_in_flight", &[]), 0.0);
+    // Other paths are forwarded (and fail) the same way, without being measured.
+    let (status, _) = post_collect(sidecar.proxy_addr, "/other", "{}".into()).await;
+    assert_eq!(status, 502);
+    assert_eq!(
+        sample(&sidecar.metrics.encode(), "llmslo_requests_total", &[]),
+        1.0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn silent_upstream_gives_504_and_timeout() {
+    let (upstream, _) = scripted_upstream(Script {
+        silent: true,
+        ..Script::sse(vec![])
+    })
+    .await;
+    let sidecar = start_sidecar(upstream, "upstream_timeout: 2s\n").await;
+    let (status, body) = post_collect(
+        sidecar.proxy_addr,
+        "/v1/chat/completions",
+        chat_body(4, true, false),
+    )
+    .await;
+    assert_eq!(status, 504);
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["error"]["type"], "upstream_timeout");
+    let m = sidecar.metrics.encode();
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "timeout")]),
+        1.0
+    );
+    let e2e = sample(
+        &m,
+        "gen_ai_server_request_duration_seconds_sum",
+        &[("outcome", "timeout")],
+    );
+    assert!((e2e - 2.0).abs() < 0.01, "{e2e}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn body_over_the_peek_limit_is_forwarded_intact_with_model_unknown() {
+    let (engine, _stop) = start_engine(timed_engine(5, 1)).await;
+    let (upstream, received) = scripted_upstream(Script::sse(vec![(
+        Duration::ZERO,
+        b"data: [DONE]\n\n".to_vec(),
+    )]))
+    .await;
+    for (target, expect_model) in [(engine, "unknown"), (upstream, "unknown")] {
+        let sidecar = start_sidecar(target, "max_peek_bytes: 1024\n").await;
+        let padding = "word ".repeat(1000);
+        let body = serde_json::json!({
+            "model": "sim", "stream": true, "max_tokens": 3,
+            "messages": [{"role": "user", "content": padding}],
+        })
+        .to_string();
+        let (status, _) =
+            post_collect(sidecar.proxy_addr, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(status, 200);
+        settle(&sidecar).await;
+        let m = sidecar.metrics.encode();
+        assert_eq!(
+            sample(&m, "llmslo_requests_total", &[("model", expect_model)]),
+            1.0
+        );
+        if target == upstream {
+            let raw = request_to(&received, "POST ");
+            assert!(raw.ends_with(&body), "the body was altered");
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn malformed_json_is_forwarded_and_the_engines_4xx_is_client_error() {
+    let (engine, _stop) = start_engine(timed_engine(5, 1)).await;
+    let sidecar = start_sidecar(engine, "").await;
+    let (status, body) = post_collect(
+        sidecar.proxy_addr,
+        "/v1/chat/completions",
+        "{\"model\": \"sim\",".into(),
+    )
+    .await;
+    assert_eq!(status, 400);
+    assert!(String::from_utf8_lossy(&body).contains("invalid JSON"));
+    let (status, _) = post_collect(
+        sidecar.proxy_addr,
+        "/v1/chat/completions",
+        r#"{"model":"nope"}"#.into(),
+    )
+    .await;
+    assert_eq!(status, 404);
+    settle(&sidecar).await;
+    let m = sidecar.metrics.encode();
+    assert_eq!(
+        sample(
+            &m,
+            "llmslo_requests_total",
+            &[("outcome", "client_error"), ("model", "unknown")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "llmslo_requests_total",
+            &[("outcome", "client_error"), ("model", "nope")]
+        ),
+        1.0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn h2c_clients_are_proxied_and_measured() {
+    let (engine, _stop) = start_engine(timed_engine(40, 10)).await;
+    let sidecar = start_sidecar(engine, "").await;
+    let h2 = h2c_client();
+    let request = Request::post(format!("http://{}/v1/chat/completions", sidecar.proxy_addr))
+        .body(Full::new(Bytes::from(chat_body(5, true, true))))
+        .unwrap();
+    let response = h2.request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(response.version(), http::Version::HTTP_2);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert!(body.ends_with(b"data: [DONE]\n\n"));
+    settle(&sidecar).await;
+    let m = sidecar.metrics.encode();
+    let ttft = sample(
+        &m,
+        "gen_ai_server_time_to_first_token_seconds_sum",
+        &[("model", "sim")],
+    );
+    assert!((ttft - 0.040).abs() < 0.001, "{ttft}");
+    assert_eq!(
+        sample(&m, "llmslo_output_tokens_total", &[("model", "sim")]),
+        5.0
+    );
+}
+
+#[tokio::test]
+async fn metrics_port_serves_openmetrics_health_and_readiness() {
+    let (engine, stop) = start_engine(timed_engine(1, 1)).await;
+    let sidecar = start_sidecar(engine, "health_interval: 100ms\n").await;
+    let get = |path: &'static str| {
+        let addr = sidecar.metrics_addr;
+        async move {
+            let request = Request::get(format!("http://{addr}{path}"))
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let response = client().request(request).await.unwrap();
+            let status = response.status();
+            let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+            (
+                status,
+                content_type,
+                response.into_body().collect().await.unwrap().to_bytes(),
+            )
+        }
+    };
+    let (status, content_type, body) = get("/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        content_type.unwrap(),
+        "application/openmetrics-text; version=1.0.0; charset=utf-8"
+    );
+    let text = String::from_utf8(body.to_vec()).unwrap();
+    assert!(text.contains("# TYPE gen_ai_server_time_to_first_token_seconds histogram"));
+    assert!(text.contains("llmslo_build_info{version=\"0.1.0\"} 1"));
+    assert_eq!(get("/healthz").await.0, StatusCode::OK);
+    assert_eq!(get("/nope").await.0, StatusCode::NOT_FOUND);
+    let mut ready = false;
+    for _ in 0..50 {
+        if get("/readyz").await.0 == StatusCode::OK {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ready, "/readyz never turned ready with the engine up");
+    stop.cancel();
+    let mut unready = false;
+    for _ in 0..50 {
+        if get("/readyz").await.0 == StatusCode::SERVICE_UNAVAILABLE {
+            unready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(unready, "/readyz stayed ready with the engine down");
+    assert_eq!(
+        get("/healthz").await.0,
+        StatusCode::OK,
+        "the process is still healthy"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_lets_in_flight_streams_finish_and_refuses_new_connections() {
+    let (engine, _stop) = start_engine(timed_engine(100, 50)).await;
+    let sidecar = start_sidecar(engine, "drain_timeout: 30s\n").await;
+    let proxy = sidecar.proxy_addr;
+    let metrics = sidecar.metrics.clone();
+    let in_flight = tokio::spawn(async move {
+        post_collect(proxy, "/v1/chat/completions", chat_body(20, true, false)).await
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopping = tokio::spawn(sidecar.shutdown());
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    assert!(
+        TcpStream::connect(proxy).await.is_err(),
+        "the listener is closed"
+    );
+    let (status, body) = in_flight.await.unwrap();
+    assert_eq!(status, 200);
+    assert!(
+        body.ends_with(b"data: [DONE]\n\n"),
+        "the stream finished during the drain"
+    );
+    stopping.await.unwrap();
+    assert_eq!(
+        sample(
+            &metrics.encode(),
+            "llmslo_requests_total",
+            &[("outcome", "success")]
+        ),
+        1.0
+    );
+}
