@@ -503,3 +503,33 @@ async fn shutdown_lets_in_flight_streams_finish_and_refuses_new_connections() {
         1.0
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn captured_vllm_error_answers_are_client_errors() {
+    for name in ["vllm-error-badmodel", "vllm-error-too-long"] {
+        let body = fixture(&format!("{name}.body"));
+        let script = Script {
+            head: fixture_head(&format!("{name}.headers")),
+            pieces: vec![(Duration::ZERO, body.clone())],
+            cut_short: false,
+            silent: false,
+        };
+        let (upstream, _) = scripted_upstream(script).await;
+        let sidecar = start_sidecar(upstream, "").await;
+        let (status, received) = post_collect(
+            sidecar.proxy_addr,
+            "/v1/chat/completions",
+            r#"{"model":"tiny","stream":true}"#.into(),
+        )
+        .await;
+        assert!(status == 400 || status == 404, "{name}: {status}");
+        assert_eq!(received, Bytes::from(body), "{name}");
+        settle(&sidecar).await;
+        let m = sidecar.metrics.encode();
+        assert_eq!(
+            sample(&m, "llmslo_requests_total", &[("outcome", "client_error")]),
+            1.0,
+            "{name}"
+        );
+    }
+}

@@ -1,0 +1,172 @@
+//! Real vLLM 0.32 captures replayed through the observer: the first token, N, usage and
+//! outcome signals it derives, and the timings from a capture with per-read arrival times.
+
+mod common;
+
+use common::fixture;
+use llmslo::observe::stream::{StreamObserver, StreamSummary};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Feeds the capture one event at a time, event `i` at `base + i ms`.
+fn replay_by_event(name: &str) -> (StreamSummary, Instant) {
+    let bytes = fixture(name);
+    let base = Instant::now();
+    let mut observer = StreamObserver::new(1 << 20);
+    let mut start = 0;
+    let mut index = 0u64;
+    while let Some(end) = bytes[start..].windows(2).position(|w| w == b"\n\n") {
+        let end = start + end + 2;
+        observer.feed(
+            &bytes[start..end],
+            base + Duration::from_millis(index),
+            |_| {},
+        );
+        start = end;
+        index += 1;
+    }
+    assert_eq!(start, bytes.len(), "{name} ends with a complete event");
+    (observer.summary(), base)
+}
+
+/// Index of the event that held the first token.
+fn first_token_event(summary: &StreamSummary, base: Instant) -> u128 {
+    (summary.first_token.expect("a first token") - base).as_millis()
+}
+
+#[test]
+fn chat_with_usage_chunk() {
+    let (s, base) = replay_by_event("vllm-chat.sse");
+    assert_eq!(
+        first_token_event(&s, base),
+        1,
+        "event 0 is the role-only chunk"
+    );
+    assert_eq!(s.output_tokens, Some(16));
+    assert_eq!(s.input_tokens, Some(11));
+    // 16 token events, two of them empty (held-back partial UTF-8).
+    assert_eq!(s.token_events, 16);
+    assert!(s.saw_done && !s.saw_error);
+}
+
+#[test]
+fn completions_with_usage_chunk() {
+    let (s, base) = replay_by_event("vllm-completions.sse");
+    assert_eq!(first_token_event(&s, base), 1, "event 0 has empty text");
+    assert_eq!(s.output_tokens, Some(16));
+    assert_eq!(s.input_tokens, Some(6));
+    assert_eq!(s.token_events, 16);
+    assert!(s.saw_done);
+}
+
+#[test]
+fn chat_without_usage_counts_events() {
+    let (s, base) = replay_by_event("vllm-chat-nousage.sse");
+    assert_eq!(first_token_event(&s, base), 1);
+    assert_eq!(s.output_tokens, Some(4));
+    assert_eq!(s.input_tokens, None);
+    assert!(s.saw_done);
+}
+
+#[test]
+fn continuous_usage_takes_the_last_report() {
+    let (s, base) = replay_by_event("vllm-chat-continuous-usage.sse");
+    assert_eq!(first_token_event(&s, base), 1);
+    assert_eq!(s.output_tokens, Some(4));
+    assert_eq!(s.input_tokens, Some(8));
+    // Tokens at events 1..=4: TPOT = 3 ms / 3.
+    assert_eq!(s.tpot, Some(Duration::from_millis(1)));
+}
+
+#[test]
+fn two_choices_share_one_stream() {
+    let (s, base) = replay_by_event("vllm-chat-n2.sse");
+    assert_eq!(
+        first_token_event(&s, base),
+        2,
+        "events 0 and 1 are the two role chunks"
+    );
+    assert_eq!(s.output_tokens, Some(6), "usage counts both choices");
+    assert_eq!(s.token_events, 6);
+    assert!(s.saw_done);
+}
+
+#[test]
+fn long_stream_to_eos_and_small_model_stream() {
+    let (s, base) = replay_by_event("vllm-chat-eos.sse");
+    assert_eq!(first_token_event(&s, base), 1);
+    assert_eq!(s.output_tokens, Some(200));
+    // Tokens at events 1..=200, 1 ms apart.
+    assert_eq!(s.tpot, Some(Duration::from_millis(1)));
+    let (s, _) = replay_by_event("vllm-small-chat.sse");
+    assert_eq!(s.output_tokens, Some(16));
+}
+
+#[test]
+fn captured_read_timings_give_the_captured_ttft_and_tpot() {
+    let bytes = fixture("vllm-chat-raw32.sse");
+    let timing = String::from_utf8(fixture("vllm-chat-raw32.timing.jsonl")).unwrap();
+    // The first line holds socket reads (with HTTP chunk framing); the rest, one line per
+    // SSE event, the time the raw client had that event complete.
+    let event_times: Vec<f64> = timing
+        .lines()
+        .skip(1)
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["t_s"]
+                .as_f64()
+                .unwrap()
+        })
+        .collect();
+    let events: Vec<&[u8]> = bytes
+        .split_inclusive(|b| *b == b'\n')
+        .collect::<Vec<_>>()
+        .chunks(2)
+        .map(|pair| {
+            let start = pair[0].as_ptr() as usize - bytes.as_ptr() as usize;
+            &bytes[start..start + pair.iter().map(|l| l.len()).sum::<usize>()]
+        })
+        .collect();
+    assert_eq!(events.len(), event_times.len());
+
+    let base = Instant::now();
+    let at = |t: f64| base + Duration::from_secs_f64(t);
+    let mut observer = StreamObserver::new(1 << 20);
+    let mut gaps = Vec::new();
+    for (event, t) in events.iter().zip(&event_times) {
+        observer.feed(event, at(*t), |g| gaps.push(g));
+    }
+    let s = observer.summary();
+    // Event 0 is the role chunk, events 1..=32 the tokens, then usage and [DONE].
+    assert_eq!(s.first_token, Some(at(event_times[1])));
+    assert_eq!(s.output_tokens, Some(32));
+    let expected_tpot = (event_times[32] - event_times[1]) / 31.0;
+    let tpot = s.tpot.unwrap().as_secs_f64();
+    assert!(
+        (tpot - expected_tpot).abs() < 1e-6,
+        "tpot {tpot} vs capture {expected_tpot}"
+    );
+    assert_eq!(gaps.len(), 31);
+}
+
+#[test]
+fn every_capture_survives_being_split_at_every_byte() {
+    for name in ["vllm-chat.sse", "vllm-completions.sse", "vllm-chat-n2.sse"] {
+        let bytes = fixture(name);
+        let whole = {
+            let mut o = StreamObserver::new(1 << 20);
+            o.feed(&bytes, Instant::now(), |_| {});
+            o.summary()
+        };
+        let now = Instant::now();
+        for cut in (0..bytes.len()).step_by(7) {
+            let mut o = StreamObserver::new(1 << 20);
+            o.feed(&bytes[..cut], now, |_| {});
+            o.feed(&bytes[cut..], now, |_| {});
+            let s = o.summary();
+            assert_eq!(
+                (s.output_tokens, s.token_events, s.saw_done),
+                (whole.output_tokens, whole.token_events, whole.saw_done)
+            );
+        }
+    }
+}
