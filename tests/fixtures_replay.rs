@@ -8,24 +8,26 @@ use llmslo::observe::stream::{StreamObserver, StreamSummary};
 use std::time::Duration;
 use tokio::time::Instant;
 
+/// The capture cut into its SSE events (each ends with a blank line).
+fn events(bytes: &[u8]) -> Vec<&[u8]> {
+    let mut events = Vec::new();
+    let mut start = 0;
+    while let Some(end) = bytes[start..].windows(2).position(|w| w == b"\n\n") {
+        events.push(&bytes[start..start + end + 2]);
+        start += end + 2;
+    }
+    assert_eq!(start, bytes.len(), "the capture ends with a complete event");
+    events
+}
+
 /// Feeds the capture one event at a time, event `i` at `base + i ms`.
 fn replay_by_event(name: &str) -> (StreamSummary, Instant) {
     let bytes = fixture(name);
     let base = Instant::now();
     let mut observer = StreamObserver::new(1 << 20);
-    let mut start = 0;
-    let mut index = 0u64;
-    while let Some(end) = bytes[start..].windows(2).position(|w| w == b"\n\n") {
-        let end = start + end + 2;
-        observer.feed(
-            &bytes[start..end],
-            base + Duration::from_millis(index),
-            |_| {},
-        );
-        start = end;
-        index += 1;
+    for (index, event) in events(&bytes).into_iter().enumerate() {
+        observer.feed(event, base + Duration::from_millis(index as u64), |_| {});
     }
-    assert_eq!(start, bytes.len(), "{name} ends with a complete event");
     (observer.summary(), base)
 }
 
@@ -117,15 +119,7 @@ fn captured_read_timings_give_the_captured_ttft_and_tpot() {
                 .unwrap()
         })
         .collect();
-    let events: Vec<&[u8]> = bytes
-        .split_inclusive(|b| *b == b'\n')
-        .collect::<Vec<_>>()
-        .chunks(2)
-        .map(|pair| {
-            let start = pair[0].as_ptr() as usize - bytes.as_ptr() as usize;
-            &bytes[start..start + pair.iter().map(|l| l.len()).sum::<usize>()]
-        })
-        .collect();
+    let events = events(&bytes);
     assert_eq!(events.len(), event_times.len());
 
     let base = Instant::now();
