@@ -221,10 +221,7 @@ impl Config {
         })?;
         let config = Config {
             upstream: parse_upstream(&upstream)?,
-            listen: parse_addr(
-                "listen",
-                o.listen.or(f.listen).as_deref().unwrap_or(defaults::LISTEN),
-            )?,
+            listen: parse_addr("listen", o.listen.or(f.listen).as_deref().unwrap_or(defaults::LISTEN))?,
             metrics_listen: parse_addr(
                 "metrics_listen",
                 o.metrics_listen
@@ -241,9 +238,7 @@ impl Config {
             max_event_bytes: f.max_event_bytes.unwrap_or(defaults::MAX_EVENT_BYTES),
             upstream_timeout: f.upstream_timeout.unwrap_or(defaults::UPSTREAM_TIMEOUT),
             drain_timeout: f.drain_timeout.unwrap_or(defaults::DRAIN_TIMEOUT),
-            health_path: f
-                .health_path
-                .unwrap_or_else(|| defaults::HEALTH_PATH.to_string()),
+            health_path: f.health_path.unwrap_or_else(|| defaults::HEALTH_PATH.to_string()),
             health_interval: f.health_interval.unwrap_or(defaults::HEALTH_INTERVAL),
             buckets: f.buckets.unwrap_or_default(),
         };
@@ -262,10 +257,7 @@ impl Config {
             return Err(ConfigError::invalid("max_models", "must be at least 1"));
         }
         if self.models.iter().any(|m| m.is_empty()) {
-            return Err(ConfigError::invalid(
-                "models",
-                "model names must not be empty",
-            ));
+            return Err(ConfigError::invalid("models", "model names must not be empty"));
         }
         if !(1..=(64 << 20)).contains(&self.max_peek_bytes) {
             return Err(ConfigError::invalid(
@@ -305,12 +297,9 @@ fn parse_yaml(text: &str) -> Result<FileConfig, String> {
 }
 
 fn parse_addr(key: &str, value: &str) -> Result<SocketAddr, ConfigError> {
-    value.parse().map_err(|_| {
-        ConfigError::invalid(
-            key,
-            format!("`{value}` is not an address like 0.0.0.0:8080"),
-        )
-    })
+    value
+        .parse()
+        .map_err(|_| ConfigError::invalid(key, format!("`{value}` is not an address like 0.0.0.0:8080")))
 }
 
 fn parse_upstream(value: &str) -> Result<Uri, ConfigError> {
@@ -325,19 +314,18 @@ fn parse_upstream(value: &str) -> Result<Uri, ConfigError> {
                 "https upstreams are not supported: llmslo runs beside the engine and speaks plain HTTP to it",
             ))
         }
-        _ => return Err(ConfigError::invalid("upstream", format!("`{value}` must start with http://"))),
+        _ => {
+            return Err(ConfigError::invalid(
+                "upstream",
+                format!("`{value}` must start with http://"),
+            ))
+        }
     }
     if uri.authority().is_none() {
-        return Err(ConfigError::invalid(
-            "upstream",
-            format!("`{value}` has no host"),
-        ));
+        return Err(ConfigError::invalid("upstream", format!("`{value}` has no host")));
     }
     if uri.query().is_some() {
-        return Err(ConfigError::invalid(
-            "upstream",
-            "must not have a query string",
-        ));
+        return Err(ConfigError::invalid("upstream", "must not have a query string"));
     }
     Ok(uri)
 }
@@ -404,23 +392,11 @@ mod tests {
     fn bad_values_name_their_key() {
         let up = "upstream: http://127.0.0.1:8000\n";
         assert_eq!(key_of(Config::from_yaml("listen: 1.2.3.4:5\n")), "upstream");
-        assert_eq!(
-            key_of(Config::from_yaml("upstream: https://x:1\n")),
-            "upstream"
-        );
+        assert_eq!(key_of(Config::from_yaml("upstream: https://x:1\n")), "upstream");
         assert_eq!(key_of(Config::from_yaml("upstream: ftp://x\n")), "upstream");
-        assert_eq!(
-            key_of(Config::from_yaml("upstream: /relative\n")),
-            "upstream"
-        );
-        assert_eq!(
-            key_of(Config::from_yaml(&format!("{up}listen: nowhere\n"))),
-            "listen"
-        );
-        assert_eq!(
-            key_of(Config::from_yaml(&format!("{up}max_models: 0\n"))),
-            "max_models"
-        );
+        assert_eq!(key_of(Config::from_yaml("upstream: /relative\n")), "upstream");
+        assert_eq!(key_of(Config::from_yaml(&format!("{up}listen: nowhere\n"))), "listen");
+        assert_eq!(key_of(Config::from_yaml(&format!("{up}max_models: 0\n"))), "max_models");
         assert_eq!(
             key_of(Config::from_yaml(&format!("{up}max_event_bytes: 10\n"))),
             "max_event_bytes"
@@ -433,14 +409,9 @@ mod tests {
             key_of(Config::from_yaml(&format!("{up}health_path: health\n"))),
             "health_path"
         );
+        assert_eq!(key_of(Config::from_yaml(&format!("{up}log: \"llmslo=loud\"\n"))), "log");
         assert_eq!(
-            key_of(Config::from_yaml(&format!("{up}log: \"llmslo=loud\"\n"))),
-            "log"
-        );
-        assert_eq!(
-            key_of(Config::from_yaml(&format!(
-                "{up}buckets: {{tpot: [0.2, 0.1]}}\n"
-            ))),
+            key_of(Config::from_yaml(&format!("{up}buckets: {{tpot: [0.2, 0.1]}}\n"))),
             "buckets.tpot"
         );
     }
@@ -468,9 +439,6 @@ mod tests {
         let engine = Config::from_yaml("upstream: http://x:1\nengine: triton\n")
             .unwrap_err()
             .to_string();
-        assert!(
-            engine.contains("engine") && engine.contains("triton"),
-            "{engine}"
-        );
+        assert!(engine.contains("engine") && engine.contains("triton"), "{engine}");
     }
 }

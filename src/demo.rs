@@ -92,35 +92,36 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
     tokio::pin!(stop);
     let mut ticker = tokio::time::interval(options.interval);
     ticker.tick().await;
-    let mut previous_tokens = BTreeMap::new();
+    let started = tokio::time::Instant::now();
+    let mut previous = Previous {
+        tokens: BTreeMap::new(),
+        at: started,
+    };
     loop {
         tokio::select! {
             _ = &mut stop => break,
             _ = ticker.tick() => {
                 let text = scrape(&client, sidecar.metrics_addr).await?;
-                print!("{}", render_table(&text, &mut previous_tokens, options.interval));
+                print!("{}", render_table(&text, &mut previous));
             }
         }
     }
     shutdown.cancel();
     while load.join_next().await.is_some() {}
     let text = scrape(&client, sidecar.metrics_addr).await?;
-    print!(
-        "{}",
-        render_table(&text, &mut previous_tokens, options.interval)
-    );
+    let mut whole_run = Previous {
+        tokens: BTreeMap::new(),
+        at: started,
+    };
+    println!("whole run ({:.0?}):", started.elapsed());
+    print!("{}", render_table(&text, &mut whole_run));
     sidecar.shutdown().await;
     let _ = engine_task.await;
     Ok(())
 }
 
 /// One client: streams chat completions back to back until `shutdown`.
-async fn stream_forever(
-    client: DemoClient,
-    proxy: SocketAddr,
-    worker: usize,
-    shutdown: CancellationToken,
-) {
+async fn stream_forever(client: DemoClient, proxy: SocketAddr, worker: usize, shutdown: CancellationToken) {
     while !shutdown.is_cancelled() {
         let (model, max_tokens) = {
             let mut rng = rand::rng();
@@ -148,42 +149,38 @@ async fn stream_forever(
     }
 }
 
-async fn scrape(
-    client: &DemoClient,
-    metrics: SocketAddr,
-) -> Result<String, Box<dyn std::error::Error>> {
-    let request =
-        Request::get(format!("http://{metrics}/metrics")).body(Full::new(Bytes::new()))?;
-    let body = client
-        .request(request)
-        .await?
-        .into_body()
-        .collect()
-        .await?
-        .to_bytes();
+async fn scrape(client: &DemoClient, metrics: SocketAddr) -> Result<String, Box<dyn std::error::Error>> {
+    let request = Request::get(format!("http://{metrics}/metrics")).body(Full::new(Bytes::new()))?;
+    let body = client.request(request).await?.into_body().collect().await?.to_bytes();
     Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
-/// The table for one scrape; `previous_tokens` carries output-token totals between prints.
-fn render_table(
-    text: &str,
-    previous_tokens: &mut BTreeMap<String, f64>,
-    interval: Duration,
-) -> String {
+/// Output-token totals and the time of the previous print, for the tokens/s column.
+struct Previous {
+    tokens: BTreeMap<String, f64>,
+    at: tokio::time::Instant,
+}
+
+/// Outcomes that count against the engine (not the client's own doing).
+const ENGINE_ERRORS: [&str; 3] = ["upstream_error", "timeout", "connect_error"];
+
+/// The table for one scrape.
+fn render_table(text: &str, previous: &mut Previous) -> String {
     let exposition = Exposition::parse(text);
+    let elapsed = std::mem::replace(&mut previous.at, tokio::time::Instant::now()).elapsed();
     let mut out = format!(
         "{:<16} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10}\n",
         "model", "requests", "errors", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "tokens/s"
     );
     for model in MODELS {
         let requests = exposition.sum("llmslo_requests_total", model, None);
-        let errors = requests - exposition.sum("llmslo_requests_total", model, Some("success"));
+        let errors: f64 = ENGINE_ERRORS
+            .iter()
+            .map(|outcome| exposition.sum("llmslo_requests_total", model, Some(outcome)))
+            .sum();
         let tokens = exposition.sum("llmslo_output_tokens_total", model, None);
-        let rate = (tokens
-            - previous_tokens
-                .insert(model.to_string(), tokens)
-                .unwrap_or(0.0))
-            / interval.as_secs_f64();
+        let before = previous.tokens.insert(model.to_string(), tokens).unwrap_or(0.0);
+        let rate = (tokens - before) / elapsed.as_secs_f64().max(1e-3);
         let q = |name: &str, quantile: f64| {
             exposition
                 .quantile(name, model, quantile)
@@ -199,7 +196,8 @@ fn render_table(
             q(tpot, 0.99),
         );
     }
-    out + "(percentiles as histogram_quantile computes them from the exported buckets)\n\n"
+    out + "(requests include client_cancelled; errors are upstream_error, timeout and connect_error;\n \
+           percentiles are what histogram_quantile computes from the exported buckets)\n\n"
 }
 
 /// A minimal reading of the text exposition: sample name, labels, value.
@@ -266,11 +264,7 @@ impl<'a> Exposition<'a> {
                     return Some(lower.0);
                 }
                 let width = count - lower.1;
-                let fraction = if width > 0.0 {
-                    (rank - lower.1) / width
-                } else {
-                    1.0
-                };
+                let fraction = if width > 0.0 { (rank - lower.1) / width } else { 1.0 };
                 return Some(lower.0 + (edge - lower.0) * fraction);
             }
             lower = (edge, count);

@@ -22,12 +22,8 @@ const MAX_HEADER_BYTES: usize = 64 * 1024;
 
 /// Serves `handler` on `listener` until `shutdown` fires, then lets open connections
 /// finish for up to `drain` before returning.
-pub async fn serve<F, Fut, B>(
-    listener: TcpListener,
-    handler: F,
-    shutdown: CancellationToken,
-    drain: Duration,
-) where
+pub async fn serve<F, Fut, B>(listener: TcpListener, handler: F, shutdown: CancellationToken, drain: Duration)
+where
     F: Fn(Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
     B: Body + Send + 'static,
@@ -62,9 +58,7 @@ pub async fn serve<F, Fut, B>(
         let _ = stream.set_nodelay(true);
         let handler = handler.clone();
         let service = service_fn(move |request| handler(request, peer));
-        let connection = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
+        let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(error) = connection.await {

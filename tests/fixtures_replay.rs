@@ -39,11 +39,7 @@ fn first_token_event(summary: &StreamSummary, base: Instant) -> u128 {
 #[test]
 fn chat_with_usage_chunk() {
     let (s, base) = replay_by_event("vllm-chat.sse");
-    assert_eq!(
-        first_token_event(&s, base),
-        1,
-        "event 0 is the role-only chunk"
-    );
+    assert_eq!(first_token_event(&s, base), 1, "event 0 is the role-only chunk");
     assert_eq!(s.output_tokens, Some(16));
     assert_eq!(s.input_tokens, Some(11));
     // 16 token events, two of them empty (held-back partial UTF-8).
@@ -83,11 +79,7 @@ fn continuous_usage_takes_the_last_report() {
 #[test]
 fn two_choices_share_one_stream() {
     let (s, base) = replay_by_event("vllm-chat-n2.sse");
-    assert_eq!(
-        first_token_event(&s, base),
-        2,
-        "events 0 and 1 are the two role chunks"
-    );
+    assert_eq!(first_token_event(&s, base), 2, "events 0 and 1 are the two role chunks");
     assert_eq!(s.output_tokens, Some(6), "usage counts both choices");
     assert_eq!(s.token_events, 6);
     assert!(s.saw_done);

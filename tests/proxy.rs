@@ -28,20 +28,12 @@ fn awkward_pieces(bytes: &[u8]) -> Vec<(Duration, Vec<u8>)> {
 }
 
 fn fixture_head(name: &str) -> String {
-    String::from_utf8(fixture(name))
-        .unwrap()
-        .trim_end()
-        .to_string()
+    String::from_utf8(fixture(name)).unwrap().trim_end().to_string()
 }
 
 #[tokio::test(start_paused = true)]
 async fn client_receives_exactly_the_bytes_the_engine_sent() {
-    for name in [
-        "vllm-chat",
-        "vllm-completions",
-        "vllm-chat-n2",
-        "vllm-chat-eos",
-    ] {
+    for name in ["vllm-chat", "vllm-completions", "vllm-chat-n2", "vllm-chat-eos"] {
         let sse = fixture(&format!("{name}.sse"));
         let head_file = if name == "vllm-completions" {
             "vllm-completions.headers"
@@ -66,10 +58,7 @@ async fn client_receives_exactly_the_bytes_the_engine_sent() {
         )
         .await;
         assert_eq!(response.status(), 200);
-        assert_eq!(
-            response.headers()["content-type"],
-            "text/event-stream; charset=utf-8"
-        );
+        assert_eq!(response.headers()["content-type"], "text/event-stream; charset=utf-8");
         assert_eq!(response.headers()["server"], "uvicorn");
         assert_eq!(response.headers()["vary"], "Origin");
         let received = response.into_body().collect().await.unwrap().to_bytes();
@@ -94,12 +83,7 @@ async fn role_chunk_alone_is_not_the_first_token() {
     ]);
     let (upstream, _) = scripted_upstream(script).await;
     let sidecar = start_sidecar(upstream, "").await;
-    post_collect(
-        sidecar.proxy_addr,
-        "/v1/chat/completions",
-        r#"{"model":"tiny"}"#.into(),
-    )
-    .await;
+    post_collect(sidecar.proxy_addr, "/v1/chat/completions", r#"{"model":"tiny"}"#.into()).await;
     settle(&sidecar).await;
     let m = sidecar.metrics.encode();
     let ttft = sample(
@@ -112,14 +96,8 @@ async fn role_chunk_alone_is_not_the_first_token() {
         "ttft {ttft}: the role chunk was taken as a token"
     );
     // N from the usage chunk.
-    assert_eq!(
-        sample(&m, "llmslo_output_tokens_total", &[("model", "tiny")]),
-        16.0
-    );
-    assert_eq!(
-        sample(&m, "llmslo_input_tokens_total", &[("model", "tiny")]),
-        11.0
-    );
+    assert_eq!(sample(&m, "llmslo_output_tokens_total", &[("model", "tiny")]), 16.0);
+    assert_eq!(sample(&m, "llmslo_input_tokens_total", &[("model", "tiny")]), 11.0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -133,45 +111,33 @@ async fn stream_without_done_is_an_upstream_error() {
     settle(&sidecar).await;
     let m = sidecar.metrics.encode();
     assert_eq!(
-        sample(
-            &m,
-            "llmslo_requests_total",
-            &[("outcome", "upstream_error")]
-        ),
+        sample(&m, "llmslo_requests_total", &[("outcome", "upstream_error")]),
         1.0
     );
 }
 
 #[tokio::test(start_paused = true)]
 async fn oversized_event_stops_measuring_but_not_forwarding() {
-    let mut sse = b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"".to_vec();
+    let mut sse =
+        b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\""
+            .to_vec();
     sse.extend(std::iter::repeat_n(b'x', 8 * 1024));
     sse.extend_from_slice(b"\"}}]}\n\ndata: [DONE]\n\n");
     let (upstream, _) = scripted_upstream(Script::sse(awkward_pieces(&sse))).await;
     let sidecar = start_sidecar(upstream, "max_event_bytes: 4096\n").await;
-    let (status, body) =
-        post_collect(sidecar.proxy_addr, "/v1/chat/completions", "{}".into()).await;
+    let (status, body) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", "{}".into()).await;
     assert_eq!(status, 200);
     assert_eq!(body, Bytes::from(sse));
     settle(&sidecar).await;
     let m = sidecar.metrics.encode();
-    assert_eq!(
-        sample(&m, "llmslo_requests_total", &[("outcome", "success")]),
-        1.0
-    );
-    assert_eq!(
-        sample(&m, "gen_ai_server_time_to_first_token_seconds_count", &[]),
-        1.0
-    );
+    assert_eq!(sample(&m, "llmslo_requests_total", &[("outcome", "success")]), 1.0);
+    assert_eq!(sample(&m, "gen_ai_server_time_to_first_token_seconds_count", &[]), 1.0);
 }
 
 #[tokio::test]
 async fn end_to_end_headers_pass_and_hop_by_hop_headers_do_not() {
-    let (upstream, received) = scripted_upstream(Script::sse(vec![(
-        Duration::ZERO,
-        b"data: [DONE]\n\n".to_vec(),
-    )]))
-    .await;
+    let (upstream, received) =
+        scripted_upstream(Script::sse(vec![(Duration::ZERO, b"data: [DONE]\n\n".to_vec())])).await;
     let sidecar = start_sidecar(upstream, "").await;
     let request = Request::post(format!("http://{}/v1/chat/completions", sidecar.proxy_addr))
         .header(header::HOST, "chat.example.com")
@@ -180,24 +146,16 @@ async fn end_to_end_headers_pass_and_hop_by_hop_headers_do_not() {
         .header("x-hop", "secret-to-this-hop")
         .header("x-forwarded-for", "198.51.100.7")
         .header("x-request-id", "abc")
-        .body(Full::new(Bytes::from_static(
-            b"{\"model\":\"m\",\"stream\":true}",
-        )))
+        .body(Full::new(Bytes::from_static(b"{\"model\":\"m\",\"stream\":true}")))
         .unwrap();
     let response = client().request(request).await.unwrap();
     response.into_body().collect().await.unwrap();
     let head = request_to(&received, "POST ").to_ascii_lowercase();
-    assert!(
-        head.starts_with("post /v1/chat/completions http/1.1\r\n"),
-        "{head}"
-    );
+    assert!(head.starts_with("post /v1/chat/completions http/1.1\r\n"), "{head}");
     assert!(head.contains("host: chat.example.com\r\n"), "{head}");
     assert!(head.contains("authorization: bearer sk-test\r\n"));
     assert!(head.contains("x-request-id: abc\r\n"));
-    assert!(
-        head.contains("x-forwarded-for: 198.51.100.7, 127.0.0.1\r\n"),
-        "{head}"
-    );
+    assert!(head.contains("x-forwarded-for: 198.51.100.7, 127.0.0.1\r\n"), "{head}");
     assert!(!head.contains("x-hop"), "{head}");
     assert!(head.ends_with("{\"model\":\"m\",\"stream\":true}"));
 }
@@ -222,10 +180,7 @@ async fn absolute_uri_and_foreign_host_still_go_to_the_configured_upstream() {
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(answer.ends_with("ok"));
     let head = request_to(&received, "GET /latest");
-    assert!(
-        head.starts_with("GET /latest/meta-data HTTP/1.1\r\n"),
-        "{head}"
-    );
+    assert!(head.starts_with("GET /latest/meta-data HTTP/1.1\r\n"), "{head}");
 
     let mut stream = TcpStream::connect(sidecar.proxy_addr).await.unwrap();
     stream
@@ -251,22 +206,11 @@ async fn upstream_down_gives_502_json_and_connect_error() {
         .local_addr()
         .unwrap();
     let sidecar = start_sidecar(closed, "").await;
-    let (status, body) = post_collect(
-        sidecar.proxy_addr,
-        "/v1/chat/completions",
-        chat_body(4, true, false),
-    )
-    .await;
+    let (status, body) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(4, true, false)).await;
     assert_eq!(status, 502);
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(json["error"]["type"], "upstream_unavailable");
-    assert!(
-        json["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("refused"),
-        "{json}"
-    );
+    assert!(json["error"]["message"].as_str().unwrap().contains("refused"), "{json}");
     let m = sidecar.metrics.encode();
     assert_eq!(
         sample(
@@ -280,10 +224,7 @@ async fn upstream_down_gives_502_json_and_connect_error() {
     // Other paths are forwarded (and fail) the same way, without being measured.
     let (status, _) = post_collect(sidecar.proxy_addr, "/other", "{}".into()).await;
     assert_eq!(status, 502);
-    assert_eq!(
-        sample(&sidecar.metrics.encode(), "llmslo_requests_total", &[]),
-        1.0
-    );
+    assert_eq!(sample(&sidecar.metrics.encode(), "llmslo_requests_total", &[]), 1.0);
 }
 
 #[tokio::test(start_paused = true)]
@@ -294,20 +235,12 @@ async fn silent_upstream_gives_504_and_timeout() {
     })
     .await;
     let sidecar = start_sidecar(upstream, "upstream_timeout: 2s\n").await;
-    let (status, body) = post_collect(
-        sidecar.proxy_addr,
-        "/v1/chat/completions",
-        chat_body(4, true, false),
-    )
-    .await;
+    let (status, body) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(4, true, false)).await;
     assert_eq!(status, 504);
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(json["error"]["type"], "upstream_timeout");
     let m = sidecar.metrics.encode();
-    assert_eq!(
-        sample(&m, "llmslo_requests_total", &[("outcome", "timeout")]),
-        1.0
-    );
+    assert_eq!(sample(&m, "llmslo_requests_total", &[("outcome", "timeout")]), 1.0);
     let e2e = sample(
         &m,
         "gen_ai_server_request_duration_seconds_sum",
@@ -319,11 +252,8 @@ async fn silent_upstream_gives_504_and_timeout() {
 #[tokio::test(start_paused = true)]
 async fn body_over_the_peek_limit_is_forwarded_intact_with_model_unknown() {
     let (engine, _stop) = start_engine(timed_engine(5, 1)).await;
-    let (upstream, received) = scripted_upstream(Script::sse(vec![(
-        Duration::ZERO,
-        b"data: [DONE]\n\n".to_vec(),
-    )]))
-    .await;
+    let (upstream, received) =
+        scripted_upstream(Script::sse(vec![(Duration::ZERO, b"data: [DONE]\n\n".to_vec())])).await;
     for (target, expect_model) in [(engine, "unknown"), (upstream, "unknown")] {
         let sidecar = start_sidecar(target, "max_peek_bytes: 1024\n").await;
         let padding = "word ".repeat(1000);
@@ -332,15 +262,11 @@ async fn body_over_the_peek_limit_is_forwarded_intact_with_model_unknown() {
             "messages": [{"role": "user", "content": padding}],
         })
         .to_string();
-        let (status, _) =
-            post_collect(sidecar.proxy_addr, "/v1/chat/completions", body.clone()).await;
+        let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", body.clone()).await;
         assert_eq!(status, 200);
         settle(&sidecar).await;
         let m = sidecar.metrics.encode();
-        assert_eq!(
-            sample(&m, "llmslo_requests_total", &[("model", expect_model)]),
-            1.0
-        );
+        assert_eq!(sample(&m, "llmslo_requests_total", &[("model", expect_model)]), 1.0);
         if target == upstream {
             let raw = request_to(&received, "POST ");
             assert!(raw.ends_with(&body), "the body was altered");
@@ -360,12 +286,7 @@ async fn malformed_json_is_forwarded_and_the_engines_4xx_is_client_error() {
     .await;
     assert_eq!(status, 400);
     assert!(String::from_utf8_lossy(&body).contains("invalid JSON"));
-    let (status, _) = post_collect(
-        sidecar.proxy_addr,
-        "/v1/chat/completions",
-        r#"{"model":"nope"}"#.into(),
-    )
-    .await;
+    let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", r#"{"model":"nope"}"#.into()).await;
     assert_eq!(status, 404);
     settle(&sidecar).await;
     let m = sidecar.metrics.encode();
@@ -402,16 +323,9 @@ async fn h2c_clients_are_proxied_and_measured() {
     assert!(body.ends_with(b"data: [DONE]\n\n"));
     settle(&sidecar).await;
     let m = sidecar.metrics.encode();
-    let ttft = sample(
-        &m,
-        "gen_ai_server_time_to_first_token_seconds_sum",
-        &[("model", "sim")],
-    );
+    let ttft = sample(&m, "gen_ai_server_time_to_first_token_seconds_sum", &[("model", "sim")]);
     assert!((ttft - 0.040).abs() < 0.001, "{ttft}");
-    assert_eq!(
-        sample(&m, "llmslo_output_tokens_total", &[("model", "sim")]),
-        5.0
-    );
+    assert_eq!(sample(&m, "llmslo_output_tokens_total", &[("model", "sim")]), 5.0);
 }
 
 #[tokio::test]
@@ -464,11 +378,7 @@ async fn metrics_port_serves_openmetrics_health_and_readiness() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(unready, "/readyz stayed ready with the engine down");
-    assert_eq!(
-        get("/healthz").await.0,
-        StatusCode::OK,
-        "the process is still healthy"
-    );
+    assert_eq!(get("/healthz").await.0, StatusCode::OK, "the process is still healthy");
 }
 
 #[tokio::test(start_paused = true)]
@@ -477,16 +387,12 @@ async fn shutdown_lets_in_flight_streams_finish_and_refuses_new_connections() {
     let sidecar = start_sidecar(engine, "drain_timeout: 30s\n").await;
     let proxy = sidecar.proxy_addr;
     let metrics = sidecar.metrics.clone();
-    let in_flight = tokio::spawn(async move {
-        post_collect(proxy, "/v1/chat/completions", chat_body(20, true, false)).await
-    });
+    let in_flight =
+        tokio::spawn(async move { post_collect(proxy, "/v1/chat/completions", chat_body(20, true, false)).await });
     tokio::time::sleep(Duration::from_millis(300)).await;
     let stopping = tokio::spawn(sidecar.shutdown());
     tokio::time::sleep(Duration::from_millis(10)).await;
-    assert!(
-        TcpStream::connect(proxy).await.is_err(),
-        "the listener is closed"
-    );
+    assert!(TcpStream::connect(proxy).await.is_err(), "the listener is closed");
     let (status, body) = in_flight.await.unwrap();
     assert_eq!(status, 200);
     assert!(
@@ -495,11 +401,7 @@ async fn shutdown_lets_in_flight_streams_finish_and_refuses_new_connections() {
     );
     stopping.await.unwrap();
     assert_eq!(
-        sample(
-            &metrics.encode(),
-            "llmslo_requests_total",
-            &[("outcome", "success")]
-        ),
+        sample(&metrics.encode(), "llmslo_requests_total", &[("outcome", "success")]),
         1.0
     );
 }

@@ -109,11 +109,7 @@ impl ModelNames {
             return (UNKNOWN_MODEL.to_string(), false);
         };
         if let Some(allowed) = &self.allow_list {
-            let label = if allowed.contains(name) {
-                name
-            } else {
-                OTHER_MODEL
-            };
+            let label = if allowed.contains(name) { name } else { OTHER_MODEL };
             return (label.to_string(), false);
         }
         if !is_plausible_model_name(name) {

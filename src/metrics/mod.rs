@@ -14,8 +14,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 /// The content type `/metrics` is served with.
-pub const OPENMETRICS_CONTENT_TYPE: &str =
-    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 const OPERATIONS: [Operation; 2] = [Operation::Chat, Operation::TextCompletion];
 
@@ -97,10 +96,7 @@ impl Metrics {
                 buckets::TOKENS_PER_CHUNK,
             )),
             duration: Family::new_with_constructor(Buckets::new(b.e2e.as_ref(), buckets::E2E)),
-            token_usage: Family::new_with_constructor(Buckets::new(
-                b.tokens.as_ref(),
-                buckets::TOKENS,
-            )),
+            token_usage: Family::new_with_constructor(Buckets::new(b.tokens.as_ref(), buckets::TOKENS)),
             requests: Family::default(),
             output_tokens: Family::default(),
             input_tokens: Family::default(),
@@ -149,11 +145,7 @@ impl Metrics {
             "Mean output tokens per token-carrying stream event, one observation per request",
             self.tokens_per_chunk.clone(),
         );
-        r.register(
-            "llmslo_requests",
-            "Measured requests by outcome",
-            self.requests.clone(),
-        );
+        r.register("llmslo_requests", "Measured requests by outcome", self.requests.clone());
         r.register(
             "llmslo_output_tokens",
             "Output tokens generated",
@@ -183,21 +175,13 @@ impl Metrics {
     fn create_series(&self, model: &str) {
         for operation in OPERATIONS {
             let labels = self.request_labels(model, operation);
-            for family in [
-                &self.ttft,
-                &self.tpot,
-                &self.inter_chunk,
-                &self.tokens_per_chunk,
-            ] {
+            for family in [&self.ttft, &self.tpot, &self.inter_chunk, &self.tokens_per_chunk] {
                 drop(family.get_or_create(&labels));
             }
             drop(self.output_tokens.get_or_create(&labels));
             drop(self.input_tokens.get_or_create(&labels));
             for token_type in ["input", "output"] {
-                drop(
-                    self.token_usage
-                        .get_or_create(&self.token_labels(&labels, token_type)),
-                );
+                drop(self.token_usage.get_or_create(&self.token_labels(&labels, token_type)));
             }
             drop(self.in_flight.get_or_create(&InFlightLabels {
                 model: model.to_string(),
@@ -263,16 +247,13 @@ impl Metrics {
         }
         let labels = self.outcome_labels(&labels, record.outcome);
         self.requests.get_or_create(&labels).inc();
-        self.duration
-            .get_or_create(&labels)
-            .observe(record.e2e.as_secs_f64());
+        self.duration.get_or_create(&labels).observe(record.e2e.as_secs_f64());
     }
 
     /// The whole registry in the OpenMetrics text format.
     pub fn encode(&self) -> String {
         let mut out = String::with_capacity(16 * 1024);
-        prometheus_client::encoding::text::encode(&mut out, &self.registry)
-            .expect("writing to a String cannot fail");
+        prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         out
     }
 

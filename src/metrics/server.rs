@@ -28,10 +28,7 @@ pub async fn handle<B>(
             StatusCode::SERVICE_UNAVAILABLE,
             "upstream has not answered its health path recently\n",
         ),
-        _ => plain(
-            StatusCode::NOT_FOUND,
-            "not found: try /metrics, /healthz or /readyz\n",
-        ),
+        _ => plain(StatusCode::NOT_FOUND, "not found: try /metrics, /healthz or /readyz\n"),
     })
 }
 

@@ -174,9 +174,7 @@ impl<'de> Deserialize<'de> for Delta {
                 let mut delta = Delta::default();
                 while let Some(key) = map.next_key::<Key>()? {
                     match key {
-                        Key::Role => {
-                            delta.has_role = map.next_value::<Option<NotNull>>()?.is_some()
-                        }
+                        Key::Role => delta.has_role = map.next_value::<Option<NotNull>>()?.is_some(),
                         Key::Content => delta.content = map.next_value()?,
                         Key::Reasoning => {
                             let text: Option<Text> = map.next_value()?;
@@ -184,10 +182,7 @@ impl<'de> Deserialize<'de> for Delta {
                                 delta.reasoning = text;
                             }
                         }
-                        Key::ToolCalls => {
-                            delta.tool_calls =
-                                map.next_value::<Option<ArrayLen>>()?.filter(|n| n.0 > 0)
-                        }
+                        Key::ToolCalls => delta.tool_calls = map.next_value::<Option<ArrayLen>>()?.filter(|n| n.0 > 0),
                         Key::Other => {
                             map.next_value::<IgnoredAny>()?;
                         }
@@ -250,11 +245,7 @@ impl<'de> Deserialize<'de> for Text {
                 f.write_str("a string")
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<Text, E> {
-                Ok(if s.is_empty() {
-                    Text::Empty
-                } else {
-                    Text::NonEmpty
-                })
+                Ok(if s.is_empty() { Text::Empty } else { Text::NonEmpty })
             }
         }
         d.deserialize_str(TextVisitor)
@@ -291,7 +282,8 @@ mod tests {
 
     #[test]
     fn role_only_chunk_is_not_a_token() {
-        let s = summarise(br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#);
+        let s =
+            summarise(br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}"#);
         assert!(!s.has_tokens && !s.visible);
     }
 
@@ -322,20 +314,16 @@ mod tests {
 
     #[test]
     fn reasoning_and_tool_calls_are_content() {
-        assert!(
-            summarise(br#"{"choices":[{"delta":{"reasoning_content":"hmm","content":null}}]}"#)
-                .visible
-        );
+        assert!(summarise(br#"{"choices":[{"delta":{"reasoning_content":"hmm","content":null}}]}"#).visible);
         assert!(summarise(br#"{"choices":[{"delta":{"reasoning":"hmm"}}]}"#).visible);
-        assert!(summarise(br#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#).visible);
+        assert!(
+            summarise(br#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#).visible
+        );
     }
 
     #[test]
     fn completions_text_counts() {
-        assert!(
-            summarise(br#"{"object":"text_completion","choices":[{"index":0,"text":" a"}]}"#)
-                .visible
-        );
+        assert!(summarise(br#"{"object":"text_completion","choices":[{"index":0,"text":" a"}]}"#).visible);
         let held = summarise(br#"{"object":"text_completion","choices":[{"index":0,"text":""}]}"#);
         assert!(held.has_tokens && !held.visible);
     }
@@ -344,7 +332,9 @@ mod tests {
     fn explicit_token_counts_from_token_ids_or_logprobs() {
         let s = summarise(br#"{"choices":[{"delta":{"content":"abc"},"token_ids":[1,2,3]}]}"#);
         assert_eq!(s.explicit_tokens, Some(3));
-        let s = summarise(br#"{"choices":[{"delta":{"content":"ab"},"logprobs":{"content":[{"token":"a"},{"token":"b"}]}}]}"#);
+        let s = summarise(
+            br#"{"choices":[{"delta":{"content":"ab"},"logprobs":{"content":[{"token":"a"},{"token":"b"}]}}]}"#,
+        );
         assert_eq!(s.explicit_tokens, Some(2));
     }
 
@@ -370,14 +360,7 @@ mod tests {
 
     #[test]
     fn garbage_is_unparsable_not_a_panic() {
-        for junk in [
-            &b"{"[..],
-            b"",
-            b"nul",
-            b"{\"choices\":7}",
-            b"\xff\xfe",
-            b"[1,2]",
-        ] {
+        for junk in [&b"{"[..], b"", b"nul", b"{\"choices\":7}", b"\xff\xfe", b"[1,2]"] {
             let s = summarise(junk);
             assert!(s.unparsable && !s.has_tokens, "{junk:?}");
         }

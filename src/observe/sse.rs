@@ -188,11 +188,7 @@ mod tests {
     }
 
     fn data_of(chunks: &[&[u8]]) -> Vec<String> {
-        events_of(chunks, 1 << 20)
-            .0
-            .into_iter()
-            .map(|e| e.1)
-            .collect()
+        events_of(chunks, 1 << 20).0.into_iter().map(|e| e.1).collect()
     }
 
     #[test]
@@ -205,10 +201,7 @@ mod tests {
 
     #[test]
     fn crlf_split_between_frames_is_one_line_end() {
-        assert_eq!(
-            data_of(&[b"data: a\r", b"\n\r", b"\ndata: b\r", b"\r"]),
-            ["a", "b"]
-        );
+        assert_eq!(data_of(&[b"data: a\r", b"\n\r", b"\ndata: b\r", b"\r"]), ["a", "b"]);
     }
 
     #[test]
@@ -218,10 +211,7 @@ mod tests {
 
     #[test]
     fn comments_and_other_fields_are_not_events() {
-        let (events, _) = events_of(
-            &[b": keep-alive\n\nid: 7\nretry: 10\n\nevent: ping\ndata: x\n\n"],
-            1024,
-        );
+        let (events, _) = events_of(&[b": keep-alive\n\nid: 7\nretry: 10\n\nevent: ping\ndata: x\n\n"], 1024);
         assert_eq!(events, [("ping".to_string(), "x".to_string())]);
     }
 
@@ -232,11 +222,7 @@ mod tests {
         let bytes: Vec<&[u8]> = stream.chunks(1).collect();
         assert_eq!(data_of(&bytes), whole);
         for cut in 0..stream.len() {
-            assert_eq!(
-                data_of(&[&stream[..cut], &stream[cut..]]),
-                whole,
-                "cut at {cut}"
-            );
+            assert_eq!(data_of(&[&stream[..cut], &stream[cut..]]), whole, "cut at {cut}");
         }
         assert_eq!(whole, ["{\"a\":\"héllo ✓\"}", "[DONE]"]);
     }
@@ -271,10 +257,7 @@ mod tests {
 
     #[test]
     fn oversized_multi_line_data_also_counts() {
-        let (_, gave_up) = events_of(
-            &[b"data: 0123456789\ndata: 0123456789\ndata: 0123456789\n"],
-            24,
-        );
+        let (_, gave_up) = events_of(&[b"data: 0123456789\ndata: 0123456789\ndata: 0123456789\n"], 24);
         assert!(gave_up);
     }
 }

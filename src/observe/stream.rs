@@ -122,20 +122,15 @@ mod tests {
         let t0 = Instant::now();
         let mut obs = StreamObserver::new(1 << 20);
         let mut gaps = Vec::new();
-        let role =
-            b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
+        let role = b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
         obs.feed(role, t0, |g| gaps.push(g));
         for i in 1..=4u64 {
             let now = t0 + Duration::from_millis(100 + 20 * (i - 1));
-            obs.feed(
-                b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n",
-                now,
-                |g| gaps.push(g),
-            );
+            obs.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n", now, |g| {
+                gaps.push(g)
+            });
         }
-        obs.feed(b"data: [DONE]\n\n", t0 + Duration::from_millis(170), |g| {
-            gaps.push(g)
-        });
+        obs.feed(b"data: [DONE]\n\n", t0 + Duration::from_millis(170), |g| gaps.push(g));
         let s = obs.summary();
         assert_eq!(s.first_token, Some(t0 + Duration::from_millis(100)));
         assert_eq!(s.output_tokens, Some(4));

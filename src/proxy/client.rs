@@ -65,11 +65,7 @@ impl UpstreamClient {
     /// GETs `path` on the upstream and returns the status (the body is drained).
     pub async fn get_status(&self, path: &str) -> Result<StatusCode, Error> {
         let request = Request::get(self.uri_for(path))
-            .body(
-                Empty::<Bytes>::new()
-                    .map_err(|never| match never {})
-                    .boxed_unsync(),
-            )
+            .body(Empty::<Bytes>::new().map_err(|never| match never {}).boxed_unsync())
             .expect("a GET with a valid URI is a valid request");
         let response = self.send(request).await?;
         let status = response.status();

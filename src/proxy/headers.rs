@@ -54,10 +54,7 @@ mod tests {
     #[test]
     fn removes_standard_and_connection_named_headers() {
         let mut h = HeaderMap::new();
-        h.insert(
-            "connection",
-            HeaderValue::from_static("keep-alive, X-Secret-Hop"),
-        );
+        h.insert("connection", HeaderValue::from_static("keep-alive, X-Secret-Hop"));
         h.insert("x-secret-hop", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert("transfer-encoding", HeaderValue::from_static("chunked"));

@@ -96,32 +96,28 @@ impl Proxy {
 
         self.prepare_upstream_head(&mut parts, peer);
         let upstream_request = Request::from_parts(parts, body);
-        let response = match tokio::time::timeout(
-            self.settings.upstream_timeout,
-            self.client.send(upstream_request),
-        )
-        .await
-        {
-            Ok(Ok(response)) => response,
-            Ok(Err(error)) => {
-                let outcome = if error.is_connect() {
-                    Outcome::ConnectError
-                } else {
-                    Outcome::UpstreamError
-                };
-                return Ok(self.fail(tracker, outcome, reason(&error)));
-            }
-            Err(_) => {
-                if let Some(tracker) = tracker.as_mut() {
-                    tracker.finish(End::Failed(Outcome::Timeout), Instant::now());
+        let response =
+            match tokio::time::timeout(self.settings.upstream_timeout, self.client.send(upstream_request)).await {
+                Ok(Ok(response)) => response,
+                Ok(Err(error)) => {
+                    let outcome = if error.is_connect() {
+                        Outcome::ConnectError
+                    } else {
+                        Outcome::UpstreamError
+                    };
+                    return Ok(self.fail(tracker, outcome, reason(&error)));
                 }
-                let error = ProxyError::Timeout {
-                    upstream: self.settings.upstream.clone(),
-                    after: self.settings.upstream_timeout,
-                };
-                return Ok(error.into_response());
-            }
-        };
+                Err(_) => {
+                    if let Some(tracker) = tracker.as_mut() {
+                        tracker.finish(End::Failed(Outcome::Timeout), Instant::now());
+                    }
+                    let error = ProxyError::Timeout {
+                        upstream: self.settings.upstream.clone(),
+                        after: self.settings.upstream_timeout,
+                    };
+                    return Ok(error.into_response());
+                }
+            };
         let (mut parts, body) = response.into_parts();
         headers::remove_hop_by_hop(&mut parts.headers);
         let body = match tracker {
@@ -134,12 +130,7 @@ impl Proxy {
         Ok(Response::from_parts(parts, body))
     }
 
-    fn track(
-        &self,
-        operation: Option<Operation>,
-        fields: &RequestFields,
-        t0: Instant,
-    ) -> Option<RequestTracker> {
+    fn track(&self, operation: Option<Operation>, fields: &RequestFields, t0: Instant) -> Option<RequestTracker> {
         operation.map(|operation| {
             RequestTracker::start(
                 self.metrics.clone(),
@@ -170,12 +161,7 @@ impl Proxy {
         headers::append_forwarded_for(&mut parts.headers, peer.ip());
     }
 
-    fn fail(
-        &self,
-        tracker: Option<RequestTracker>,
-        outcome: Outcome,
-        reason: String,
-    ) -> Response<ProxyBody> {
+    fn fail(&self, tracker: Option<RequestTracker>, outcome: Outcome, reason: String) -> Response<ProxyBody> {
         if let Some(mut tracker) = tracker {
             tracker.finish(End::Failed(outcome), Instant::now());
         }

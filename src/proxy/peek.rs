@@ -51,12 +51,7 @@ pub async fn peek(
     }
     let whole = peeked.freeze();
     let fields = parse_fields(&whole);
-    Ok((
-        Full::new(whole)
-            .map_err(|never| match never {})
-            .boxed_unsync(),
-        fields,
-    ))
+    Ok((Full::new(whole).map_err(|never| match never {}).boxed_unsync(), fields))
 }
 
 /// Already-read bytes followed by the rest of the client's body.
@@ -69,10 +64,7 @@ impl Body for PrefixedBody {
     type Data = Bytes;
     type Error = hyper::Error;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         if let Some(prefix) = self.prefix.take() {
             return Poll::Ready(Some(Ok(Frame::data(prefix))));
         }
@@ -101,9 +93,7 @@ mod tests {
 
     #[test]
     fn reads_only_model_and_stream() {
-        let f = parse_fields(
-            br#"{"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true}"#,
-        );
+        let f = parse_fields(br#"{"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true}"#);
         assert_eq!(f.model.as_deref(), Some("llama"));
         assert_eq!(f.stream, Some(true));
     }

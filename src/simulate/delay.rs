@@ -24,8 +24,7 @@ impl Delay {
             Delay::Fixed(d) => d,
             Delay::Uniform(low, high) => rng.random_range(low..=high),
             Delay::Normal(mean, sd) => {
-                let normal = Normal::new(mean.as_secs_f64(), sd.as_secs_f64())
-                    .expect("sd is finite and >= 0");
+                let normal = Normal::new(mean.as_secs_f64(), sd.as_secs_f64()).expect("sd is finite and >= 0");
                 Duration::from_secs_f64(normal.sample(rng).max(0.0))
             }
         }
@@ -37,13 +36,12 @@ impl FromStr for Delay {
 
     fn from_str(s: &str) -> Result<Self, String> {
         let duration = |d: &str| {
-            humantime::parse_duration(d.trim())
-                .map_err(|e| format!("`{d}` is not a duration like 50ms: {e}"))
+            humantime::parse_duration(d.trim()).map_err(|e| format!("`{d}` is not a duration like 50ms: {e}"))
         };
         if let Some(range) = s.strip_prefix("uniform:") {
-            let (low, high) = range.split_once("..").ok_or_else(|| {
-                format!("`{s}`: write uniform:LOW..HIGH, e.g. uniform:20ms..80ms")
-            })?;
+            let (low, high) = range
+                .split_once("..")
+                .ok_or_else(|| format!("`{s}`: write uniform:LOW..HIGH, e.g. uniform:20ms..80ms"))?;
             let (low, high) = (duration(low)?, duration(high)?);
             if low > high {
                 return Err(format!("`{s}`: the low bound is above the high bound"));
@@ -85,22 +83,13 @@ mod tests {
 
     #[test]
     fn rejects_malformed_delays_with_a_hint() {
-        assert!("uniform:80ms..20ms"
-            .parse::<Delay>()
-            .unwrap_err()
-            .contains("low bound"));
+        assert!("uniform:80ms..20ms".parse::<Delay>().unwrap_err().contains("low bound"));
         assert!("uniform:20ms"
             .parse::<Delay>()
             .unwrap_err()
             .contains("uniform:LOW..HIGH"));
-        assert!("normal:5ms"
-            .parse::<Delay>()
-            .unwrap_err()
-            .contains("normal:MEAN,SD"));
-        assert!("fast"
-            .parse::<Delay>()
-            .unwrap_err()
-            .contains("not a duration"));
+        assert!("normal:5ms".parse::<Delay>().unwrap_err().contains("normal:MEAN,SD"));
+        assert!("fast".parse::<Delay>().unwrap_err().contains("not a duration"));
     }
 
     #[test]

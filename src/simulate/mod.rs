@@ -149,10 +149,7 @@ impl SimEngine {
     }
 
     /// Answers one request.
-    pub async fn handle(
-        self: Arc<Self>,
-        request: Request<Incoming>,
-    ) -> Result<Response<SimBody>, Infallible> {
+    pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Result<Response<SimBody>, Infallible> {
         let path = request.uri().path().to_string();
         Ok(match (request.method().clone(), path.as_str()) {
             (Method::GET, "/health") => json_response(StatusCode::OK, String::new()),
@@ -181,15 +178,8 @@ impl SimEngine {
         )
     }
 
-    async fn generate(
-        &self,
-        request: Request<Incoming>,
-        operation: Operation,
-    ) -> Response<SimBody> {
-        let body = match Limited::new(request.into_body(), MAX_REQUEST_BYTES)
-            .collect()
-            .await
-        {
+    async fn generate(&self, request: Request<Incoming>, operation: Operation) -> Response<SimBody> {
+        let body = match Limited::new(request.into_body(), MAX_REQUEST_BYTES).collect().await {
             Ok(body) => body.to_bytes(),
             Err(_) => return bad_request("request body too large or unreadable"),
         };
@@ -216,8 +206,7 @@ impl SimEngine {
             return bad_request("max_tokens must be between 1 and 1000000");
         }
         let serial = self.requests.fetch_add(1, Ordering::Relaxed);
-        let mut rng =
-            SmallRng::seed_from_u64(self.options.seed ^ serial.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut rng = SmallRng::seed_from_u64(self.options.seed ^ serial.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let fault = self.draw_fault(&mut rng);
         if fault == Fault::Http500 {
             let body = error_body("simulated engine failure", "InternalServerError", 500);
@@ -281,8 +270,7 @@ impl SimEngine {
                 sleep_until(due).await;
                 if plan.fault != Fault::None && sent >= fault_at.max(1) {
                     if plan.fault == Fault::MidstreamError {
-                        let error =
-                            error_body("simulated mid-stream failure", "InternalServerError", 500);
+                        let error = error_body("simulated mid-stream failure", "InternalServerError", 500);
                         let _ = send(sse_event(&error)).await;
                         let _ = send(DONE_EVENT.to_string()).await;
                     } else {
@@ -296,10 +284,7 @@ impl SimEngine {
                     .collect();
                 sent += n;
                 let finish = (sent == plan.max_tokens).then_some("length");
-                if send(sse_event(&id.content_chunk(&text, finish)))
-                    .await
-                    .is_err()
-                {
+                if send(sse_event(&id.content_chunk(&text, finish))).await.is_err() {
                     return; // the client went away
                 }
                 for _ in 0..per_chunk {
@@ -307,10 +292,7 @@ impl SimEngine {
                 }
             }
             if plan.include_usage {
-                let _ = send(sse_event(
-                    &id.usage_chunk(plan.prompt_tokens, plan.max_tokens as u64),
-                ))
-                .await;
+                let _ = send(sse_event(&id.usage_chunk(plan.prompt_tokens, plan.max_tokens as u64))).await;
             }
             let _ = send(DONE_EVENT.to_string()).await;
         });
@@ -363,9 +345,7 @@ fn prompt_tokens(request: &GenerationRequest) -> u64 {
 }
 
 fn unix_now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
 fn json_response(status: StatusCode, body: String) -> Response<SimBody> {
@@ -394,10 +374,7 @@ impl Body for ChannelBody {
     type Data = Bytes;
     type Error = SimAbort;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, SimAbort>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, SimAbort>>> {
         self.0.poll_recv(cx)
     }
 }

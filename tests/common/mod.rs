@@ -32,9 +32,7 @@ pub async fn start_sidecar(upstream: SocketAddr, extra_yaml: &str) -> Sidecar {
     let yaml = format!(
         "upstream: http://{upstream}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nengine: vllm\n{extra_yaml}"
     );
-    Sidecar::start(&Config::from_yaml(&yaml).unwrap())
-        .await
-        .unwrap()
+    Sidecar::start(&Config::from_yaml(&yaml).unwrap()).await.unwrap()
 }
 
 /// A fixed-delay engine: `ttft`, `tpot` in milliseconds.
@@ -58,9 +56,7 @@ pub fn h2c_client() -> Client<HttpConnector, Full<Bytes>> {
 
 fn client_builder() -> hyper_util::client::legacy::Builder {
     let mut builder = Client::builder(TokioExecutor::new());
-    builder
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new());
+    builder.pool_timer(TokioTimer::new()).timer(TokioTimer::new());
     builder
 }
 
@@ -97,10 +93,7 @@ pub async fn post(addr: SocketAddr, path: &str, body: String) -> Response<Incomi
 pub async fn post_collect(addr: SocketAddr, path: &str, body: String) -> (u16, Bytes) {
     let response = post(addr, path, body).await;
     let status = response.status().as_u16();
-    (
-        status,
-        response.into_body().collect().await.unwrap().to_bytes(),
-    )
+    (status, response.into_body().collect().await.unwrap().to_bytes())
 }
 
 /// The sum of every sample of `name` whose labels include all of `labels`.
@@ -110,10 +103,7 @@ pub fn sample(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .filter_map(|line| {
             let (series, value) = line.rsplit_once(' ')?;
             let (n, l) = series.split_once('{').unwrap_or((series, ""));
-            let matches = n == name
-                && labels
-                    .iter()
-                    .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")));
+            let matches = n == name && labels.iter().all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")));
             matches.then(|| value.parse::<f64>().unwrap())
         })
         .sum()
@@ -180,10 +170,7 @@ async fn answer(mut stream: TcpStream, script: Script, log: Arc<Mutex<Vec<Vec<u8
             tokio::time::sleep(Duration::from_secs(3600)).await;
             return;
         }
-        let chunked = script
-            .head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked");
+        let chunked = script.head.to_ascii_lowercase().contains("transfer-encoding: chunked");
         if stream
             .write_all(format!("{}\r\n\r\n", script.head).as_bytes())
             .await
@@ -255,9 +242,5 @@ pub fn request_to(log: &Mutex<Vec<Vec<u8>>>, prefix: &str) -> String {
 
 /// Reads a fixture from tests/fixtures.
 pub fn fixture(name: &str) -> Vec<u8> {
-    std::fs::read(format!(
-        "{}/tests/fixtures/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    ))
-    .unwrap()
+    std::fs::read(format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
 }

@@ -1,0 +1,181 @@
+//! The `llmslo` binary itself: configuration errors, precedence, signals and the demo.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn llmslo() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_llmslo"));
+    for var in [
+        "LLMSLO_UPSTREAM",
+        "LLMSLO_LISTEN",
+        "LLMSLO_METRICS_LISTEN",
+        "LLMSLO_CONFIG",
+        "LLMSLO_LOG",
+        "LLMSLO_LOG_FORMAT",
+    ] {
+        command.env_remove(var);
+    }
+    command
+}
+
+fn config_file(name: &str, yaml: &str) -> std::path::PathBuf {
+    let path = std::env::temp_dir().join(format!("llmslo-cli-{}-{name}.yaml", std::process::id()));
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+fn run_and_fail(command: &mut Command) -> (i32, String) {
+    let output = command.output().unwrap();
+    (
+        output.status.code().unwrap(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn bad_config_exits_64_naming_the_key() {
+    let cases = [
+        (
+            "unknown-key",
+            "upstream: http://127.0.0.1:1\nmax_modles: 3\n",
+            "max_modles",
+        ),
+        (
+            "bad-type",
+            "upstream: http://127.0.0.1:1\nmax_peek_bytes: lots\n",
+            "max_peek_bytes",
+        ),
+        (
+            "bad-value",
+            "upstream: http://127.0.0.1:1\nmax_models: 0\n",
+            "max_models",
+        ),
+        ("bad-upstream", "upstream: https://engine:443\n", "upstream"),
+        (
+            "bad-buckets",
+            "upstream: http://127.0.0.1:1\nbuckets:\n  ttft: [1, 0.5]\n",
+            "buckets.ttft",
+        ),
+        ("not-yaml", "upstream: [unclosed\n", "line"),
+    ];
+    for (name, yaml, key) in cases {
+        let path = config_file(name, yaml);
+        let (code, stderr) = run_and_fail(llmslo().args(["run", "--config"]).arg(&path));
+        assert_eq!(code, 64, "{name}: {stderr}");
+        assert!(stderr.contains(key), "{name}: `{key}` not in {stderr}");
+        std::fs::remove_file(path).unwrap();
+    }
+    let (code, stderr) = run_and_fail(llmslo().args(["run", "--config", "/nonexistent/llmslo.yaml"]));
+    assert_eq!(code, 64);
+    assert!(stderr.contains("/nonexistent/llmslo.yaml"), "{stderr}");
+}
+
+#[test]
+fn missing_or_bad_flags_and_env_exit_64() {
+    let (code, stderr) = run_and_fail(llmslo().arg("run"));
+    assert_eq!(code, 64);
+    assert!(
+        stderr.contains("upstream") && stderr.contains("LLMSLO_UPSTREAM"),
+        "{stderr}"
+    );
+    let (code, stderr) = run_and_fail(llmslo().arg("run").env("LLMSLO_UPSTREAM", "ftp://engine"));
+    assert_eq!(code, 64);
+    assert!(stderr.contains("`upstream`"), "{stderr}");
+    let (code, stderr) =
+        run_and_fail(llmslo().args(["run", "--upstream", "http://127.0.0.1:1", "--listen", "everywhere"]));
+    assert_eq!(code, 64);
+    assert!(stderr.contains("`listen`"), "{stderr}");
+    let (code, stderr) = run_and_fail(llmslo().args(["simulate", "--ttft", "soon"]));
+    assert_eq!(code, 2, "clap usage error");
+    assert!(stderr.contains("--ttft"), "{stderr}");
+}
+
+/// Starts `llmslo run` and returns it with the metrics address from its start-up log line.
+fn start_run(command: &mut Command) -> (std::process::Child, String) {
+    let mut child = command.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let metrics = lines.by_ref().take(50).map_while(Result::ok).find_map(|line| {
+        let rest = &line[line.find("\"metrics_addr\":\"")? + 16..];
+        Some(rest[..rest.find('"')?].to_string())
+    });
+    std::thread::spawn(move || lines.for_each(drop));
+    match metrics {
+        Some(addr) => (child, addr),
+        None => {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("no start-up line with metrics_addr");
+        }
+    }
+}
+
+fn http_get(addr: &str, path: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    std::io::Write::write_all(
+        &mut stream,
+        format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+#[test]
+fn flags_beat_env_beat_file_and_sigterm_exits_0() {
+    let path = config_file(
+        "precedence",
+        "upstream: http://127.0.0.1:1\nlisten: \"not an address\"\nmetrics_listen: 127.0.0.1:1\n",
+    );
+    let (mut child, metrics) = start_run(
+        llmslo()
+            .args(["run", "--config"])
+            .arg(&path)
+            .args(["--listen", "127.0.0.1:0"]) // the flag beats the file's bad value
+            .env("LLMSLO_METRICS_LISTEN", "127.0.0.1:0") // the env beats the file
+            .env("LLMSLO_LOG_FORMAT", "json"),
+    );
+    assert!(
+        metrics.starts_with("127.0.0.1:") && metrics != "127.0.0.1:1",
+        "{metrics}"
+    );
+    assert!(http_get(&metrics, "/healthz").starts_with("HTTP/1.1 200"));
+    let metrics_text = http_get(&metrics, "/metrics");
+    assert!(metrics_text.contains("llmslo_build_info"));
+    let status = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let exit = loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(Instant::now() < deadline, "did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(exit.code(), Some(0));
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn demo_runs_and_prints_a_table() {
+    let output = llmslo()
+        .args(["demo", "--duration", "4s", "--interval", "2s", "--concurrency", "4"])
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.contains("TTFT p99") && stdout.contains("TPOT p50"), "{stdout}");
+    let last_row = stdout.lines().rev().find(|l| l.starts_with("llama-sim-8b")).unwrap();
+    let requests: u64 = last_row.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(requests > 0, "{stdout}");
+    assert!(last_row.contains("ms"), "percentiles shown: {last_row}");
+}
