@@ -22,7 +22,11 @@ fn streams() -> Vec<Vec<Vec<u8>>> {
         .iter()
         .map(|name| {
             let bytes = std::fs::read(format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap();
-            bytes.split_inclusive(|b| *b == b'\n').filter(|l| *l != b"\n").map(<[u8]>::to_vec).collect()
+            bytes
+                .split_inclusive(|b| *b == b'\n')
+                .filter(|l| *l != b"\n")
+                .map(<[u8]>::to_vec)
+                .collect()
         })
         .collect()
 }
@@ -32,7 +36,9 @@ fn bench(c: &mut Criterion) {
     let total: usize = streams.iter().flatten().map(Vec::len).sum::<usize>() + streams.iter().flatten().count();
     let mut group = c.benchmark_group("sse");
     group.throughput(Throughput::Bytes(total as u64));
-    group.warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(3));
+    group
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3));
 
     group.bench_function("baseline_newline_scan", |b| {
         b.iter(|| {
