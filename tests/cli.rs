@@ -66,6 +66,11 @@ fn bad_config_exits_64_naming_the_key() {
         assert!(stderr.contains(key), "{name}: `{key}` not in {stderr}");
         std::fs::remove_file(path).unwrap();
     }
+    let path = config_file("via-env", "upstream: http://127.0.0.1:1\nmax_event_bytes: 10\n");
+    let (code, stderr) = run_and_fail(llmslo().arg("run").env("LLMSLO_CONFIG", &path));
+    assert_eq!(code, 64, "LLMSLO_CONFIG names the file: {stderr}");
+    assert!(stderr.contains("`max_event_bytes`"), "{stderr}");
+    std::fs::remove_file(path).unwrap();
     let (code, stderr) = run_and_fail(llmslo().args(["run", "--config", "/nonexistent/llmslo.yaml"]));
     assert_eq!(code, 64);
     assert!(stderr.contains("/nonexistent/llmslo.yaml"), "{stderr}");

@@ -435,3 +435,68 @@ async fn captured_vllm_error_answers_are_client_errors() {
         );
     }
 }
+
+#[tokio::test]
+async fn oversized_request_head_is_refused_and_the_proxy_keeps_serving() {
+    let (engine, _stop) = start_engine(timed_engine(1, 1)).await;
+    let sidecar = start_sidecar(engine, "").await;
+    let mut stream = TcpStream::connect(sidecar.proxy_addr).await.unwrap();
+    let huge = "a".repeat(100 * 1024);
+    let request = format!("GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: {huge}\r\n\r\n");
+    let _ = stream.write_all(request.as_bytes()).await;
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 431"), "{answer}");
+    let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(2, true, false)).await;
+    assert_eq!(status, 200, "other clients are unaffected");
+}
+
+#[tokio::test(start_paused = true)]
+async fn slow_request_head_is_timed_out() {
+    let (engine, _stop) = start_engine(timed_engine(1, 1)).await;
+    let sidecar = start_sidecar(engine, "").await;
+    let mut stream = TcpStream::connect(sidecar.proxy_addr).await.unwrap();
+    stream
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let started = tokio::time::Instant::now();
+    let _ = stream.read_to_end(&mut answer).await;
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(30) && waited < Duration::from_secs(31),
+        "{waited:?}"
+    );
+    let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(2, true, false)).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn client_leaving_before_the_response_head_is_client_cancelled() {
+    let (upstream, received) = scripted_upstream(Script {
+        silent: true,
+        ..Script::sse(vec![])
+    })
+    .await;
+    let sidecar = start_sidecar(upstream, "").await;
+    let mut stream = TcpStream::connect(sidecar.proxy_addr).await.unwrap();
+    let body = chat_body(4, true, false);
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    while !received.lock().unwrap().iter().any(|r| r.starts_with(b"POST")) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(sample(&sidecar.metrics.encode(), "llmslo_requests_in_flight", &[]), 1.0);
+    drop(stream);
+    settle(&sidecar).await;
+    let m = sidecar.metrics.encode();
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "client_cancelled")]),
+        1.0
+    );
+}

@@ -80,9 +80,10 @@ impl Proxy {
                 match peek::peek(body, content_length, self.settings.max_peek_bytes).await {
                     Ok(peeked) => peeked,
                     Err(error) => {
-                        // The client stopped sending its body; nothing reached the engine.
-                        let tracker = self.track(operation, &RequestFields::default(), t0);
-                        drop(tracker);
+                        // The client stopped sending its body: nothing reached the engine.
+                        if let Some(mut tracker) = self.track(operation, &RequestFields::default(), t0) {
+                            tracker.finish(End::Cancelled, Instant::now());
+                        }
                         return Ok(ProxyError::BadRequestBody(error.to_string()).into_response());
                     }
                 }

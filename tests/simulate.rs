@@ -1,0 +1,124 @@
+//! The built-in simulated engine on its own: vLLM-shaped streams and answers.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use llmslo::simulate::SimOptions;
+use serde_json::Value;
+
+fn events(body: &[u8]) -> Vec<String> {
+    String::from_utf8(body.to_vec())
+        .unwrap()
+        .split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            e.strip_prefix("data: ")
+                .expect("every event is a data line")
+                .to_string()
+        })
+        .collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn chat_stream_has_the_vllm_shape() {
+    let (engine, _stop) = start_engine(timed_engine(10, 1)).await;
+    let (status, body) = post_collect(engine, "/v1/chat/completions", chat_body(3, true, true)).await;
+    assert_eq!(status, 200);
+    let events = events(&body);
+    assert_eq!(events.len(), 1 + 3 + 1 + 1, "role, three tokens, usage, [DONE]");
+    let json: Vec<Value> = events[..5].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    assert_eq!(
+        json[0]["choices"][0]["delta"],
+        serde_json::json!({"role": "assistant", "content": ""})
+    );
+    for chunk in &json[1..4] {
+        assert_eq!(chunk["object"], "chat.completion.chunk");
+        assert!(!chunk["choices"][0]["delta"]["content"].as_str().unwrap().is_empty());
+    }
+    assert_eq!(json[3]["choices"][0]["finish_reason"], "length");
+    assert_eq!(json[4]["choices"], serde_json::json!([]));
+    assert_eq!(json[4]["usage"]["completion_tokens"], 3);
+    assert_eq!(json[4]["usage"]["prompt_tokens"], 2);
+    assert_eq!(events[5], "[DONE]");
+}
+
+#[tokio::test(start_paused = true)]
+async fn usage_only_when_asked_and_tokens_per_chunk_honoured() {
+    let options = SimOptions {
+        tokens_per_chunk: 3,
+        ..timed_engine(1, 1)
+    };
+    let (engine, _stop) = start_engine(options).await;
+    let (_, body) = post_collect(engine, "/v1/chat/completions", chat_body(7, true, false)).await;
+    let events = events(&body);
+    assert_eq!(
+        events.len(),
+        1 + 3 + 1,
+        "role, chunks of 3+3+1 tokens, [DONE]; no usage"
+    );
+    let words = |e: &str| {
+        let v: Value = serde_json::from_str(e).unwrap();
+        v["choices"][0]["delta"]["content"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .count()
+    };
+    assert_eq!([words(&events[1]), words(&events[2]), words(&events[3])], [3, 3, 1]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn completions_and_non_streaming_answers() {
+    let (engine, _stop) = start_engine(timed_engine(1, 1)).await;
+    let body = serde_json::json!({"model": "sim", "prompt": "x", "max_tokens": 2, "stream": true}).to_string();
+    let (_, stream) = post_collect(engine, "/v1/completions", body).await;
+    let events = events(&stream);
+    assert_eq!(events.len(), 3, "no role chunk for completions");
+    let first: Value = serde_json::from_str(&events[0]).unwrap();
+    assert_eq!(first["object"], "text_completion");
+    let (status, whole) = post_collect(engine, "/v1/chat/completions", chat_body(4, false, false)).await;
+    assert_eq!(status, 200);
+    let whole: Value = serde_json::from_slice(&whole).unwrap();
+    assert_eq!(whole["object"], "chat.completion");
+    assert_eq!(whole["usage"]["completion_tokens"], 4);
+    assert_eq!(
+        whole["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .split_whitespace()
+            .count(),
+        4
+    );
+}
+
+#[tokio::test]
+async fn models_health_and_errors() {
+    let (engine, _stop) = start_engine(timed_engine(1, 1)).await;
+    let get = |path: &str| {
+        Request::get(format!("http://{engine}{path}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let models = client().request(get("/v1/models")).await.unwrap();
+    let models: Value = serde_json::from_slice(&models.into_body().collect().await.unwrap().to_bytes()).unwrap();
+    assert_eq!(models["data"][0]["id"], "sim");
+    assert_eq!(models["data"][0]["owned_by"], "vllm");
+    assert_eq!(client().request(get("/health")).await.unwrap().status(), 200);
+    assert_eq!(client().request(get("/nope")).await.unwrap().status(), 404);
+
+    let (status, body) = post_collect(engine, "/v1/chat/completions", r#"{"model":"gpt-9"}"#.into()).await;
+    assert_eq!(status, 404);
+    assert!(String::from_utf8_lossy(&body).contains("The model `gpt-9` does not exist."));
+    let (status, _) = post_collect(
+        engine,
+        "/v1/chat/completions",
+        r#"{"model":"sim","max_tokens":0}"#.into(),
+    )
+    .await;
+    assert_eq!(status, 400);
+    let (status, _) = post_collect(engine, "/v1/chat/completions", "not json".into()).await;
+    assert_eq!(status, 400);
+}
