@@ -328,27 +328,37 @@ async fn h2c_clients_are_proxied_and_measured() {
     assert_eq!(sample(&m, "llmslo_output_tokens_total", &[("model", "sim")]), 5.0);
 }
 
+async fn get(addr: std::net::SocketAddr, path: &str) -> (StatusCode, Option<http::HeaderValue>, Bytes) {
+    let request = Request::get(format!("http://{addr}{path}"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    let status = response.status();
+    let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+    (
+        status,
+        content_type,
+        response.into_body().collect().await.unwrap().to_bytes(),
+    )
+}
+
+/// Polls `path` until it answers `want`, for up to 2.5 s.
+async fn turns(addr: std::net::SocketAddr, path: &str, want: StatusCode) -> bool {
+    for _ in 0..50 {
+        if get(addr, path).await.0 == want {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
 #[tokio::test]
 async fn metrics_port_serves_openmetrics_health_and_readiness() {
     let (engine, stop) = start_engine(timed_engine(1, 1)).await;
     let sidecar = start_sidecar(engine, "health_interval: 100ms\n").await;
-    let get = |path: &'static str| {
-        let addr = sidecar.metrics_addr;
-        async move {
-            let request = Request::get(format!("http://{addr}{path}"))
-                .body(Full::new(Bytes::new()))
-                .unwrap();
-            let response = client().request(request).await.unwrap();
-            let status = response.status();
-            let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
-            (
-                status,
-                content_type,
-                response.into_body().collect().await.unwrap().to_bytes(),
-            )
-        }
-    };
-    let (status, content_type, body) = get("/metrics").await;
+    let metrics = sidecar.metrics_addr;
+    let (status, content_type, body) = get(metrics, "/metrics").await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         content_type.unwrap(),
@@ -357,28 +367,22 @@ async fn metrics_port_serves_openmetrics_health_and_readiness() {
     let text = String::from_utf8(body.to_vec()).unwrap();
     assert!(text.contains("# TYPE gen_ai_server_time_to_first_token_seconds histogram"));
     assert!(text.contains("llmslo_build_info{version=\"0.1.0\"} 1"));
-    assert_eq!(get("/healthz").await.0, StatusCode::OK);
-    assert_eq!(get("/nope").await.0, StatusCode::NOT_FOUND);
-    let mut ready = false;
-    for _ in 0..50 {
-        if get("/readyz").await.0 == StatusCode::OK {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(ready, "/readyz never turned ready with the engine up");
+    assert_eq!(get(metrics, "/healthz").await.0, StatusCode::OK);
+    assert_eq!(get(metrics, "/nope").await.0, StatusCode::NOT_FOUND);
+    assert!(
+        turns(metrics, "/readyz", StatusCode::OK).await,
+        "/readyz never turned ready with the engine up"
+    );
     stop.cancel();
-    let mut unready = false;
-    for _ in 0..50 {
-        if get("/readyz").await.0 == StatusCode::SERVICE_UNAVAILABLE {
-            unready = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(unready, "/readyz stayed ready with the engine down");
-    assert_eq!(get("/healthz").await.0, StatusCode::OK, "the process is still healthy");
+    assert!(
+        turns(metrics, "/readyz", StatusCode::SERVICE_UNAVAILABLE).await,
+        "/readyz stayed ready with the engine down"
+    );
+    assert_eq!(
+        get(metrics, "/healthz").await.0,
+        StatusCode::OK,
+        "the process is still healthy"
+    );
 }
 
 #[tokio::test(start_paused = true)]

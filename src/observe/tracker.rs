@@ -6,6 +6,7 @@ use super::record::{Operation, Outcome, RequestRecord};
 use super::stream::StreamObserver;
 use crate::metrics::{Metrics, RequestHandles};
 use http::{header, HeaderMap, StatusCode};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::time::Instant;
 use tracing::{debug, warn};
@@ -137,10 +138,7 @@ impl RequestTracker {
                 record.input_tokens = summary.input_tokens;
                 record.token_events = summary.token_events;
                 if summary.gave_up {
-                    warn!(
-                        max_event_bytes = self.max_event_bytes,
-                        "a stream event exceeded max_event_bytes; measurement of this response stopped there"
-                    );
+                    warn_oversized_event(self.max_event_bytes);
                 }
                 let cut_short = !summary.saw_done && !summary.gave_up;
                 (summary.saw_error || cut_short).then_some(Outcome::UpstreamError)
@@ -175,6 +173,20 @@ impl RequestTracker {
             "request finished"
         );
         self.metrics.record(&record);
+    }
+}
+
+/// Warns once per process about oversized events (an engine that sends them sends them
+/// all the time); later ones go to the debug log.
+fn warn_oversized_event(max_event_bytes: usize) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if WARNED.swap(true, Ordering::Relaxed) {
+        debug!(max_event_bytes, "a stream event exceeded max_event_bytes");
+    } else {
+        warn!(
+            max_event_bytes,
+            "a stream event exceeded max_event_bytes; measurement of such responses stops there (warned once)"
+        );
     }
 }
 
