@@ -2,6 +2,7 @@
 //! next to a plain newline scan over the same bytes as the same-run baseline.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use llmslo::observe::record::Protocol;
 use llmslo::observe::sse::SseParser;
 use llmslo::observe::stream::StreamObserver;
 use std::hint::black_box;
@@ -67,7 +68,7 @@ fn bench(c: &mut Criterion) {
         b.iter(|| {
             let mut tokens = 0;
             for stream in &streams {
-                let mut observer = StreamObserver::new(1 << 20);
+                let mut observer = StreamObserver::new(Protocol::OpenAi, 1 << 20, false);
                 for frame in stream {
                     observer.feed(black_box(frame), now, |_| {});
                     observer.feed(b"\n", now, |_| {});

@@ -4,6 +4,7 @@ use crate::config::{Config, LogFormat, Overrides};
 use crate::demo::{self, DemoOptions};
 use crate::sidecar::{termination_signal, Sidecar};
 use crate::simulate::delay::Delay;
+use crate::simulate::shape::Flavor;
 use crate::simulate::{SimEngine, SimOptions};
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
@@ -62,6 +63,12 @@ struct SimulateArgs {
     /// Address to serve on.
     #[arg(long, default_value = "127.0.0.1:8000")]
     listen: SocketAddr,
+    /// Engine to imitate (TGI adds /generate_stream, /generate and /info).
+    #[arg(long, value_enum, default_value = "vllm")]
+    flavor: Flavor,
+    /// Output tokens streamed as `reasoning_content` before the answer.
+    #[arg(long, default_value_t = 0)]
+    reasoning_tokens: u32,
     /// Model names served (repeat or comma-separate).
     #[arg(long = "model", value_delimiter = ',', default_value = "sim")]
     models: Vec<String>,
@@ -162,6 +169,8 @@ impl Cli {
                     }
                 };
                 let engine = SimEngine::new(SimOptions {
+                    flavor: args.flavor,
+                    reasoning_tokens: args.reasoning_tokens,
                     models: args.models,
                     ttft: args.ttft,
                     tpot: args.tpot,

@@ -59,6 +59,37 @@ pub enum LogFormat {
 /// The engine behind the sidecar, exported as the `provider` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
+pub enum EngineSetting {
+    /// Learn it from the upstream (see [`crate::provider`]).
+    Auto,
+    /// vLLM.
+    Vllm,
+    /// Text Generation Inference.
+    Tgi,
+    /// SGLang.
+    Sglang,
+    /// llama.cpp server.
+    Llamacpp,
+    /// Any other OpenAI-compatible engine.
+    Openai,
+}
+
+impl EngineSetting {
+    /// The configured engine, or `None` for `auto`.
+    pub fn fixed(self) -> Option<Engine> {
+        match self {
+            EngineSetting::Auto => None,
+            EngineSetting::Vllm => Some(Engine::Vllm),
+            EngineSetting::Tgi => Some(Engine::Tgi),
+            EngineSetting::Sglang => Some(Engine::Sglang),
+            EngineSetting::Llamacpp => Some(Engine::Llamacpp),
+            EngineSetting::Openai => Some(Engine::Openai),
+        }
+    }
+}
+
+/// A known engine kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Engine {
     /// vLLM.
     Vllm,
@@ -109,7 +140,8 @@ struct FileConfig {
     metrics_listen: Option<String>,
     log: Option<String>,
     log_format: Option<LogFormat>,
-    engine: Option<Engine>,
+    engine: Option<EngineSetting>,
+    inject_usage: Option<bool>,
     models: Option<Vec<String>>,
     max_models: Option<usize>,
     max_peek_bytes: Option<usize>,
@@ -137,8 +169,10 @@ pub struct Config {
     pub log: String,
     /// Log line format.
     pub log_format: LogFormat,
-    /// The engine kind, exported as `provider`.
-    pub engine: Engine,
+    /// The engine kind, exported as `provider` (`auto` learns it).
+    pub engine: EngineSetting,
+    /// Ask streaming OpenAI requests for usage when they did not, and hide the answer.
+    pub inject_usage: bool,
     /// Model allow-list; empty learns up to `max_models`.
     pub models: Vec<String>,
     /// Distinct model label values learned before the rest become `other`.
@@ -231,7 +265,8 @@ impl Config {
             )?,
             log: o.log.or(f.log).unwrap_or_else(|| defaults::LOG.to_string()),
             log_format: o.log_format.or(f.log_format).unwrap_or(LogFormat::Text),
-            engine: f.engine.unwrap_or(Engine::Openai),
+            engine: f.engine.unwrap_or(EngineSetting::Auto),
+            inject_usage: f.inject_usage.unwrap_or(true),
             models: f.models.unwrap_or_default(),
             max_models: f.max_models.unwrap_or(defaults::MAX_MODELS),
             max_peek_bytes: f.max_peek_bytes.unwrap_or(defaults::MAX_PEEK_BYTES),
@@ -352,21 +387,22 @@ mod tests {
         assert_eq!(c.drain_timeout, Duration::from_secs(30));
         assert_eq!(c.max_models, 16);
         assert_eq!(c.health_path, "/health");
-        assert_eq!(c.engine, Engine::Openai);
+        assert_eq!(c.engine, EngineSetting::Auto);
+        assert!(c.inject_usage);
     }
 
     #[test]
     fn every_key_parses_from_yaml() {
         let c = Config::from_yaml(
             "upstream: http://engine:8000/base\nlisten: 127.0.0.1:1\nmetrics_listen: 127.0.0.1:2\nlog: debug\n\
-             log_format: json\nengine: vllm\nmodels: [a, b]\nmax_models: 3\nmax_peek_bytes: 1024\n\
+             log_format: json\nengine: vllm\ninject_usage: false\nmodels: [a, b]\nmax_models: 3\nmax_peek_bytes: 1024\n\
              max_event_bytes: 2048\nupstream_timeout: 2m\ndrain_timeout: 5s\nhealth_path: /ping\n\
              health_interval: 1s\nbuckets:\n  ttft: [0.1, 0.5]\n",
         )
         .unwrap();
         assert_eq!(c.upstream.path(), "/base");
         assert_eq!(c.log_format, LogFormat::Json);
-        assert_eq!(c.engine, Engine::Vllm);
+        assert_eq!(c.engine, EngineSetting::Vllm);
         assert_eq!(c.models, ["a", "b"]);
         assert_eq!(c.upstream_timeout, Duration::from_secs(120));
         assert_eq!(c.buckets.ttft, Some(vec![0.1, 0.5]));

@@ -1,6 +1,10 @@
-//! Upstream readiness: a background probe of the engine's health path.
+//! Upstream readiness and identity: a background probe of the engine's health path, and of
+//! `/v1/models` until the engine has said what it is and serves.
 
+use crate::metrics::Metrics;
+use crate::provider;
 use crate::proxy::client::UpstreamClient;
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -37,24 +41,38 @@ impl Readiness {
     }
 }
 
-/// Probes `path` on the upstream every `interval` until `shutdown`.
-pub async fn probe_upstream(
-    client: UpstreamClient,
-    path: String,
-    interval: Duration,
-    readiness: std::sync::Arc<Readiness>,
-    shutdown: CancellationToken,
-) {
+/// What the background probe checks and where it reports.
+#[derive(Debug)]
+pub struct Probe {
+    /// The engine's health path.
+    pub path: String,
+    /// Time between probes (also each probe's timeout).
+    pub interval: Duration,
+    /// Where a successful probe is recorded.
+    pub readiness: Arc<Readiness>,
+    /// Told the engine kind and served models, once `/v1/models` answers.
+    pub metrics: Arc<Metrics>,
+}
+
+/// Every `interval` until `shutdown`: learns what the engine serves (until it answers) and
+/// probes its health path.
+pub async fn probe_upstream(client: UpstreamClient, probe: Probe, shutdown: CancellationToken) {
     let mut was_ready = false;
+    let mut identified = false;
     loop {
+        if !identified {
+            identified = tokio::time::timeout(probe.interval, identify(&client, &probe.metrics))
+                .await
+                .unwrap_or(false);
+        }
         let ok = matches!(
-            tokio::time::timeout(interval, client.get_status(&path)).await,
-            Ok(Ok(status)) if status.is_success()
+            tokio::time::timeout(probe.interval, client.get(&probe.path)).await,
+            Ok(Ok((status, _))) if status.is_success()
         );
         if ok {
-            readiness.mark_ok(Instant::now());
+            probe.readiness.mark_ok(Instant::now());
         } else {
-            debug!(path = %path, "upstream health probe failed");
+            debug!(path = %probe.path, "upstream health probe failed");
         }
         if ok != was_ready {
             info!(ready = ok, "upstream readiness changed");
@@ -62,9 +80,27 @@ pub async fn probe_upstream(
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
-            _ = tokio::time::sleep(interval) => {}
+            _ = tokio::time::sleep(probe.interval) => {}
         }
     }
+}
+
+/// Asks `/v1/models` (then TGI's `/info`) what the engine is and serves; true once answered.
+async fn identify(client: &UpstreamClient, metrics: &Metrics) -> bool {
+    if let Ok((status, body)) = client.get("/v1/models").await {
+        if let (true, Some((engine, models))) = (status.is_success(), provider::from_models(&body)) {
+            metrics.learn_engine(engine);
+            metrics.learn_models(&models);
+            return true;
+        }
+    }
+    if let Ok((status, body)) = client.get("/info").await {
+        if let (true, Some(engine)) = (status.is_success(), provider::from_info(&body)) {
+            metrics.learn_engine(engine);
+            return true;
+        }
+    }
+    false
 }
 
 #[cfg(test)]

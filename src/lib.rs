@@ -8,6 +8,7 @@ pub mod demo;
 pub mod health;
 pub mod metrics;
 pub mod observe;
+pub mod provider;
 pub mod proxy;
 pub mod serve;
 pub mod sidecar;

@@ -36,7 +36,7 @@ impl Sidecar {
         let metrics_addr = metrics_listener.local_addr()?;
 
         let metrics = Arc::new(Metrics::new(&MetricsConfig {
-            provider: config.engine.as_str().to_string(),
+            engine: config.engine.fixed(),
             models: config.models.clone(),
             max_models: config.max_models,
             buckets: config.buckets.clone(),
@@ -51,6 +51,7 @@ impl Sidecar {
                 max_peek_bytes: config.max_peek_bytes,
                 max_event_bytes: config.max_event_bytes,
                 upstream_timeout: config.upstream_timeout,
+                inject_usage: config.inject_usage,
             },
         });
 
@@ -71,9 +72,12 @@ impl Sidecar {
         ));
         tasks.spawn(health::probe_upstream(
             client,
-            config.health_path.clone(),
-            config.health_interval,
-            readiness,
+            health::Probe {
+                path: config.health_path.clone(),
+                interval: config.health_interval,
+                readiness,
+                metrics: metrics.clone(),
+            },
             shutdown.clone(),
         ));
         info!(%proxy_addr, %metrics_addr, upstream = %config.upstream, "llmslo sidecar started");

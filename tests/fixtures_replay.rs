@@ -4,6 +4,7 @@
 mod common;
 
 use common::fixture;
+use llmslo::observe::record::Protocol;
 use llmslo::observe::stream::{StreamObserver, StreamSummary};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -24,7 +25,7 @@ fn events(bytes: &[u8]) -> Vec<&[u8]> {
 fn replay_by_event(name: &str) -> (StreamSummary, Instant) {
     let bytes = fixture(name);
     let base = Instant::now();
-    let mut observer = StreamObserver::new(1 << 20);
+    let mut observer = StreamObserver::new(Protocol::OpenAi, 1 << 20, false);
     for (index, event) in events(&bytes).into_iter().enumerate() {
         observer.feed(event, base + Duration::from_millis(index as u64), |_| {});
     }
@@ -73,7 +74,7 @@ fn continuous_usage_takes_the_last_report() {
     assert_eq!(s.output_tokens, Some(4));
     assert_eq!(s.input_tokens, Some(8));
     // Tokens at events 1..=4: TPOT = 3 ms / 3.
-    assert_eq!(s.tpot, Some(Duration::from_millis(1)));
+    assert_eq!(s.tpot_per_choice, [Duration::from_millis(1)]);
 }
 
 #[test]
@@ -91,7 +92,7 @@ fn long_stream_to_eos_and_small_model_stream() {
     assert_eq!(first_token_event(&s, base), 1);
     assert_eq!(s.output_tokens, Some(200));
     // Tokens at events 1..=200, 1 ms apart.
-    assert_eq!(s.tpot, Some(Duration::from_millis(1)));
+    assert_eq!(s.tpot_per_choice, [Duration::from_millis(1)]);
     let (s, _) = replay_by_event("vllm-small-chat.sse");
     assert_eq!(s.output_tokens, Some(16));
 }
@@ -116,7 +117,7 @@ fn captured_read_timings_give_the_captured_ttft_and_tpot() {
 
     let base = Instant::now();
     let at = |t: f64| base + Duration::from_secs_f64(t);
-    let mut observer = StreamObserver::new(1 << 20);
+    let mut observer = StreamObserver::new(Protocol::OpenAi, 1 << 20, false);
     let mut gaps = Vec::new();
     for (event, t) in events.iter().zip(&event_times) {
         observer.feed(event, at(*t), |g| gaps.push(g));
@@ -126,7 +127,7 @@ fn captured_read_timings_give_the_captured_ttft_and_tpot() {
     assert_eq!(s.first_token, Some(at(event_times[1])));
     assert_eq!(s.output_tokens, Some(32));
     let expected_tpot = (event_times[32] - event_times[1]) / 31.0;
-    let tpot = s.tpot.unwrap().as_secs_f64();
+    let tpot = s.tpot_per_choice[0].as_secs_f64();
     assert!(
         (tpot - expected_tpot).abs() < 1e-6,
         "tpot {tpot} vs capture {expected_tpot}"
@@ -139,13 +140,13 @@ fn every_capture_survives_being_split_at_every_byte() {
     for name in ["vllm-chat.sse", "vllm-completions.sse", "vllm-chat-n2.sse"] {
         let bytes = fixture(name);
         let whole = {
-            let mut o = StreamObserver::new(1 << 20);
+            let mut o = StreamObserver::new(Protocol::OpenAi, 1 << 20, false);
             o.feed(&bytes, Instant::now(), |_| {});
             o.summary()
         };
         let now = Instant::now();
         for cut in (0..bytes.len()).step_by(7) {
-            let mut o = StreamObserver::new(1 << 20);
+            let mut o = StreamObserver::new(Protocol::OpenAi, 1 << 20, false);
             o.feed(&bytes[..cut], now, |_| {});
             o.feed(&bytes[cut..], now, |_| {});
             let s = o.summary();

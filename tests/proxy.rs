@@ -51,12 +51,9 @@ async fn client_receives_exactly_the_bytes_the_engine_sent() {
         } else {
             "/v1/chat/completions"
         };
-        let response = post(
-            sidecar.proxy_addr,
-            path,
-            r#"{"model":"tiny","stream":true}"#.to_string(),
-        )
-        .await;
+        // The captures were made with include_usage, and the client asks for it too: nothing is cut.
+        let body = r#"{"model":"tiny","stream":true,"stream_options":{"include_usage":true}}"#;
+        let response = post(sidecar.proxy_addr, path, body.to_string()).await;
         assert_eq!(response.status(), 200);
         assert_eq!(response.headers()["content-type"], "text/event-stream; charset=utf-8");
         assert_eq!(response.headers()["server"], "uvicorn");
@@ -146,7 +143,7 @@ async fn end_to_end_headers_pass_and_hop_by_hop_headers_do_not() {
         .header("x-hop", "secret-to-this-hop")
         .header("x-forwarded-for", "198.51.100.7")
         .header("x-request-id", "abc")
-        .body(Full::new(Bytes::from_static(b"{\"model\":\"m\",\"stream\":true}")))
+        .body(Full::new(Bytes::from_static(b"{\"model\":\"m\",\"stream\":false}")))
         .unwrap();
     let response = client().request(request).await.unwrap();
     response.into_body().collect().await.unwrap();
@@ -157,7 +154,10 @@ async fn end_to_end_headers_pass_and_hop_by_hop_headers_do_not() {
     assert!(head.contains("x-request-id: abc\r\n"));
     assert!(head.contains("x-forwarded-for: 198.51.100.7, 127.0.0.1\r\n"), "{head}");
     assert!(!head.contains("x-hop"), "{head}");
-    assert!(head.ends_with("{\"model\":\"m\",\"stream\":true}"));
+    assert!(
+        head.ends_with("{\"model\":\"m\",\"stream\":false}"),
+        "non-streaming bodies are untouched"
+    );
 }
 
 #[tokio::test]
@@ -502,5 +502,92 @@ async fn client_leaving_before_the_response_head_is_client_cancelled() {
     assert_eq!(
         sample(&m, "llmslo_requests_total", &[("outcome", "client_cancelled")]),
         1.0
+    );
+}
+
+/// The real vLLM capture made with include_usage, and what vLLM sends without it: the same
+/// stream less its usage-only event.
+fn capture_with_and_without_usage() -> (Vec<u8>, Vec<u8>) {
+    let with = fixture("vllm-chat.sse");
+    let text = String::from_utf8(with.clone()).unwrap();
+    let usage_event = text
+        .split_inclusive("\n\n")
+        .find(|e| e.contains("\"choices\":[],\"usage\""))
+        .unwrap();
+    (with, text.replace(usage_event, "").into_bytes())
+}
+
+#[tokio::test(start_paused = true)]
+async fn injected_usage_request_is_answered_and_hidden_byte_for_byte() {
+    let (with_usage, without_usage) = capture_with_and_without_usage();
+    let (upstream, received) = scripted_upstream_by(move |request| {
+        let asked = String::from_utf8_lossy(request).contains("\"include_usage\":true");
+        let body = if asked { &with_usage } else { &without_usage };
+        Script::sse(awkward_pieces(body))
+    })
+    .await;
+    let sidecar = start_sidecar(upstream, "").await;
+    let body = r#"{"model":"tiny","messages":[{"role":"user","content":"hi"}],"stream":true}"#;
+    let (status, got) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", body.into()).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        got,
+        Bytes::from(capture_with_and_without_usage().1),
+        "the client sees what it would have seen"
+    );
+    let sent = request_to(&received, "POST ");
+    assert!(
+        sent.ends_with(&format!(
+            "{{\"stream_options\":{{\"include_usage\":true}},{}",
+            &body[1..]
+        )),
+        "{sent}"
+    );
+    assert!(
+        sent.to_ascii_lowercase()
+            .contains(&format!("content-length: {}\r\n", body.len() + 40)),
+        "{sent}"
+    );
+    settle(&sidecar).await;
+    let m = sidecar.metrics.encode();
+    assert_eq!(
+        sample(&m, "llmslo_output_tokens_total", &[("model", "tiny")]),
+        16.0,
+        "N from the usage"
+    );
+    assert_eq!(sample(&m, "llmslo_input_tokens_total", &[("model", "tiny")]), 11.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn usage_the_client_asked_for_is_left_alone_and_injection_can_be_turned_off() {
+    let (with_usage, without_usage) = capture_with_and_without_usage();
+    let (upstream, received) = scripted_upstream_by(move |request| {
+        let asked = String::from_utf8_lossy(request).contains("\"include_usage\":true");
+        Script::sse(vec![(
+            Duration::ZERO,
+            if asked {
+                with_usage.clone()
+            } else {
+                without_usage.clone()
+            },
+        )])
+    })
+    .await;
+    let off = start_sidecar(upstream, "inject_usage: false\n").await;
+    let body = r#"{"model":"tiny","stream":true}"#;
+    let (_, got) = post_collect(off.proxy_addr, "/v1/chat/completions", body.into()).await;
+    assert_eq!(got, Bytes::from(capture_with_and_without_usage().1));
+    assert!(request_to(&received, "POST ").ends_with(body), "forwarded untouched");
+    settle(&off).await;
+    let m = off.metrics.encode();
+    assert_eq!(
+        sample(&m, "llmslo_output_tokens_total", &[("model", "tiny")]),
+        16.0,
+        "counted from events"
+    );
+    assert_eq!(
+        sample(&m, "llmslo_input_tokens_total", &[("model", "tiny")]),
+        0.0,
+        "no usage, no input count"
     );
 }

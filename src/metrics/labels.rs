@@ -96,9 +96,12 @@ impl ModelNames {
         }
     }
 
-    /// The configured models, known before any traffic (empty when learning).
-    pub fn configured(&self) -> Vec<String> {
-        let mut models: Vec<String> = self.allow_list.iter().flatten().cloned().collect();
+    /// The models known so far: the allow-list, or those learned.
+    pub fn known(&self) -> Vec<String> {
+        let mut models: Vec<String> = match &self.allow_list {
+            Some(allowed) => allowed.iter().cloned().collect(),
+            None => self.learned.read().expect("model set lock").iter().cloned().collect(),
+        };
         models.sort();
         models
     }
@@ -148,7 +151,7 @@ mod tests {
         assert_eq!(names.normalise(Some("llama")).0, "llama");
         assert_eq!(names.normalise(Some("gpt-x")).0, OTHER_MODEL);
         assert_eq!(names.normalise(None).0, UNKNOWN_MODEL);
-        assert_eq!(names.configured(), ["llama"]);
+        assert_eq!(names.known(), ["llama"]);
     }
 
     #[test]

@@ -4,7 +4,9 @@ pub mod buckets;
 pub mod labels;
 pub mod server;
 
+use crate::config::Engine;
 use crate::observe::record::{Operation, Outcome, RequestRecord};
+use crate::provider::Provider;
 use buckets::{BucketOverrides, Buckets};
 use labels::{BuildLabels, InFlightLabels, ModelNames, OutcomeLabels, RequestLabels, TokenLabels};
 use prometheus_client::metrics::counter::Counter;
@@ -12,17 +14,16 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
+use tracing::info;
 
 /// The content type `/metrics` is served with.
 pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
-const OPERATIONS: [Operation; 2] = [Operation::Chat, Operation::TextCompletion];
-
 /// What the metrics need from the configuration.
 #[derive(Debug, Clone, Default)]
 pub struct MetricsConfig {
-    /// The `provider` label value (the engine kind).
-    pub provider: String,
+    /// The configured engine (the `provider` label); `None` learns it.
+    pub engine: Option<Engine>,
     /// Model allow-list; empty means learn up to `max_models`.
     pub models: Vec<String>,
     /// How many distinct models are learned before the rest become `other`.
@@ -36,7 +37,7 @@ type HistogramFamily<L> = Family<L, Histogram, Buckets>;
 /// All request-level metric families, registered in one registry.
 pub struct Metrics {
     registry: Registry,
-    provider: String,
+    provider: Provider,
     models: ModelNames,
     ttft: HistogramFamily<RequestLabels>,
     tpot: HistogramFamily<RequestLabels>,
@@ -86,7 +87,7 @@ impl Metrics {
         let b = &config.buckets;
         let metrics = Self {
             registry: Registry::default(),
-            provider: config.provider.clone(),
+            provider: Provider::new(config.engine),
             models: ModelNames::new(&config.models, config.max_models),
             ttft: Family::new_with_constructor(Buckets::new(b.ttft.as_ref(), buckets::TTFT)),
             tpot: Family::new_with_constructor(Buckets::new(b.tpot.as_ref(), buckets::TPOT)),
@@ -103,10 +104,38 @@ impl Metrics {
             in_flight: Family::default(),
         };
         let metrics = metrics.registered();
-        for model in metrics.models.configured() {
-            metrics.create_series(&model);
-        }
+        metrics.create_known_series();
         metrics
+    }
+
+    /// The `provider` label value now.
+    pub fn provider(&self) -> &'static str {
+        self.provider.label()
+    }
+
+    /// Records the engine `auto` learned; the known models' series are created under it.
+    pub fn learn_engine(&self, engine: Engine) {
+        if self.provider.learn(engine) {
+            info!(provider = engine.as_str(), "identified the engine");
+            self.create_known_series();
+        }
+    }
+
+    /// Learns the models the engine serves (when no allow-list is configured), so their
+    /// series exist at zero before the first request.
+    pub fn learn_models(&self, ids: &[String]) {
+        for id in ids {
+            let (model, first_seen) = self.models.normalise(Some(id));
+            if first_seen {
+                self.create_series(&model);
+            }
+        }
+    }
+
+    fn create_known_series(&self) {
+        for model in self.models.known() {
+            self.create_series(&model);
+        }
     }
 
     fn registered(mut self) -> Self {
@@ -171,9 +200,17 @@ impl Metrics {
         self
     }
 
-    /// Creates every series of `model` at zero, so dashboards and alerts never miss one.
+    /// Creates every series of `model` at zero, so dashboards and alerts never miss one
+    /// (once the engine is known, so that no `provider="unknown"` series linger).
     fn create_series(&self, model: &str) {
-        for operation in OPERATIONS {
+        let Some(engine) = self.provider.engine() else {
+            return;
+        };
+        let operations: &[Operation] = match engine {
+            Engine::Tgi => &[Operation::Chat, Operation::TextCompletion, Operation::Generate],
+            _ => &[Operation::Chat, Operation::TextCompletion],
+        };
+        for &operation in operations {
             let labels = self.request_labels(model, operation);
             for family in [&self.ttft, &self.tpot, &self.inter_chunk, &self.tokens_per_chunk] {
                 drop(family.get_or_create(&labels));
@@ -227,7 +264,7 @@ impl Metrics {
         if let Some(ttft) = record.ttft {
             self.ttft.get_or_create(&labels).observe(ttft.as_secs_f64());
         }
-        if let Some(tpot) = record.tpot {
+        for tpot in &record.tpot_per_choice {
             self.tpot.get_or_create(&labels).observe(tpot.as_secs_f64());
         }
         if let Some(mean) = record.tokens_per_chunk() {
@@ -261,7 +298,7 @@ impl Metrics {
         RequestLabels {
             model: model.to_string(),
             operation,
-            provider: self.provider.clone(),
+            provider: self.provider.label().to_string(),
         }
     }
 
@@ -291,7 +328,7 @@ mod tests {
 
     fn metrics(models: &[&str]) -> Metrics {
         Metrics::new(&MetricsConfig {
-            provider: "vllm".into(),
+            engine: Some(Engine::Vllm),
             models: models.iter().map(|m| m.to_string()).collect(),
             max_models: 16,
             buckets: BucketOverrides::default(),
@@ -323,7 +360,7 @@ mod tests {
             operation: Operation::Chat,
             outcome: Outcome::Success,
             ttft: Some(Duration::from_millis(120)),
-            tpot: Some(Duration::from_millis(20)),
+            tpot_per_choice: vec![Duration::from_millis(20)],
             e2e: Duration::from_millis(500),
             output_tokens: Some(21),
             input_tokens: Some(7),

@@ -4,7 +4,7 @@ use super::tracker::{End, RequestTracker};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use tokio::time::Instant;
 
 /// Wraps an upstream body; frames pass through untouched and are timestamped as forwarded.
@@ -42,22 +42,47 @@ impl<B: Body<Data = Bytes> + Unpin> Body for ObservedBody<B> {
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.get_mut();
-        let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                let now = Instant::now();
-                if let (Some(data), Some(tracker)) = (frame.data_ref(), this.tracker.as_mut()) {
-                    tracker.on_data(data, now);
+        loop {
+            let frame = match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => frame,
+                Some(Err(error)) => {
+                    this.finish(End::BodyError, Instant::now());
+                    return Poll::Ready(Some(Err(error)));
                 }
-                if this.inner.is_end_stream() {
-                    this.finish(End::Complete, now);
+                None => {
+                    let held = this.tracker.as_mut().and_then(RequestTracker::take_held);
+                    this.finish(End::Complete, Instant::now());
+                    return Poll::Ready(held.map(|bytes| Ok(Frame::data(bytes))));
                 }
+            };
+            let now = Instant::now();
+            let frame = match (frame.into_data(), this.tracker.as_mut()) {
+                (Ok(data), Some(tracker)) => match tracker.on_data(&data, now) {
+                    None => Frame::data(data),
+                    Some(mut forward) => {
+                        if this.inner.is_end_stream() {
+                            if let Some(held) = tracker.take_held() {
+                                forward = [forward, held].concat().into();
+                            }
+                        }
+                        if forward.is_empty() {
+                            if this.inner.is_end_stream() {
+                                this.finish(End::Complete, now);
+                                return Poll::Ready(None);
+                            }
+                            continue; // only part of an event so far: wait for the rest
+                        }
+                        Frame::data(forward)
+                    }
+                },
+                (Ok(data), None) => Frame::data(data),
+                (Err(other), _) => other, // trailers pass through
+            };
+            if this.inner.is_end_stream() {
+                this.finish(End::Complete, now);
             }
-            Poll::Ready(Some(Err(_))) => this.finish(End::BodyError, Instant::now()),
-            Poll::Ready(None) => this.finish(End::Complete, Instant::now()),
-            Poll::Pending => {}
+            return Poll::Ready(Some(Ok(frame)));
         }
-        polled
     }
 
     fn is_end_stream(&self) -> bool {

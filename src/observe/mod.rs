@@ -6,4 +6,6 @@ pub mod openai;
 pub mod record;
 pub mod sse;
 pub mod stream;
+pub mod strip;
+pub mod tgi;
 pub mod tracker;

@@ -26,6 +26,8 @@ pub struct EventSummary {
     pub has_tokens: bool,
     /// The event carries visible generated content: the first such event is the first token.
     pub visible: bool,
+    /// The `index` of the choice that carried the tokens (the first one, when several did).
+    pub choice: u32,
     /// Tokens the event states explicitly (`token_ids` or `logprobs.content` lengths), if any.
     pub explicit_tokens: Option<u64>,
     /// The event's `usage` object, if any (the usage-only chunk, or continuous usage).
@@ -48,12 +50,18 @@ pub fn summarise(data: &[u8]) -> EventSummary {
             ..EventSummary::default()
         };
     }
-    match serde_json::from_slice::<Chunk>(data) {
-        Ok(chunk) => {
+    // Only an object is a chunk (a derived struct would also accept an array of its fields).
+    let parsed = match data.trim_ascii_start().first() {
+        Some(b'{') => serde_json::from_slice::<Chunk>(data).ok(),
+        _ => None,
+    };
+    match parsed {
+        Some(chunk) => {
             let choices = chunk.choices.unwrap_or_default();
             EventSummary {
                 has_tokens: choices.token_choices > 0,
                 visible: choices.visible,
+                choice: choices.first_token_choice.unwrap_or(0),
                 explicit_tokens: choices.explicit_tokens,
                 usage_only: chunk.usage.is_some() && choices.count == 0,
                 usage: chunk.usage,
@@ -62,7 +70,7 @@ pub fn summarise(data: &[u8]) -> EventSummary {
                 unparsable: false,
             }
         }
-        Err(_) => EventSummary {
+        None => EventSummary {
             unparsable: true,
             ..EventSummary::default()
         },
@@ -93,6 +101,7 @@ impl<'de> Deserialize<'de> for NotNull {
 struct ChoicesSummary {
     count: usize,
     token_choices: usize,
+    first_token_choice: Option<u32>,
     visible: bool,
     explicit_tokens: Option<u64>,
 }
@@ -120,6 +129,7 @@ impl<'de> Deserialize<'de> for ChoicesSummary {
                     let held_back = text == Some(Text::Empty) && !delta.has_role;
                     if visible || held_back {
                         summary.token_choices += 1;
+                        summary.first_token_choice.get_or_insert(choice.index);
                     }
                     summary.visible |= visible;
                     if let Some(n) = choice.token_ids.or(choice.logprobs.and_then(|l| l.content)) {
@@ -138,6 +148,8 @@ impl<'de> Deserialize<'de> for ChoicesSummary {
 
 #[derive(Deserialize)]
 struct Choice {
+    #[serde(default)]
+    index: u32,
     #[serde(default)]
     delta: Option<Delta>,
     #[serde(default)]
@@ -336,6 +348,28 @@ mod tests {
             br#"{"choices":[{"delta":{"content":"ab"},"logprobs":{"content":[{"token":"a"},{"token":"b"}]}}]}"#,
         );
         assert_eq!(s.explicit_tokens, Some(2));
+    }
+
+    #[test]
+    fn the_token_carrying_choice_is_named() {
+        let s = summarise(br#"{"choices":[{"index":3,"delta":{"content":"x"}}]}"#);
+        assert_eq!(s.choice, 3);
+        let s =
+            summarise(br#"{"choices":[{"index":0,"delta":{"role":"assistant"}},{"index":1,"delta":{"content":"y"}}]}"#);
+        assert_eq!(s.choice, 1);
+    }
+
+    #[test]
+    fn llamacpp_and_tgi_chat_shapes() {
+        // llama.cpp and SGLang: a role chunk without content, spaced separators.
+        let role = summarise(
+            br#"{"choices": [{"finish_reason": null, "index": 0, "delta": {"role": "assistant", "content": null}}]}"#,
+        );
+        assert!(!role.has_tokens);
+        // TGI's OpenAI route: every delta carries the role and the content.
+        let tgi =
+            summarise(br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"logprobs":null}]}"#);
+        assert!(tgi.has_tokens && tgi.visible);
     }
 
     #[test]

@@ -9,6 +9,17 @@ pub enum Operation {
     Chat,
     /// `POST /v1/completions`.
     TextCompletion,
+    /// TGI's native `POST /generate_stream` and `POST /generate`.
+    Generate,
+}
+
+/// The wire protocol of a measured route's responses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// OpenAI-compatible chat and completions.
+    OpenAi,
+    /// TGI's native generate API.
+    Tgi,
 }
 
 impl Operation {
@@ -17,6 +28,15 @@ impl Operation {
         match self {
             Operation::Chat => "chat",
             Operation::TextCompletion => "text_completion",
+            Operation::Generate => "generate",
+        }
+    }
+
+    /// The protocol its responses speak.
+    pub fn protocol(self) -> Protocol {
+        match self {
+            Operation::Chat | Operation::TextCompletion => Protocol::OpenAi,
+            Operation::Generate => Protocol::Tgi,
         }
     }
 
@@ -25,6 +45,7 @@ impl Operation {
         match path.trim_end_matches('/') {
             "/v1/chat/completions" => Some(Operation::Chat),
             "/v1/completions" => Some(Operation::TextCompletion),
+            "/generate_stream" | "/generate" => Some(Operation::Generate),
             _ => None,
         }
     }
@@ -91,8 +112,9 @@ pub struct RequestRecord {
     pub outcome: Outcome,
     /// Time to first token, when a first token was seen.
     pub ttft: Option<Duration>,
-    /// Time per output token, when at least two token events were seen.
-    pub tpot: Option<Duration>,
+    /// Time per output token of each choice that had at least two token events
+    /// (one entry for ordinary requests, one per choice for `n > 1`).
+    pub tpot_per_choice: Vec<Duration>,
     /// Request head to end of response (or abort).
     pub e2e: Duration,
     /// Output tokens: from usage when reported, else counted from events.
@@ -104,6 +126,11 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
+    /// The request's TPOT: its slowest choice's (for `n = 1`, simply its TPOT).
+    pub fn tpot(&self) -> Option<Duration> {
+        self.tpot_per_choice.iter().max().copied()
+    }
+
     /// Mean output tokens per token-carrying stream event, when both are known.
     pub fn tokens_per_chunk(&self) -> Option<f64> {
         match (self.output_tokens, self.token_events) {

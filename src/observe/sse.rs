@@ -7,13 +7,18 @@
 //! Memory is bounded: an event larger than the limit makes the parser give up for the
 //! rest of the stream (the caller keeps forwarding the bytes).
 
-/// One dispatched event: its `event:` type (empty when absent) and its joined `data:` lines.
+/// One dispatched event: its `event:` type (empty when absent), its joined `data:` lines,
+/// and where its raw bytes lie in the stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SseEvent<'a> {
     /// The `event:` field, empty when the event had none.
     pub event_type: &'a [u8],
     /// The `data:` lines joined with `\n`, without the final newline.
     pub data: &'a [u8],
+    /// Stream offset where the event's raw bytes start (just after the previous blank line).
+    pub start: u64,
+    /// Stream offset just after the blank line that ended the event.
+    pub end: u64,
 }
 
 /// Incremental SSE parser with a bounded buffer.
@@ -30,6 +35,10 @@ pub struct SseParser {
     /// Still at the very start of the stream, where a UTF-8 byte order mark is dropped.
     at_start: bool,
     gave_up: bool,
+    /// Stream offset of the first byte not yet consumed.
+    pos: u64,
+    /// Stream offset just after the last blank line (where the next event starts).
+    boundary: u64,
 }
 
 impl SseParser {
@@ -43,7 +52,15 @@ impl SseParser {
             skip_lf: false,
             at_start: true,
             gave_up: false,
+            pos: 0,
+            boundary: 0,
         }
+    }
+
+    /// Stream offset just after the last blank line: every byte before it belongs to a
+    /// finished event (or to a comment or blank line between events).
+    pub fn boundary(&self) -> u64 {
+        self.boundary
     }
 
     /// True once an oversized event made the parser stop interpreting the stream.
@@ -57,21 +74,36 @@ impl SseParser {
             return;
         }
         if self.at_start {
-            if let Some(rest) = self.strip_bom(bytes) {
-                bytes = rest;
-            } else {
-                return;
+            let before = bytes.len();
+            match self.strip_bom(bytes) {
+                Some(rest) => bytes = rest,
+                None => {
+                    self.pos += before as u64;
+                    return;
+                }
             }
+            self.pos += (before - bytes.len()) as u64;
         }
         if self.skip_lf && !bytes.is_empty() {
             self.skip_lf = false;
             if bytes[0] == b'\n' {
                 bytes = &bytes[1..];
+                self.pos += 1;
+                self.boundary = self.boundary.max(self.pos_if_blank());
             }
         }
         while let Some(end) = memchr::memchr2(b'\n', b'\r', bytes) {
             let terminator = bytes[end];
             let tail = &bytes[..end];
+            let mut consumed = end + 1;
+            if terminator == b'\r' {
+                match bytes.get(end + 1) {
+                    Some(b'\n') => consumed += 1,
+                    Some(_) => {}
+                    None => self.skip_lf = true,
+                }
+            }
+            self.pos += consumed as u64;
             if self.line.is_empty() {
                 self.process_line(tail, &mut on_event);
             } else {
@@ -84,17 +116,21 @@ impl SseParser {
             if self.gave_up {
                 return;
             }
-            bytes = &bytes[end + 1..];
-            if terminator == b'\r' {
-                match bytes.first() {
-                    Some(b'\n') => bytes = &bytes[1..],
-                    Some(_) => {}
-                    None => self.skip_lf = true,
-                }
-            }
+            bytes = &bytes[consumed..];
         }
+        self.pos += bytes.len() as u64;
         self.line.extend_from_slice(bytes);
         self.check_bound();
+    }
+
+    /// After a `\r` line end completed by a late `\n`: the boundary moves past that `\n`
+    /// when the line it ended was blank.
+    fn pos_if_blank(&self) -> u64 {
+        if self.boundary == self.pos - 1 {
+            self.pos
+        } else {
+            self.boundary
+        }
     }
 
     /// Handles the optional BOM at the start; `None` means the bytes were all consumed.
@@ -121,6 +157,7 @@ impl SseParser {
     fn process_line(&mut self, line: &[u8], on_event: &mut impl FnMut(SseEvent<'_>)) {
         if line.is_empty() {
             self.dispatch(on_event);
+            self.boundary = self.pos;
             return;
         }
         if line[0] == b':' {
@@ -153,6 +190,8 @@ impl SseParser {
             on_event(SseEvent {
                 event_type: &self.event_type,
                 data,
+                start: self.boundary,
+                end: self.pos,
             });
         }
         self.data.clear();
@@ -243,6 +282,52 @@ mod tests {
     #[test]
     fn incomplete_event_at_end_is_not_dispatched() {
         assert_eq!(data_of(&[b"data: a\n\ndata: b\n"]), ["a"]);
+    }
+
+    /// Every event's span, cut from the stream, must be exactly its raw bytes.
+    fn spans_of(chunks: &[&[u8]]) -> Vec<(u64, u64)> {
+        let mut parser = SseParser::new(1 << 20);
+        let mut spans = Vec::new();
+        for chunk in chunks {
+            parser.feed(chunk, |e| spans.push((e.start, e.end)));
+        }
+        spans
+    }
+
+    #[test]
+    fn spans_cover_each_event_exactly() {
+        let stream = b"data: a\n\n: ping\n\ndata: b\r\n\r\ndata: c\r\rdata: d\n\n";
+        let spans = spans_of(&[stream]);
+        let cut: Vec<&[u8]> = spans.iter().map(|(s, e)| &stream[*s as usize..*e as usize]).collect();
+        assert_eq!(
+            cut,
+            [&b"data: a\n\n"[..], b"data: b\r\n\r\n", b"data: c\r\r", b"data: d\n\n"]
+        );
+        for split in 0..stream.len() {
+            let mut expected = spans.clone();
+            if split == 27 {
+                // Split between the CR and LF ending event b: it is dispatched at the CR
+                // (its timing must not wait for the next frame), so its span ends there.
+                expected[1].1 = 27;
+            }
+            assert_eq!(
+                spans_of(&[&stream[..split], &stream[split..]]),
+                expected,
+                "split at {split}"
+            );
+        }
+        let mut parser = SseParser::new(1 << 20);
+        parser.feed(b"data: a\n\ndata: partial", |_| {});
+        assert_eq!(parser.boundary(), 9);
+    }
+
+    #[test]
+    fn crlf_blank_line_split_after_the_cr_moves_the_boundary_past_the_lf() {
+        let mut parser = SseParser::new(1 << 20);
+        parser.feed(b"data: a\r\n\r", |_| {});
+        assert_eq!(parser.boundary(), 10);
+        parser.feed(b"\n", |_| {});
+        assert_eq!(parser.boundary(), 11);
     }
 
     #[test]

@@ -1,109 +1,159 @@
 //! The streaming observer: SSE parsing plus interpretation plus timestamps for one response.
 
-use super::openai::{summarise, Usage};
+use super::openai::{self, EventSummary, Usage};
+use super::record::Protocol;
 use super::sse::SseParser;
+use super::tgi;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// Timing and token facts gathered from one OpenAI-compatible SSE response.
+/// Choices tracked one by one for `n > 1`; tokens of higher indices still count in N.
+const MAX_CHOICES: usize = 64;
+
+/// Timing and token facts gathered from one streamed response.
 #[derive(Debug)]
 pub struct StreamObserver {
+    protocol: Protocol,
     parser: SseParser,
     first_token: Option<Instant>,
-    last_token: Option<Instant>,
+    choices: Vec<ChoiceTiming>,
     token_events: u64,
     explicit_tokens: u64,
     usage: Option<Usage>,
     saw_error: bool,
     saw_done: bool,
+    /// Spans of usage-only events to cut from what the client receives (when it did not ask).
+    removable: Option<Vec<(u64, u64)>>,
+}
+
+/// One choice's token timestamps.
+#[derive(Debug, Clone, Copy, Default)]
+struct ChoiceTiming {
+    first: Option<Instant>,
+    last: Option<Instant>,
+    tokens: u64,
+}
+
+/// Where the token count came from, for the debug log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CountSource {
+    /// The engine's `usage.completion_tokens` (or TGI's `details.generated_tokens`).
+    Usage,
+    /// Counted from the events (`token_ids`/`logprobs` lengths, else one per token event).
+    Events,
 }
 
 /// What the stream showed once it ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamSummary {
-    /// When the first visible token was forwarded.
+    /// When the first visible token (of any choice) was forwarded.
     pub first_token: Option<Instant>,
-    /// Time per output token, with at least two token events.
-    pub tpot: Option<Duration>,
+    /// TPOT of each choice with at least two token events.
+    pub tpot_per_choice: Vec<Duration>,
     /// Output tokens: usage when reported, else counted.
     pub output_tokens: Option<u64>,
+    /// Where `output_tokens` came from.
+    pub count_source: CountSource,
     /// Input tokens from usage.
     pub input_tokens: Option<u64>,
     /// Events that carried tokens.
     pub token_events: u64,
     /// An error payload arrived.
     pub saw_error: bool,
-    /// The `[DONE]` sentinel arrived.
+    /// The end-of-stream signal arrived (`[DONE]`, or TGI's final event).
     pub saw_done: bool,
     /// An oversized event stopped interpretation part-way.
     pub gave_up: bool,
 }
 
 impl StreamObserver {
-    /// An observer whose parser gives up on events over `max_event_bytes`.
-    pub fn new(max_event_bytes: usize) -> Self {
+    /// An observer for `protocol` whose parser gives up on events over `max_event_bytes`;
+    /// with `strip_usage`, usage-only events are marked for removal.
+    pub fn new(protocol: Protocol, max_event_bytes: usize, strip_usage: bool) -> Self {
         Self {
+            protocol,
             parser: SseParser::new(max_event_bytes),
             first_token: None,
-            last_token: None,
+            choices: Vec::new(),
             token_events: 0,
             explicit_tokens: 0,
             usage: None,
             saw_error: false,
             saw_done: false,
+            removable: strip_usage.then(Vec::new),
         }
     }
 
     /// Feeds bytes forwarded at `now`; `on_gap` gets each inter-chunk gap they complete.
     pub fn feed(&mut self, bytes: &[u8], now: Instant, mut on_gap: impl FnMut(Duration)) {
         let Self {
+            protocol,
             parser,
             first_token,
-            last_token,
+            choices,
             token_events,
             explicit_tokens,
             usage,
             saw_error,
             saw_done,
+            removable,
         } = self;
+        let mut state = EventState {
+            first_token,
+            choices,
+            token_events,
+            explicit_tokens,
+            usage,
+            saw_error,
+            saw_done,
+        };
         parser.feed(bytes, |event| {
-            let summary = summarise(event.data);
-            if summary.usage.is_some() {
-                *usage = summary.usage;
+            let summary = match protocol {
+                Protocol::OpenAi => openai::summarise(event.data),
+                Protocol::Tgi => tgi::summarise(event.data),
+            };
+            if let (true, Some(spans)) = (summary.usage_only, removable.as_mut()) {
+                spans.push((event.start, event.end));
             }
-            *saw_error |= summary.error;
-            *saw_done |= summary.done;
-            if !summary.has_tokens {
-                return;
-            }
-            *token_events += 1;
-            *explicit_tokens += summary.explicit_tokens.unwrap_or(1);
-            if first_token.is_none() && !summary.visible {
-                return; // held-back text before the first visible token
-            }
-            first_token.get_or_insert(now);
-            if let Some(previous) = last_token.replace(now) {
-                on_gap(now - previous);
-            }
+            state.observe(&summary, now, &mut on_gap);
         });
+    }
+
+    /// Stream offset up to which every event is complete, or `None` once interpretation
+    /// stopped (everything may then be forwarded).
+    pub fn boundary(&self) -> Option<u64> {
+        (!self.parser.gave_up()).then(|| self.parser.boundary())
+    }
+
+    /// Takes the spans of usage-only events found so far that must not reach the client.
+    pub fn take_removable(&mut self) -> Vec<(u64, u64)> {
+        self.removable.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// What the stream showed, to be called once it ended.
     pub fn summary(&self) -> StreamSummary {
         let usage = self.usage.unwrap_or_default();
-        let output_tokens = usage
-            .completion_tokens
-            .or((self.token_events > 0).then_some(self.explicit_tokens));
-        let tpot = match (self.first_token, self.last_token, output_tokens) {
-            (Some(first), Some(last), Some(n)) if n >= 2 && last > first => {
-                Some((last - first).div_f64((n - 1) as f64))
-            }
-            _ => None,
+        let (output_tokens, count_source) = match usage.completion_tokens {
+            Some(n) => (Some(n), CountSource::Usage),
+            None => (
+                (self.token_events > 0).then_some(self.explicit_tokens),
+                CountSource::Events,
+            ),
+        };
+        let active: Vec<&ChoiceTiming> = self.choices.iter().filter(|c| c.tokens > 0).collect();
+        let tpot_per_choice = match active.as_slice() {
+            // One choice: N may come from usage.
+            [only] => tpot(only.first, only.last, output_tokens.unwrap_or(only.tokens))
+                .into_iter()
+                .collect(),
+            // Several: usage counts them all together, so each uses its own count.
+            many => many.iter().filter_map(|c| tpot(c.first, c.last, c.tokens)).collect(),
         };
         StreamSummary {
             first_token: self.first_token,
-            tpot,
+            tpot_per_choice,
             output_tokens,
+            count_source,
             input_tokens: usage.prompt_tokens,
             token_events: self.token_events,
             saw_error: self.saw_error,
@@ -113,14 +163,72 @@ impl StreamObserver {
     }
 }
 
+/// (t_last − t_first) / (N − 1), when two distinct token times and N ≥ 2 exist.
+fn tpot(first: Option<Instant>, last: Option<Instant>, n: u64) -> Option<Duration> {
+    match (first, last) {
+        (Some(first), Some(last)) if n >= 2 && last > first => Some((last - first).div_f64((n - 1) as f64)),
+        _ => None,
+    }
+}
+
+/// Mutable views of the observer's counters, for use inside the parser's callback.
+struct EventState<'a> {
+    first_token: &'a mut Option<Instant>,
+    choices: &'a mut Vec<ChoiceTiming>,
+    token_events: &'a mut u64,
+    explicit_tokens: &'a mut u64,
+    usage: &'a mut Option<Usage>,
+    saw_error: &'a mut bool,
+    saw_done: &'a mut bool,
+}
+
+impl EventState<'_> {
+    fn observe(&mut self, summary: &EventSummary, now: Instant, on_gap: &mut impl FnMut(Duration)) {
+        if summary.usage.is_some() {
+            *self.usage = summary.usage;
+        }
+        *self.saw_error |= summary.error;
+        *self.saw_done |= summary.done;
+        if !summary.has_tokens {
+            return;
+        }
+        let tokens = summary.explicit_tokens.unwrap_or(1);
+        *self.token_events += 1;
+        *self.explicit_tokens += tokens;
+        let index = summary.choice as usize;
+        if index >= MAX_CHOICES {
+            return;
+        }
+        if self.choices.len() <= index {
+            self.choices.resize(index + 1, ChoiceTiming::default());
+        }
+        let choice = &mut self.choices[index];
+        choice.tokens += tokens;
+        if choice.first.is_none() && !summary.visible {
+            return; // held-back text (or a special token) before this choice's first visible token
+        }
+        if summary.visible {
+            self.first_token.get_or_insert(now);
+        }
+        choice.first.get_or_insert(now);
+        if let Some(previous) = choice.last.replace(now) {
+            on_gap(now - previous);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn observer() -> StreamObserver {
+        StreamObserver::new(Protocol::OpenAi, 1 << 20, false)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn ttft_tpot_and_gaps_from_timed_events() {
         let t0 = Instant::now();
-        let mut obs = StreamObserver::new(1 << 20);
+        let mut obs = observer();
         let mut gaps = Vec::new();
         let role = b"data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n";
         obs.feed(role, t0, |g| gaps.push(g));
@@ -134,7 +242,8 @@ mod tests {
         let s = obs.summary();
         assert_eq!(s.first_token, Some(t0 + Duration::from_millis(100)));
         assert_eq!(s.output_tokens, Some(4));
-        assert_eq!(s.tpot, Some(Duration::from_millis(20)));
+        assert_eq!(s.count_source, CountSource::Events);
+        assert_eq!(s.tpot_per_choice, [Duration::from_millis(20)]);
         assert_eq!(gaps, vec![Duration::from_millis(20); 3]);
         assert!(s.saw_done && !s.saw_error);
     }
@@ -142,7 +251,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn usage_overrides_the_event_count() {
         let t0 = Instant::now();
-        let mut obs = StreamObserver::new(1 << 20);
+        let mut obs = observer();
         obs.feed(
             b"data: {\"choices\":[{\"delta\":{\"content\":\"abc\"}}]}\n\n",
             t0,
@@ -160,21 +269,84 @@ mod tests {
         );
         let s = obs.summary();
         assert_eq!(s.output_tokens, Some(6));
+        assert_eq!(s.count_source, CountSource::Usage);
         assert_eq!(s.input_tokens, Some(5));
-        assert_eq!(s.tpot, Some(Duration::from_millis(18)));
+        assert_eq!(s.tpot_per_choice, [Duration::from_millis(18)]);
         assert_eq!(s.token_events, 2);
     }
 
     #[tokio::test(start_paused = true)]
     async fn single_token_event_has_no_tpot() {
         let t0 = Instant::now();
-        let mut obs = StreamObserver::new(1 << 20);
+        let mut obs = observer();
         obs.feed(
             b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n",
             t0,
             |_| {},
         );
-        assert_eq!(obs.summary().tpot, None);
+        assert!(obs.summary().tpot_per_choice.is_empty());
         assert_eq!(obs.summary().output_tokens, Some(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn choices_are_timed_separately() {
+        let t0 = Instant::now();
+        let mut obs = observer();
+        let mut gaps = Vec::new();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let chunk = |i: u32| format!("data: {{\"choices\":[{{\"index\":{i},\"delta\":{{\"content\":\"x\"}}}}]}}\n\n");
+        // Choice 1 starts first and streams every 10 ms; choice 0 every 30 ms.
+        for (ms, i) in [(50, 1), (60, 1), (70, 1), (80, 0), (110, 0), (140, 0)] {
+            obs.feed(chunk(i).as_bytes(), at(ms), |g| gaps.push(g));
+        }
+        let s = obs.summary();
+        assert_eq!(s.first_token, Some(at(50)));
+        assert_eq!(
+            s.tpot_per_choice,
+            [Duration::from_millis(30), Duration::from_millis(10)]
+        );
+        assert_eq!(gaps.len(), 4);
+        assert_eq!(s.output_tokens, Some(6));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tgi_stream_special_tokens_and_final_event() {
+        let t0 = Instant::now();
+        let mut obs = StreamObserver::new(Protocol::Tgi, 1 << 20, false);
+        let event = |special: bool, last: bool| {
+            format!(
+                "data:{{\"index\":1,\"token\":{{\"id\":1,\"text\":\"a\",\"logprob\":0.0,\"special\":{special}}},\"generated_text\":{},\"details\":{}}}\n\n",
+                if last { "\"aaa\"" } else { "null" },
+                if last { "{\"generated_tokens\":3}" } else { "null" },
+            )
+        };
+        obs.feed(event(true, false).as_bytes(), t0, |_| {});
+        obs.feed(event(false, false).as_bytes(), t0 + Duration::from_millis(40), |_| {});
+        obs.feed(event(false, true).as_bytes(), t0 + Duration::from_millis(60), |_| {});
+        let s = obs.summary();
+        assert_eq!(
+            s.first_token,
+            Some(t0 + Duration::from_millis(40)),
+            "the special token is not content"
+        );
+        assert_eq!(s.output_tokens, Some(3));
+        assert_eq!(s.tpot_per_choice, [Duration::from_millis(10)]);
+        assert!(s.saw_done);
+    }
+
+    #[test]
+    fn usage_only_spans_are_marked_only_when_stripping() {
+        let stream = b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"completion_tokens\":1}}\n\ndata: [DONE]\n\n";
+        let mut keep = observer();
+        keep.feed(stream, Instant::now(), |_| {});
+        assert!(keep.take_removable().is_empty());
+        let mut strip = StreamObserver::new(Protocol::OpenAi, 1 << 20, true);
+        strip.feed(stream, Instant::now(), |_| {});
+        let spans = strip.take_removable();
+        assert_eq!(spans.len(), 1);
+        let (start, end) = (spans[0].0 as usize, spans[0].1 as usize);
+        assert!(stream[start..end].starts_with(b"data: {\"choices\":[],\"usage\""));
+        assert!(stream[end..].starts_with(b"data: [DONE]"));
+        assert_eq!(strip.boundary(), Some(stream.len() as u64));
     }
 }

@@ -1,10 +1,13 @@
 //! The per-request tracker: follows one measured request from its head to its end and
 //! records it exactly once, also when the client goes away (drop).
 
-use super::openai::{summarise, EventSummary};
-use super::record::{Operation, Outcome, RequestRecord};
+use super::openai::{self, EventSummary};
+use super::record::{Operation, Outcome, Protocol, RequestRecord};
 use super::stream::StreamObserver;
+use super::strip::UsageStripper;
+use super::tgi;
 use crate::metrics::{Metrics, RequestHandles};
+use bytes::Bytes;
 use http::{header, HeaderMap, StatusCode};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -31,6 +34,7 @@ pub struct RequestTracker {
     handles: RequestHandles,
     t0: Instant,
     max_event_bytes: usize,
+    strip_usage: bool,
     response: ResponseKind,
     finished: bool,
 }
@@ -41,8 +45,8 @@ enum ResponseKind {
     Waiting,
     /// The status decided the outcome (4xx, 5xx).
     Decided(Outcome),
-    /// A 2xx event stream.
-    Stream(Box<StreamObserver>),
+    /// A 2xx event stream, with the stripper when llmslo asked for usage on the client's behalf.
+    Stream(Box<StreamObserver>, Option<UsageStripper>),
     /// A 2xx JSON body, kept up to the event bound to read its usage.
     Json { body: Vec<u8>, overflowed: bool },
     /// Any other 2xx body.
@@ -64,9 +68,16 @@ impl RequestTracker {
             handles,
             t0,
             max_event_bytes,
+            strip_usage: false,
             response: ResponseKind::Waiting,
             finished: false,
         }
+    }
+
+    /// llmslo added `stream_options.include_usage` to the request: the usage-only chunk it
+    /// brings must not reach the client.
+    pub fn strip_usage_chunk(&mut self) {
+        self.strip_usage = true;
     }
 
     /// Chooses how to read the body from the response head.
@@ -80,7 +91,10 @@ impl RequestTracker {
                 .unwrap_or("")
                 .to_ascii_lowercase();
             if content_type.starts_with("text/event-stream") {
-                ResponseKind::Stream(Box::new(StreamObserver::new(self.max_event_bytes)))
+                let protocol = self.handles.operation.protocol();
+                let observer = StreamObserver::new(protocol, self.max_event_bytes, self.strip_usage);
+                let stripper = self.strip_usage.then(UsageStripper::default);
+                ResponseKind::Stream(Box::new(observer), stripper)
             } else if content_type.starts_with("application/json") {
                 ResponseKind::Json {
                     body: Vec::new(),
@@ -92,22 +106,34 @@ impl RequestTracker {
         };
     }
 
-    /// Observes body bytes forwarded to the client at `now`.
-    pub fn on_data(&mut self, bytes: &[u8], now: Instant) {
+    /// Observes a body frame received at `now`. Returns `None` to forward it as it is, or
+    /// the bytes to forward instead (possibly none yet) when the usage chunk is being cut.
+    pub fn on_data(&mut self, frame: &Bytes, now: Instant) -> Option<Bytes> {
         match &mut self.response {
-            ResponseKind::Stream(observer) => {
+            ResponseKind::Stream(observer, stripper) => {
                 let gaps = &self.handles.inter_chunk;
-                observer.feed(bytes, now, |gap| gaps.observe(gap.as_secs_f64()));
+                observer.feed(frame, now, |gap| gaps.observe(gap.as_secs_f64()));
+                let stripper = stripper.as_mut()?;
+                Some(stripper.push(frame, observer.boundary(), &observer.take_removable()))
             }
             ResponseKind::Json { body, overflowed } if !*overflowed => {
-                if body.len() + bytes.len() > self.max_event_bytes {
+                if body.len() + frame.len() > self.max_event_bytes {
                     *overflowed = true;
                     *body = Vec::new();
                 } else {
-                    body.extend_from_slice(bytes);
+                    body.extend_from_slice(frame);
                 }
+                None
             }
-            _ => {}
+            _ => None,
+        }
+    }
+
+    /// Bytes still held back when the body ends (an unfinished last event), if any.
+    pub fn take_held(&mut self) -> Option<Bytes> {
+        match &mut self.response {
+            ResponseKind::Stream(_, Some(stripper)) => Some(stripper.finish()).filter(|b| !b.is_empty()),
+            _ => None,
         }
     }
 
@@ -121,19 +147,21 @@ impl RequestTracker {
             operation: self.handles.operation,
             outcome: Outcome::Success,
             ttft: None,
-            tpot: None,
+            tpot_per_choice: Vec::new(),
             e2e: now - self.t0,
             output_tokens: None,
             input_tokens: None,
             token_events: 0,
         };
+        let mut count_source = None;
         let body_outcome = match &self.response {
             ResponseKind::Waiting | ResponseKind::Opaque => None,
             ResponseKind::Decided(outcome) => Some(*outcome),
-            ResponseKind::Stream(observer) => {
+            ResponseKind::Stream(observer, _) => {
                 let summary = observer.summary();
                 record.ttft = summary.first_token.map(|first| first - self.t0);
-                record.tpot = summary.tpot;
+                record.tpot_per_choice = summary.tpot_per_choice;
+                count_source = Some(summary.count_source);
                 record.output_tokens = summary.output_tokens;
                 record.input_tokens = summary.input_tokens;
                 record.token_events = summary.token_events;
@@ -144,10 +172,10 @@ impl RequestTracker {
                 (summary.saw_error || cut_short).then_some(Outcome::UpstreamError)
             }
             ResponseKind::Json { body, overflowed } => {
-                let summary = if *overflowed {
-                    EventSummary::default()
-                } else {
-                    summarise(body)
+                let summary = match (*overflowed, self.handles.operation.protocol()) {
+                    (true, _) => EventSummary::default(),
+                    (false, Protocol::OpenAi) => openai::summarise(body),
+                    (false, Protocol::Tgi) => tgi::summarise(body),
                 };
                 let usage = summary.usage.unwrap_or_default();
                 record.output_tokens = usage.completion_tokens;
@@ -167,9 +195,10 @@ impl RequestTracker {
             operation = record.operation.as_str(),
             outcome = record.outcome.as_str(),
             ttft_ms = record.ttft.map(|d| d.as_secs_f64() * 1e3),
-            tpot_ms = record.tpot.map(|d| d.as_secs_f64() * 1e3),
+            tpot_ms = record.tpot().map(|d| d.as_secs_f64() * 1e3),
             e2e_ms = record.e2e.as_secs_f64() * 1e3,
             output_tokens = record.output_tokens,
+            token_count_source = ?count_source,
             "request finished"
         );
         self.metrics.record(&record);

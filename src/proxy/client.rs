@@ -4,7 +4,7 @@ use super::UpstreamBody;
 use bytes::Bytes;
 use http::uri::{Authority, Scheme};
 use http::{Request, Response, StatusCode, Uri};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, Error};
@@ -62,14 +62,14 @@ impl UpstreamClient {
         self.client.request(request).await
     }
 
-    /// GETs `path` on the upstream and returns the status (the body is drained).
-    pub async fn get_status(&self, path: &str) -> Result<StatusCode, Error> {
+    /// GETs `path` on the upstream: its status and body (bounded to 1 MiB).
+    pub async fn get(&self, path: &str) -> Result<(StatusCode, Bytes), Error> {
         let request = Request::get(self.uri_for(path))
             .body(Empty::<Bytes>::new().map_err(|never| match never {}).boxed_unsync())
             .expect("a GET with a valid URI is a valid request");
         let response = self.send(request).await?;
         let status = response.status();
-        let _ = response.into_body().collect().await;
-        Ok(status)
+        let body = Limited::new(response.into_body(), 1 << 20).collect().await;
+        Ok((status, body.map(|b| b.to_bytes()).unwrap_or_default()))
     }
 }

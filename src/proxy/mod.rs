@@ -6,10 +6,12 @@ pub mod error;
 pub mod headers;
 pub mod peek;
 
+use crate::config::Engine;
 use crate::metrics::Metrics;
 use crate::observe::body::ObservedBody;
-use crate::observe::record::{Operation, Outcome};
+use crate::observe::record::{Operation, Outcome, Protocol};
 use crate::observe::tracker::{End, RequestTracker};
+use crate::provider;
 use bytes::Bytes;
 use client::UpstreamClient;
 use error::ProxyError;
@@ -17,7 +19,7 @@ use http::{header, HeaderValue, Method, Request, Response, Version};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use peek::RequestFields;
+use peek::{Peeked, RequestFields};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -41,6 +43,8 @@ pub struct ProxySettings {
     pub max_event_bytes: usize,
     /// How long the upstream may take to send a response head.
     pub upstream_timeout: Duration,
+    /// Ask streaming OpenAI requests for usage when they did not (and hide the answer).
+    pub inject_usage: bool,
 }
 
 /// Everything a proxied request needs, shared by all connections.
@@ -70,29 +74,53 @@ impl Proxy {
             _ => None,
         };
         let (mut parts, body) = request.into_parts();
+        let mut injected_usage = false;
         let (body, fields) = match operation {
-            Some(_) => {
+            Some(operation) => {
                 let content_length = parts
                     .headers
                     .get(header::CONTENT_LENGTH)
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.parse().ok());
-                match peek::peek(body, content_length, self.settings.max_peek_bytes).await {
+                let (peeked, fields) = match peek::peek(body, content_length, self.settings.max_peek_bytes).await {
                     Ok(peeked) => peeked,
                     Err(error) => {
                         // The client stopped sending its body: nothing reached the engine.
-                        if let Some(mut tracker) = self.track(operation, &RequestFields::default(), t0) {
+                        if let Some(mut tracker) = self.track(Some(operation), &RequestFields::default(), t0) {
                             tracker.finish(End::Cancelled, Instant::now());
                         }
                         return Ok(ProxyError::BadRequestBody(error.to_string()).into_response());
                     }
-                }
+                };
+                let body = match peeked {
+                    Peeked::Whole(bytes) if self.should_inject_usage(operation, &fields) => {
+                        match peek::with_usage_requested(&bytes) {
+                            Some(rewritten) => {
+                                injected_usage = true;
+                                parts.headers.insert(header::CONTENT_LENGTH, rewritten.len().into());
+                                peek::full(rewritten)
+                            }
+                            None => peek::full(bytes),
+                        }
+                    }
+                    other => other.into_body(),
+                };
+                (body, fields)
             }
             None => (body.boxed_unsync(), RequestFields::default()),
         };
         let mut tracker = self.track(operation, &fields, t0);
-        if let Some(operation) = operation {
-            debug!(operation = operation.as_str(), model = ?fields.model, stream = ?fields.stream, "measuring request");
+        if let Some(tracker) = tracker.as_mut() {
+            debug!(
+                operation = ?operation,
+                model = ?fields.model,
+                stream = ?fields.stream,
+                injected_usage,
+                "measuring request"
+            );
+            if injected_usage {
+                tracker.strip_usage_chunk();
+            }
         }
 
         self.prepare_upstream_head(&mut parts, peer);
@@ -121,6 +149,7 @@ impl Proxy {
             };
         let (mut parts, body) = response.into_parts();
         headers::remove_hop_by_hop(&mut parts.headers);
+        self.learn_engine(operation, &parts);
         let body = match tracker {
             Some(mut tracker) => {
                 tracker.on_response_head(parts.status, &parts.headers);
@@ -129,6 +158,23 @@ impl Proxy {
             None => body.boxed_unsync(),
         };
         Ok(Response::from_parts(parts, body))
+    }
+
+    /// A streaming OpenAI request that did not ask for usage gets it asked for.
+    fn should_inject_usage(&self, operation: Operation, fields: &RequestFields) -> bool {
+        self.settings.inject_usage
+            && operation.protocol() == Protocol::OpenAi
+            && fields.stream == Some(true)
+            && !fields.asked_for_usage()
+    }
+
+    /// `engine: auto` learns from responses too: TGI's headers, or its native API answering.
+    fn learn_engine(&self, operation: Option<Operation>, response: &http::response::Parts) {
+        let native_tgi =
+            (operation == Some(Operation::Generate) && response.status.is_success()).then_some(Engine::Tgi);
+        if let Some(engine) = provider::from_headers(&response.headers).or(native_tgi) {
+            self.metrics.learn_engine(engine);
+        }
     }
 
     fn track(&self, operation: Option<Operation>, fields: &RequestFields, t0: Instant) -> Option<RequestTracker> {

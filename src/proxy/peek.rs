@@ -18,6 +18,74 @@ pub struct RequestFields {
     /// `stream`, when present.
     #[serde(default)]
     pub stream: Option<bool>,
+    /// `stream_options`, when present.
+    #[serde(default)]
+    pub stream_options: Option<StreamOptions>,
+}
+
+/// The part of `stream_options` llmslo reads.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
+pub struct StreamOptions {
+    /// `stream_options.include_usage`.
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+}
+
+impl RequestFields {
+    /// The client asked for the usage chunk itself.
+    pub fn asked_for_usage(&self) -> bool {
+        self.stream_options.as_ref().and_then(|o| o.include_usage) == Some(true)
+    }
+}
+
+/// A peeked request body: whole (and so readable and rewritable) or too large.
+pub enum Peeked {
+    /// The whole body, within the limit.
+    Whole(Bytes),
+    /// The first bytes and the rest, forwarded as they come.
+    TooLarge(UpstreamBody),
+}
+
+impl Peeked {
+    /// The body to send upstream, unchanged.
+    pub fn into_body(self) -> UpstreamBody {
+        match self {
+            Peeked::Whole(bytes) => full(bytes),
+            Peeked::TooLarge(body) => body,
+        }
+    }
+}
+
+/// A body of exactly `bytes`.
+pub fn full(bytes: Bytes) -> UpstreamBody {
+    Full::new(bytes).map_err(|never| match never {}).boxed_unsync()
+}
+
+/// The same request asking for `stream_options.include_usage`. When the client sent no
+/// `stream_options`, the field is inserted at the start of the object and every byte the
+/// client wrote is kept; otherwise the object is rewritten. `None` when not a JSON object.
+pub fn with_usage_requested(body: &[u8]) -> Option<Bytes> {
+    let mut object: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body).ok()?;
+    if !object.contains_key("stream_options") {
+        let open = body.iter().position(|b| *b == b'{')?;
+        let mut rewritten = Vec::with_capacity(body.len() + 40);
+        rewritten.extend_from_slice(&body[..=open]);
+        rewritten.extend_from_slice(br#""stream_options":{"include_usage":true}"#);
+        if !object.is_empty() {
+            rewritten.push(b',');
+        }
+        rewritten.extend_from_slice(&body[open + 1..]);
+        return Some(rewritten.into());
+    }
+    match object.get_mut("stream_options") {
+        Some(serde_json::Value::Object(options)) => {
+            options.insert("include_usage".into(), true.into());
+        }
+        _ => {
+            object.insert("stream_options".into(), serde_json::json!({"include_usage": true}));
+        }
+    }
+    serde_json::to_vec(&object).ok().map(Bytes::from)
 }
 
 /// Parses the fields from a whole body; malformed JSON yields no fields (the engine answers it).
@@ -25,15 +93,15 @@ pub fn parse_fields(body: &[u8]) -> RequestFields {
     serde_json::from_slice(body).unwrap_or_default()
 }
 
-/// Reads up to `limit` bytes of `body`; returns the body to forward (the same bytes) and the
-/// fields when the whole body fit within the limit.
+/// Reads up to `limit` bytes of `body`; returns the body (the same bytes) and the fields
+/// when the whole body fit within the limit.
 pub async fn peek(
     mut body: Incoming,
     content_length: Option<u64>,
     limit: usize,
-) -> Result<(UpstreamBody, RequestFields), hyper::Error> {
+) -> Result<(Peeked, RequestFields), hyper::Error> {
     if content_length.is_some_and(|len| len > limit as u64) {
-        return Ok((body.boxed_unsync(), RequestFields::default()));
+        return Ok((Peeked::TooLarge(body.boxed_unsync()), RequestFields::default()));
     }
     let mut peeked = BytesMut::new();
     while let Some(frame) = body.frame().await {
@@ -46,12 +114,12 @@ pub async fn peek(
                 prefix: Some(peeked.freeze()),
                 rest: body,
             };
-            return Ok((prefixed.boxed_unsync(), RequestFields::default()));
+            return Ok((Peeked::TooLarge(prefixed.boxed_unsync()), RequestFields::default()));
         }
     }
     let whole = peeked.freeze();
     let fields = parse_fields(&whole);
-    Ok((Full::new(whole).map_err(|never| match never {}).boxed_unsync(), fields))
+    Ok((Peeked::Whole(whole), fields))
 }
 
 /// Already-read bytes followed by the rest of the client's body.
@@ -96,6 +164,29 @@ mod tests {
         let f = parse_fields(br#"{"model":"llama","messages":[{"role":"user","content":"hi"}],"stream":true}"#);
         assert_eq!(f.model.as_deref(), Some("llama"));
         assert_eq!(f.stream, Some(true));
+    }
+
+    #[test]
+    fn usage_request_is_inserted_keeping_the_clients_bytes() {
+        let body = br#"{ "model": "m",  "stream": true, "temperature": 0.70 }"#;
+        let rewritten = with_usage_requested(body).unwrap();
+        assert_eq!(
+            &rewritten[..],
+            br#"{"stream_options":{"include_usage":true}, "model": "m",  "stream": true, "temperature": 0.70 }"#
+        );
+        assert!(parse_fields(&rewritten).asked_for_usage());
+    }
+
+    #[test]
+    fn existing_stream_options_are_extended() {
+        let body = br#"{"model":"m","stream":true,"stream_options":{"continuous_usage_stats":false}}"#;
+        let rewritten: serde_json::Value = serde_json::from_slice(&with_usage_requested(body).unwrap()).unwrap();
+        assert_eq!(rewritten["stream_options"]["include_usage"], true);
+        assert_eq!(rewritten["stream_options"]["continuous_usage_stats"], false);
+        let null = with_usage_requested(br#"{"stream":true,"stream_options":null}"#).unwrap();
+        assert!(parse_fields(&null).asked_for_usage());
+        assert!(with_usage_requested(b"[1]").is_none());
+        assert!(with_usage_requested(b"{oops").is_none());
     }
 
     #[test]

@@ -1,13 +1,13 @@
-//! The built-in simulated engine: an OpenAI-compatible server with vLLM-shaped streams,
-//! configurable TTFT and TPOT, several tokens per chunk, and injected faults. It is what
-//! the tests run against and what `llmslo demo` serves.
+//! The built-in simulated engine: an OpenAI-compatible server shaped like vLLM, TGI (with
+//! its native generate API) or llama.cpp, with configurable TTFT and TPOT, several tokens
+//! per chunk, `n > 1`, reasoning deltas and injected faults. It is what the tests run
+//! against and what `llmslo demo` serves.
 
-pub mod chunks;
 pub mod delay;
+pub mod shape;
 
 use crate::observe::record::Operation;
 use bytes::Bytes;
-use chunks::{error_body, sse_event, ResponseId, DONE_EVENT};
 use delay::Delay;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
@@ -15,6 +15,7 @@ use hyper::body::{Body, Frame, Incoming};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
+use shape::{error_body, Flavor, Shape};
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -50,6 +51,10 @@ const WORDS: [&str; 16] = [
 /// How the simulated engine behaves.
 #[derive(Debug, Clone)]
 pub struct SimOptions {
+    /// The engine imitated.
+    pub flavor: Flavor,
+    /// Output tokens sent as `reasoning_content` before the answer (chat only).
+    pub reasoning_tokens: u32,
     /// Model names served; requests naming another get 404 like vLLM.
     pub models: Vec<String>,
     /// Time from request to the first content chunk.
@@ -73,6 +78,8 @@ pub struct SimOptions {
 impl Default for SimOptions {
     fn default() -> Self {
         Self {
+            flavor: Flavor::Vllm,
+            reasoning_tokens: 0,
             models: vec!["sim".to_string()],
             ttft: Delay::Fixed(Duration::from_millis(200)),
             tpot: Delay::Fixed(Duration::from_millis(30)),
@@ -101,9 +108,19 @@ struct GenerationRequest {
     stream: bool,
     max_tokens: Option<u32>,
     max_completion_tokens: Option<u32>,
+    n: Option<u32>,
     stream_options: Option<StreamOptions>,
     messages: Option<Vec<serde_json::Value>>,
     prompt: Option<serde_json::Value>,
+    /// TGI native: the prompt.
+    inputs: Option<serde_json::Value>,
+    /// TGI native: `max_new_tokens` and friends.
+    parameters: Option<TgiParameters>,
+}
+
+#[derive(Debug, Deserialize)]
+struct TgiParameters {
+    max_new_tokens: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -151,18 +168,29 @@ impl SimEngine {
     /// Answers one request.
     pub async fn handle(self: Arc<Self>, request: Request<Incoming>) -> Result<Response<SimBody>, Infallible> {
         let path = request.uri().path().to_string();
-        Ok(match (request.method().clone(), path.as_str()) {
+        let tgi = self.options.flavor == Flavor::Tgi;
+        let mut response = match (request.method().clone(), path.as_str()) {
             (Method::GET, "/health") => json_response(StatusCode::OK, String::new()),
             (Method::GET, "/v1/models") => self.models(),
-            (Method::POST, _) if Operation::from_path(&path).is_some() => {
-                let operation = Operation::from_path(&path).expect("checked above");
-                self.generate(request, operation).await
-            }
-            _ => json_response(
-                StatusCode::NOT_FOUND,
-                error_body("Not Found", "NotFoundError", 404).to_string(),
-            ),
-        })
+            (Method::GET, "/info") if tgi => self.info(),
+            (Method::POST, "/generate_stream" | "/generate") if !tgi => not_found(),
+            (Method::POST, _) => match Operation::from_path(&path) {
+                Some(operation) => self.generate(request, operation, path == "/generate_stream").await,
+                None => not_found(),
+            },
+            _ => not_found(),
+        };
+        if tgi {
+            response
+                .headers_mut()
+                .insert("x-compute-type", http::HeaderValue::from_static("gpu+optimized"));
+        }
+        Ok(response)
+    }
+
+    fn info(&self) -> Response<SimBody> {
+        let info = serde_json::json!({"model_id": self.options.models[0], "router": "text-generation-router"});
+        json_response(StatusCode::OK, info.to_string())
     }
 
     fn models(&self) -> Response<SimBody> {
@@ -170,7 +198,10 @@ impl SimEngine {
             .options
             .models
             .iter()
-            .map(|m| serde_json::json!({"id": m, "object": "model", "created": unix_now(), "owned_by": "vllm"}))
+            .map(|m| {
+                let owned_by = self.options.flavor.owned_by(m);
+                serde_json::json!({"id": m, "object": "model", "created": unix_now(), "owned_by": owned_by})
+            })
             .collect();
         json_response(
             StatusCode::OK,
@@ -178,7 +209,12 @@ impl SimEngine {
         )
     }
 
-    async fn generate(&self, request: Request<Incoming>, operation: Operation) -> Response<SimBody> {
+    async fn generate(
+        &self,
+        request: Request<Incoming>,
+        operation: Operation,
+        native_stream: bool,
+    ) -> Response<SimBody> {
         let body = match Limited::new(request.into_body(), MAX_REQUEST_BYTES).collect().await {
             Ok(body) => body.to_bytes(),
             Err(_) => return bad_request("request body too large or unreadable"),
@@ -201,9 +237,14 @@ impl SimEngine {
         let max_tokens = parsed
             .max_tokens
             .or(parsed.max_completion_tokens)
+            .or(parsed.parameters.as_ref().and_then(|p| p.max_new_tokens))
             .unwrap_or(self.options.default_max_tokens);
         if max_tokens == 0 || max_tokens > 1_000_000 {
             return bad_request("max_tokens must be between 1 and 1000000");
+        }
+        let choices = parsed.n.unwrap_or(1);
+        if !(1..=16).contains(&choices) || (choices > 1 && operation == Operation::Generate) {
+            return bad_request("n must be between 1 and 16 (and 1 for /generate)");
         }
         let serial = self.requests.fetch_add(1, Ordering::Relaxed);
         let mut rng = SmallRng::seed_from_u64(self.options.seed ^ serial.wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -212,7 +253,8 @@ impl SimEngine {
             let body = error_body("simulated engine failure", "InternalServerError", 500);
             return json_response(StatusCode::INTERNAL_SERVER_ERROR, body.to_string());
         }
-        let id = ResponseId {
+        let shape = Shape {
+            flavor: self.options.flavor,
             id: format!(
                 "{}-sim{serial:016x}",
                 if operation == Operation::Chat {
@@ -228,13 +270,18 @@ impl SimEngine {
         let plan = Plan {
             prompt_tokens: prompt_tokens(&parsed),
             max_tokens,
+            choices,
             include_usage: parsed.stream_options.is_some_and(|o| o.include_usage),
             fault,
         };
-        if parsed.stream {
-            self.stream(id, plan, rng)
+        let streaming = match operation {
+            Operation::Generate => native_stream,
+            _ => parsed.stream,
+        };
+        if streaming {
+            self.stream(shape, plan, rng)
         } else {
-            self.whole(id, plan, rng).await
+            self.whole(shape, plan, rng).await
         }
     }
 
@@ -251,50 +298,66 @@ impl SimEngine {
         }
     }
 
-    /// Streams the response: role chunk at once, first content after TTFT, then one chunk
-    /// of `tokens_per_chunk` tokens every `tokens_per_chunk` × TPOT.
-    fn stream(&self, id: ResponseId, plan: Plan, mut rng: SmallRng) -> Response<SimBody> {
+    /// Streams the response: opening chunks at once, first content after TTFT, then one
+    /// chunk per choice of `tokens_per_chunk` tokens every `tokens_per_chunk` × TPOT.
+    fn stream(&self, shape: Shape, plan: Plan, mut rng: SmallRng) -> Response<SimBody> {
         let (tx, rx) = mpsc::channel(16);
         let options = self.options.clone();
         tokio::spawn(async move {
             let start = Instant::now();
             let send = |event: String| tx.send(Ok(Frame::data(Bytes::from(event))));
-            if id.operation == Operation::Chat && send(sse_event(&id.role_chunk())).await.is_err() {
-                return;
+            for event in shape.opening(plan.choices) {
+                if send(event).await.is_err() {
+                    return;
+                }
             }
             let per_chunk = options.tokens_per_chunk.max(1);
             let fault_at = plan.max_tokens / 2;
             let mut due = start + options.ttft.sample(&mut rng);
+            let mut texts = vec![String::new(); plan.choices as usize];
             let mut sent = 0;
             while sent < plan.max_tokens {
                 sleep_until(due).await;
                 if plan.fault != Fault::None && sent >= fault_at.max(1) {
                     if plan.fault == Fault::MidstreamError {
-                        let error = error_body("simulated mid-stream failure", "InternalServerError", 500);
-                        let _ = send(sse_event(&error)).await;
-                        let _ = send(DONE_EVENT.to_string()).await;
+                        let _ = send(shape.error()).await;
+                        if let Some(done) = shape.done() {
+                            let _ = send(done).await;
+                        }
                     } else {
                         let _ = tx.send(Err(SimAbort)).await;
                     }
                     return;
                 }
                 let n = per_chunk.min(plan.max_tokens - sent);
-                let text: String = (0..n)
-                    .map(|_| format!(" {}", WORDS[rng.random_range(0..WORDS.len())]))
-                    .collect();
+                let reasoning = shape.operation == Operation::Chat && sent < options.reasoning_tokens;
                 sent += n;
-                let finish = (sent == plan.max_tokens).then_some("length");
-                if send(sse_event(&id.content_chunk(&text, finish))).await.is_err() {
-                    return; // the client went away
+                for (choice, all) in texts.iter_mut().enumerate() {
+                    let text = words(&mut rng, n);
+                    all.push_str(&text);
+                    let finish = (sent == plan.max_tokens).then_some((all.as_str(), sent));
+                    if send(shape.token(choice as u32, sent, &text, reasoning, finish))
+                        .await
+                        .is_err()
+                    {
+                        return; // the client went away
+                    }
                 }
                 for _ in 0..per_chunk {
                     due += options.tpot.sample(&mut rng);
                 }
             }
-            if plan.include_usage {
-                let _ = send(sse_event(&id.usage_chunk(plan.prompt_tokens, plan.max_tokens as u64))).await;
+            let completion_tokens = u64::from(plan.max_tokens) * u64::from(plan.choices);
+            if let Some(usage) = plan
+                .include_usage
+                .then(|| shape.usage(plan.prompt_tokens, completion_tokens))
+                .flatten()
+            {
+                let _ = send(usage).await;
             }
-            let _ = send(DONE_EVENT.to_string()).await;
+            if let Some(done) = shape.done() {
+                let _ = send(done).await;
+            }
         });
         Response::builder()
             .header(header::CONTENT_TYPE, "text/event-stream; charset=utf-8")
@@ -303,7 +366,7 @@ impl SimEngine {
     }
 
     /// Waits as long as generating all tokens would take, then answers with one JSON body.
-    async fn whole(&self, id: ResponseId, plan: Plan, mut rng: SmallRng) -> Response<SimBody> {
+    async fn whole(&self, shape: Shape, plan: Plan, mut rng: SmallRng) -> Response<SimBody> {
         let mut total = self.options.ttft.sample(&mut rng);
         for _ in 1..plan.max_tokens {
             total += self.options.tpot.sample(&mut rng);
@@ -313,12 +376,18 @@ impl SimEngine {
             let body = error_body("simulated engine failure", "InternalServerError", 500);
             return json_response(StatusCode::INTERNAL_SERVER_ERROR, body.to_string());
         }
-        let text: String = (0..plan.max_tokens)
-            .map(|_| format!(" {}", WORDS[rng.random_range(0..WORDS.len())]))
-            .collect();
-        let body = id.full_response(&text, plan.prompt_tokens, plan.max_tokens as u64);
+        let texts: Vec<String> = (0..plan.choices).map(|_| words(&mut rng, plan.max_tokens)).collect();
+        let completion_tokens = u64::from(plan.max_tokens) * u64::from(plan.choices);
+        let body = shape.whole(&texts, plan.prompt_tokens, completion_tokens);
         json_response(StatusCode::OK, body.to_string())
     }
+}
+
+/// `n` random words, each with a leading space (one token each).
+fn words(rng: &mut SmallRng, n: u32) -> String {
+    (0..n)
+        .map(|_| format!(" {}", WORDS[rng.random_range(0..WORDS.len())]))
+        .collect()
 }
 
 /// What one generation will do.
@@ -326,22 +395,28 @@ impl SimEngine {
 struct Plan {
     prompt_tokens: u64,
     max_tokens: u32,
+    choices: u32,
     include_usage: bool,
     fault: Fault,
 }
 
 /// A rough prompt token count: words in the messages or prompt.
 fn prompt_tokens(request: &GenerationRequest) -> u64 {
-    fn words(value: &serde_json::Value) -> u64 {
+    fn count_words(value: &serde_json::Value) -> u64 {
         match value {
             serde_json::Value::String(s) => s.split_whitespace().count() as u64,
-            serde_json::Value::Array(items) => items.iter().map(words).sum(),
-            serde_json::Value::Object(map) => map.get("content").map_or(0, words),
+            serde_json::Value::Array(items) => items.iter().map(count_words).sum(),
+            serde_json::Value::Object(map) => map.get("content").map_or(0, count_words),
             _ => 0,
         }
     }
-    let messages = request.messages.iter().flatten().map(words).sum::<u64>();
-    (messages + request.prompt.as_ref().map_or(0, words)).max(1)
+    let messages = request.messages.iter().flatten().map(count_words).sum::<u64>();
+    let prompt = request
+        .prompt
+        .as_ref()
+        .or(request.inputs.as_ref())
+        .map_or(0, count_words);
+    (messages + prompt).max(1)
 }
 
 fn unix_now() -> u64 {
@@ -358,6 +433,13 @@ fn json_response(status: StatusCode, body: String) -> Response<SimBody> {
                 .boxed_unsync(),
         )
         .expect("static response parts are valid")
+}
+
+fn not_found() -> Response<SimBody> {
+    json_response(
+        StatusCode::NOT_FOUND,
+        error_body("Not Found", "NotFoundError", 404).to_string(),
+    )
 }
 
 fn bad_request(message: &str) -> Response<SimBody> {

@@ -146,25 +146,36 @@ impl Script {
     }
 }
 
-/// A raw upstream that answers every connection with `script` and keeps every request it got.
+/// A raw upstream that answers every request with `script` and keeps every request it got.
 pub async fn scripted_upstream(script: Script) -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
+    scripted_upstream_by(move |_| script.clone()).await
+}
+
+/// A raw upstream that answers each request (raw bytes in) with the script `choose` picks.
+pub async fn scripted_upstream_by(
+    choose: impl Fn(&[u8]) -> Script + Send + Sync + 'static,
+) -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let received = Arc::new(Mutex::new(Vec::new()));
     let log = received.clone();
+    let choose = Arc::new(choose);
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
-            tokio::spawn(answer(stream, script.clone(), log.clone()));
+            tokio::spawn(answer(stream, choose.clone(), log.clone()));
         }
     });
     (addr, received)
 }
 
-async fn answer(mut stream: TcpStream, script: Script, log: Arc<Mutex<Vec<Vec<u8>>>>) {
+type Chooser = Arc<dyn Fn(&[u8]) -> Script + Send + Sync>;
+
+async fn answer(mut stream: TcpStream, choose: Chooser, log: Arc<Mutex<Vec<Vec<u8>>>>) {
     loop {
         let Some(request) = read_request(&mut stream).await else {
             return;
         };
+        let script = choose(&request);
         log.lock().unwrap().push(request);
         if script.silent {
             tokio::time::sleep(Duration::from_secs(3600)).await;

@@ -1,0 +1,271 @@
+//! The engine-specific shapes of the simulated engine's answers: vLLM, TGI (its OpenAI
+//! routes and its native generate API) and llama.cpp.
+
+use crate::observe::record::Operation;
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::io;
+
+/// Which engine the simulator imitates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Flavor {
+    /// vLLM: a role-only first chunk per choice, a usage-only chunk when asked.
+    Vllm,
+    /// TGI: no role-only chunk (every delta carries the role), native `/generate_stream`,
+    /// `x-compute-type` headers, `owned_by` = the model id.
+    Tgi,
+    /// llama.cpp: a role chunk with `content: null`, `", "` separators, no usage chunk.
+    Llamacpp,
+}
+
+impl Flavor {
+    /// What `/v1/models` says in `owned_by` for `model`.
+    pub fn owned_by(self, model: &str) -> String {
+        match self {
+            Flavor::Vllm => "vllm".to_string(),
+            Flavor::Tgi => model.to_string(),
+            Flavor::Llamacpp => "llamacpp".to_string(),
+        }
+    }
+
+    /// Whether it answers a usage request with a usage chunk.
+    pub fn sends_usage(self) -> bool {
+        self != Flavor::Llamacpp
+    }
+}
+
+/// Identity and shape shared by every event of one response.
+#[derive(Debug, Clone)]
+pub struct Shape {
+    /// The engine imitated.
+    pub flavor: Flavor,
+    /// `chatcmpl-…` or `cmpl-…`.
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served model name.
+    pub model: String,
+    /// Chat, completions or TGI's native generate.
+    pub operation: Operation,
+}
+
+impl Shape {
+    fn object(&self, streaming: bool) -> &'static str {
+        match (self.operation, streaming) {
+            (Operation::Chat, true) => "chat.completion.chunk",
+            (Operation::Chat, false) => "chat.completion",
+            (Operation::TextCompletion | Operation::Generate, _) => "text_completion",
+        }
+    }
+
+    fn chunk(&self, choices: Value) -> Value {
+        json!({
+            "id": self.id,
+            "object": self.object(true),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        })
+    }
+
+    /// One SSE event in this engine's formatting.
+    fn event(&self, value: &Value) -> String {
+        match (self.flavor, self.operation) {
+            (_, Operation::Generate) => format!("data:{}\n\n", to_json(value, false)),
+            (Flavor::Llamacpp, _) => format!("data: {}\n\n", to_json(value, true)),
+            _ => format!("data: {}\n\n", to_json(value, false)),
+        }
+    }
+
+    /// The events before the first token: a role-only chunk per choice where the engine sends one.
+    pub fn opening(&self, choices: u32) -> Vec<String> {
+        let role = match (self.flavor, self.operation) {
+            (Flavor::Vllm, Operation::Chat) => json!({"role": "assistant", "content": ""}),
+            (Flavor::Llamacpp, Operation::Chat) => json!({"role": "assistant", "content": null}),
+            _ => return Vec::new(),
+        };
+        (0..choices)
+            .map(|index| {
+                let choice = json!([{"index": index, "delta": role, "logprobs": null, "finish_reason": null}]);
+                self.event(&self.chunk(choice))
+            })
+            .collect()
+    }
+
+    /// An event carrying `text` for one choice; `reasoning` puts it in `reasoning_content`.
+    /// `step` numbers TGI's tokens; `finish` (with the whole text for TGI) marks the last.
+    pub fn token(&self, choice: u32, step: u32, text: &str, reasoning: bool, finish: Option<(&str, u32)>) -> String {
+        let finish_reason = finish.map(|_| "length");
+        let value = match self.operation {
+            Operation::Generate => json!({
+                "index": step,
+                "token": {"id": step, "text": text, "logprob": -0.25, "special": false},
+                "generated_text": finish.map(|(all, _)| all),
+                "details": finish.map(|(_, n)| json!({"finish_reason": "length", "generated_tokens": n, "seed": null})),
+            }),
+            Operation::TextCompletion => self.chunk(json!([
+                {"index": choice, "text": text, "logprobs": null, "finish_reason": finish_reason}
+            ])),
+            Operation::Chat => {
+                let key = if reasoning { "reasoning_content" } else { "content" };
+                let mut delta = json!({ key: text });
+                if self.flavor == Flavor::Tgi {
+                    delta["role"] = json!("assistant");
+                }
+                self.chunk(json!([{"index": choice, "delta": delta, "logprobs": null, "finish_reason": finish_reason}]))
+            }
+        };
+        self.event(&value)
+    }
+
+    /// The usage-only chunk, where this engine sends one.
+    pub fn usage(&self, prompt_tokens: u64, completion_tokens: u64) -> Option<String> {
+        if !self.flavor.sends_usage() || self.operation == Operation::Generate {
+            return None;
+        }
+        let mut chunk = self.chunk(json!([]));
+        chunk["usage"] = usage(prompt_tokens, completion_tokens);
+        Some(self.event(&chunk))
+    }
+
+    /// The closing sentinel (TGI's native stream has none).
+    pub fn done(&self) -> Option<String> {
+        (self.operation != Operation::Generate).then(|| "data: [DONE]\n\n".to_string())
+    }
+
+    /// An error event in the middle of a stream.
+    pub fn error(&self) -> String {
+        match self.operation {
+            Operation::Generate => self.event(&json!({
+                "error": "Request failed during generation: simulated failure",
+                "error_type": "incomplete_generation_stream",
+            })),
+            _ => self.event(&error_body("simulated mid-stream failure", "InternalServerError", 500)),
+        }
+    }
+
+    /// A whole non-streaming answer with one text per choice.
+    pub fn whole(&self, texts: &[String], prompt_tokens: u64, completion_tokens: u64) -> Value {
+        let choices: Vec<Value> = texts
+            .iter()
+            .enumerate()
+            .map(|(index, text)| match self.operation {
+                Operation::Chat => json!({
+                    "index": index, "message": {"role": "assistant", "content": text}, "logprobs": null,
+                    "finish_reason": "length"
+                }),
+                _ => json!({"index": index, "text": text, "logprobs": null, "finish_reason": "length"}),
+            })
+            .collect();
+        if self.operation == Operation::Generate {
+            return json!({
+                "generated_text": texts.first().cloned().unwrap_or_default(),
+                "details": {"finish_reason": "length", "generated_tokens": completion_tokens, "seed": null},
+            });
+        }
+        json!({
+            "id": self.id,
+            "object": self.object(false),
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage(prompt_tokens, completion_tokens),
+        })
+    }
+}
+
+fn usage(prompt_tokens: u64, completion_tokens: u64) -> Value {
+    json!({
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+    })
+}
+
+/// A vLLM-style error object (`{"error": {...}}`), as sent in a body or a stream event.
+pub fn error_body(message: &str, kind: &str, code: u16) -> Value {
+    json!({"error": {"object": "error", "message": message, "type": kind, "param": null, "code": code}})
+}
+
+/// JSON text, compact or with Python's default `", "` and `": "` separators.
+pub fn to_json(value: &Value, spaced: bool) -> String {
+    if !spaced {
+        return value.to_string();
+    }
+    let mut out = Vec::new();
+    let mut serializer = serde_json::Serializer::with_formatter(&mut out, Spaced);
+    value.serialize(&mut serializer).expect("a Value always serializes");
+    String::from_utf8(out).expect("JSON is UTF-8")
+}
+
+/// `{"a": 1, "b": [1, 2]}` formatting.
+struct Spaced;
+
+impl serde_json::ser::Formatter for Spaced {
+    fn begin_array_value<W: ?Sized + io::Write>(&mut self, writer: &mut W, first: bool) -> io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + io::Write>(&mut self, writer: &mut W, first: bool) -> io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
+        writer.write_all(b": ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(flavor: Flavor, operation: Operation) -> Shape {
+        Shape {
+            flavor,
+            id: "x".into(),
+            created: 1,
+            model: "m".into(),
+            operation,
+        }
+    }
+
+    #[test]
+    fn spaced_separators() {
+        assert_eq!(
+            to_json(&json!({"a": [1, 2], "b": null}), true),
+            r#"{"a": [1, 2], "b": null}"#
+        );
+    }
+
+    #[test]
+    fn openings_per_engine() {
+        assert_eq!(shape(Flavor::Vllm, Operation::Chat).opening(2).len(), 2);
+        assert!(shape(Flavor::Tgi, Operation::Chat).opening(1).is_empty());
+        assert!(shape(Flavor::Llamacpp, Operation::Chat).opening(1)[0].contains(r#""content": null"#));
+        assert!(shape(Flavor::Vllm, Operation::TextCompletion).opening(1).is_empty());
+    }
+
+    #[test]
+    fn tgi_native_events() {
+        let s = shape(Flavor::Tgi, Operation::Generate);
+        let last = s.token(0, 3, " c", false, Some((" a b c", 3)));
+        assert!(last.starts_with("data:{"));
+        assert!(last.contains(r#""generated_tokens":3"#));
+        assert!(s.done().is_none() && s.usage(1, 3).is_none());
+        assert!(s.error().contains("incomplete_generation_stream"));
+    }
+
+    #[test]
+    fn tgi_chat_deltas_carry_the_role() {
+        let event = shape(Flavor::Tgi, Operation::Chat).token(0, 1, "hi", false, None);
+        assert!(event.contains(r#""role":"assistant""#) && event.contains(r#""content":"hi""#));
+    }
+}
