@@ -84,6 +84,8 @@ pub struct ModelNames {
     allow_list: Option<HashSet<String>>,
     learned: RwLock<HashSet<String>>,
     max_models: usize,
+    /// The engine's only model, for requests that name none (TGI's native API).
+    only_served: RwLock<Option<String>>,
 }
 
 impl ModelNames {
@@ -93,7 +95,18 @@ impl ModelNames {
             allow_list: (!models.is_empty()).then(|| models.iter().cloned().collect()),
             learned: RwLock::new(HashSet::new()),
             max_models,
+            only_served: RwLock::new(None),
         }
+    }
+
+    /// Notes the models the engine serves; when it serves exactly one, requests that name
+    /// no model are labelled with it.
+    pub fn set_served(&self, served: &[String]) {
+        let only = match served {
+            [only] => Some(only.clone()),
+            _ => None,
+        };
+        *self.only_served.write().expect("model set lock") = only;
     }
 
     /// The models known so far: the allow-list, or those learned.
@@ -108,7 +121,8 @@ impl ModelNames {
 
     /// The label value for a request that named `raw` (or nothing), and whether it was just learned.
     pub fn normalise(&self, raw: Option<&str>) -> (String, bool) {
-        let Some(name) = raw else {
+        let only_served = self.only_served.read().expect("model set lock").clone();
+        let Some(name) = raw.or(only_served.as_deref()) else {
             return (UNKNOWN_MODEL.to_string(), false);
         };
         if let Some(allowed) = &self.allow_list {
@@ -152,6 +166,16 @@ mod tests {
         assert_eq!(names.normalise(Some("gpt-x")).0, OTHER_MODEL);
         assert_eq!(names.normalise(None).0, UNKNOWN_MODEL);
         assert_eq!(names.known(), ["llama"]);
+    }
+
+    #[test]
+    fn requests_without_a_model_get_the_only_served_one() {
+        let names = ModelNames::new(&[], 4);
+        assert_eq!(names.normalise(None).0, UNKNOWN_MODEL);
+        names.set_served(&["tgi-model".into()]);
+        assert_eq!(names.normalise(None).0, "tgi-model");
+        names.set_served(&["a".into(), "b".into()]);
+        assert_eq!(names.normalise(None).0, UNKNOWN_MODEL, "ambiguous with two");
     }
 
     #[test]

@@ -122,8 +122,9 @@ impl Metrics {
     }
 
     /// Learns the models the engine serves (when no allow-list is configured), so their
-    /// series exist at zero before the first request.
+    /// series exist at zero before the first request; the only one names model-less requests.
     pub fn learn_models(&self, ids: &[String]) {
+        self.models.set_served(ids);
         for id in ids {
             let (model, first_seen) = self.models.normalise(Some(id));
             if first_seen {

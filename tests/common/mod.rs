@@ -27,12 +27,23 @@ pub async fn start_engine(options: SimOptions) -> (SocketAddr, CancellationToken
     (addr, shutdown)
 }
 
-/// Starts the sidecar in front of `upstream`, with extra YAML config lines.
+/// Starts the sidecar in front of `upstream`, with extra YAML config lines (`engine: vllm`
+/// unless they set the engine).
 pub async fn start_sidecar(upstream: SocketAddr, extra_yaml: &str) -> Sidecar {
-    let yaml = format!(
-        "upstream: http://{upstream}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nengine: vllm\n{extra_yaml}"
-    );
+    let engine = if extra_yaml.contains("engine:") { "" } else { "engine: vllm\n" };
+    let yaml = format!("upstream: http://{upstream}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\n{engine}{extra_yaml}");
     Sidecar::start(&Config::from_yaml(&yaml).unwrap()).await.unwrap()
+}
+
+/// Waits until `engine: auto` has identified the engine; returns the provider label.
+pub async fn identified(sidecar: &Sidecar) -> &'static str {
+    for _ in 0..100 {
+        if sidecar.metrics.provider() != "unknown" {
+            return sidecar.metrics.provider();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the engine was never identified");
 }
 
 /// A fixed-delay engine: `ttft`, `tpot` in milliseconds.
