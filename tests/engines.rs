@@ -32,21 +32,43 @@ async fn tgi_native_stream_is_measured_and_identified() {
     let generate = [("model", "sim"), ("operation", "generate"), ("provider", "tgi")];
     let m = sidecar.metrics.encode();
     assert!(
-        m.contains("llmslo_requests_total{model=\"sim\",operation=\"generate\",provider=\"tgi\",outcome=\"success\"} 0"),
+        m.contains(
+            "llmslo_requests_total{model=\"sim\",operation=\"generate\",provider=\"tgi\",outcome=\"success\"} 0"
+        ),
         "series of the model /v1/models listed are pre-created"
     );
 
     let response = post(sidecar.proxy_addr, "/generate_stream", tgi_request(5)).await;
     assert_eq!(response.headers()["x-compute-type"], "gpu+optimized");
     let body = response.into_body().collect().await.unwrap().to_bytes();
-    assert!(body.starts_with(b"data:{"), "TGI's own framing (no space after `data:`) passes through");
+    assert!(
+        body.starts_with(b"data:{"),
+        "TGI's own framing (no space after `data:`) passes through"
+    );
     assert!(!body.ends_with(b"[DONE]\n\n"));
     settle(&sidecar).await;
     let m = sidecar.metrics.encode();
-    assert!(close(sample(&m, "gen_ai_server_time_to_first_token_seconds_sum", &generate), 0.100));
-    assert!(close(sample(&m, "gen_ai_server_time_per_output_token_seconds_sum", &generate), 0.010));
-    assert_eq!(sample(&m, "llmslo_output_tokens_total", &generate), 5.0, "from details.generated_tokens");
-    assert_eq!(sample(&m, "llmslo_requests_total", &[("operation", "generate"), ("outcome", "success")]), 1.0);
+    assert!(close(
+        sample(&m, "gen_ai_server_time_to_first_token_seconds_sum", &generate),
+        0.100
+    ));
+    assert!(close(
+        sample(&m, "gen_ai_server_time_per_output_token_seconds_sum", &generate),
+        0.010
+    ));
+    assert_eq!(
+        sample(&m, "llmslo_output_tokens_total", &generate),
+        5.0,
+        "from details.generated_tokens"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "llmslo_requests_total",
+            &[("operation", "generate"), ("outcome", "success")]
+        ),
+        1.0
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -59,8 +81,18 @@ async fn tgi_non_streaming_generate_and_mid_stream_error() {
     assert_eq!(json["details"]["generated_tokens"], 7);
     settle(&sidecar).await;
     let m = sidecar.metrics.encode();
-    assert_eq!(sample(&m, "llmslo_output_tokens_total", &[("operation", "generate")]), 7.0);
-    assert_eq!(sample(&m, "gen_ai_server_time_to_first_token_seconds_count", &[("operation", "generate")]), 0.0);
+    assert_eq!(
+        sample(&m, "llmslo_output_tokens_total", &[("operation", "generate")]),
+        7.0
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "gen_ai_server_time_to_first_token_seconds_count",
+            &[("operation", "generate")]
+        ),
+        0.0
+    );
 
     let failing = SimOptions {
         midstream_error_rate: 1.0,
@@ -73,7 +105,10 @@ async fn tgi_non_streaming_generate_and_mid_stream_error() {
     assert!(String::from_utf8_lossy(&body).contains("incomplete_generation_stream"));
     settle(&sidecar).await;
     let m = sidecar.metrics.encode();
-    assert_eq!(sample(&m, "llmslo_requests_total", &[("outcome", "upstream_error")]), 1.0);
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "upstream_error")]),
+        1.0
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -83,11 +118,17 @@ async fn tgi_openai_route_has_no_role_only_chunk() {
     assert_eq!(identified(&sidecar).await, "tgi");
     let (_, body) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(4, true, false)).await;
     let first = String::from_utf8_lossy(&body).split("\n\n").next().unwrap().to_string();
-    assert!(first.contains("\"role\":\"assistant\"") && first.contains("\"content\":\" "), "{first}");
+    assert!(
+        first.contains("\"role\":\"assistant\"") && first.contains("\"content\":\" "),
+        "{first}"
+    );
     settle(&sidecar).await;
     let m = sidecar.metrics.encode();
     let chat = [("operation", "chat"), ("provider", "tgi")];
-    assert!(close(sample(&m, "gen_ai_server_time_to_first_token_seconds_sum", &chat), 0.080));
+    assert!(close(
+        sample(&m, "gen_ai_server_time_to_first_token_seconds_sum", &chat),
+        0.080
+    ));
     assert_eq!(sample(&m, "llmslo_output_tokens_total", &chat), 4.0);
 }
 
@@ -107,8 +148,14 @@ async fn llamacpp_sends_no_usage_so_tokens_are_counted() {
     let m = sidecar.metrics.encode();
     let chat = [("operation", "chat"), ("provider", "llamacpp")];
     assert_eq!(sample(&m, "llmslo_output_tokens_total", &chat), 6.0);
-    assert!(close(sample(&m, "gen_ai_server_time_per_output_token_seconds_sum", &chat), 0.020));
-    assert!(close(sample(&m, "gen_ai_server_time_to_first_token_seconds_sum", &chat), 0.050));
+    assert!(close(
+        sample(&m, "gen_ai_server_time_per_output_token_seconds_sum", &chat),
+        0.020
+    ));
+    assert!(close(
+        sample(&m, "gen_ai_server_time_to_first_token_seconds_sum", &chat),
+        0.050
+    ));
 }
 
 #[tokio::test(start_paused = true)]
@@ -121,15 +168,37 @@ async fn n_choices_are_timed_per_choice() {
     });
     let (status, received) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", body.to_string()).await;
     assert_eq!(status, 200);
-    assert!(!String::from_utf8_lossy(&received).contains("\"usage\""), "the injected usage stays hidden");
+    assert!(
+        !String::from_utf8_lossy(&received).contains("\"usage\""),
+        "the injected usage stays hidden"
+    );
     settle(&sidecar).await;
     let m = sidecar.metrics.encode();
     let chat = [("operation", "chat"), ("provider", "vllm")];
-    assert_eq!(sample(&m, "gen_ai_server_time_to_first_token_seconds_count", &chat), 1.0, "one TTFT per request");
-    assert_eq!(sample(&m, "gen_ai_server_time_per_output_token_seconds_count", &chat), 2.0, "one TPOT per choice");
-    assert!(close(sample(&m, "gen_ai_server_time_per_output_token_seconds_sum", &chat), 0.030));
-    assert_eq!(sample(&m, "llmslo_inter_chunk_latency_seconds_count", &chat), 8.0, "four gaps per choice");
-    assert_eq!(sample(&m, "llmslo_output_tokens_total", &chat), 10.0, "usage counts both choices");
+    assert_eq!(
+        sample(&m, "gen_ai_server_time_to_first_token_seconds_count", &chat),
+        1.0,
+        "one TTFT per request"
+    );
+    assert_eq!(
+        sample(&m, "gen_ai_server_time_per_output_token_seconds_count", &chat),
+        2.0,
+        "one TPOT per choice"
+    );
+    assert!(close(
+        sample(&m, "gen_ai_server_time_per_output_token_seconds_sum", &chat),
+        0.030
+    ));
+    assert_eq!(
+        sample(&m, "llmslo_inter_chunk_latency_seconds_count", &chat),
+        8.0,
+        "four gaps per choice"
+    );
+    assert_eq!(
+        sample(&m, "llmslo_output_tokens_total", &chat),
+        10.0,
+        "usage counts both choices"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -146,6 +215,9 @@ async fn reasoning_deltas_are_the_first_tokens() {
     settle(&sidecar).await;
     let m = sidecar.metrics.encode();
     let chat = [("operation", "chat")];
-    assert!(close(sample(&m, "gen_ai_server_time_to_first_token_seconds_sum", &chat), 0.120));
+    assert!(close(
+        sample(&m, "gen_ai_server_time_to_first_token_seconds_sum", &chat),
+        0.120
+    ));
     assert_eq!(sample(&m, "llmslo_output_tokens_total", &chat), 6.0);
 }

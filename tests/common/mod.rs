@@ -30,8 +30,13 @@ pub async fn start_engine(options: SimOptions) -> (SocketAddr, CancellationToken
 /// Starts the sidecar in front of `upstream`, with extra YAML config lines (`engine: vllm`
 /// unless they set the engine).
 pub async fn start_sidecar(upstream: SocketAddr, extra_yaml: &str) -> Sidecar {
-    let engine = if extra_yaml.contains("engine:") { "" } else { "engine: vllm\n" };
-    let yaml = format!("upstream: http://{upstream}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\n{engine}{extra_yaml}");
+    let engine = if extra_yaml.contains("engine:") {
+        ""
+    } else {
+        "engine: vllm\n"
+    };
+    let yaml =
+        format!("upstream: http://{upstream}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\n{engine}{extra_yaml}");
     Sidecar::start(&Config::from_yaml(&yaml).unwrap()).await.unwrap()
 }
 
