@@ -221,3 +221,38 @@ async fn reasoning_deltas_are_the_first_tokens() {
     ));
     assert_eq!(sample(&m, "llmslo_output_tokens_total", &chat), 6.0);
 }
+
+fn json_script(status: &str, body: &str) -> Script {
+    Script {
+        head: format!("HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}", body.len()),
+        pieces: vec![(std::time::Duration::ZERO, body.as_bytes().to_vec())],
+        cut_short: false,
+        silent: false,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn tgi_without_models_route_is_identified_by_its_info() {
+    let (upstream, _) = scripted_upstream_by(|request| {
+        if request.starts_with(b"GET /v1/models ") {
+            json_script("404 Not Found", r#"{"error":"not found"}"#)
+        } else if request.starts_with(b"GET /info ") {
+            json_script("200 OK", r#"{"model_id":"bigscience/bloom","router":"text-generation-router"}"#)
+        } else {
+            json_script("200 OK", "{}")
+        }
+    })
+    .await;
+    let sidecar = start_sidecar(upstream, "engine: auto\n").await;
+    assert_eq!(identified(&sidecar).await, "tgi");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_engine_that_says_nothing_stays_unknown_until_it_does() {
+    let (upstream, _) = scripted_upstream(json_script("404 Not Found", "{}")).await;
+    let sidecar = start_sidecar(upstream, "engine: auto\nhealth_interval: 1s\n").await;
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    assert_eq!(sidecar.metrics.provider(), "unknown");
+    let m = sidecar.metrics.encode();
+    assert!(!m.contains("provider=\"unknown\""), "no series are pre-created for an unknown engine");
+}

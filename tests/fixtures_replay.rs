@@ -157,3 +157,23 @@ fn every_capture_survives_being_split_at_every_byte() {
         }
     }
 }
+
+/// A place where vLLM 0.32 disagrees with "the client sees exactly what it would have seen":
+/// asked for usage, it moves `system_fingerprint` from the last content chunk to the usage
+/// chunk. llmslo cuts the usage chunk but cannot put the field back (README, Usage capture).
+#[test]
+fn vllm_moves_system_fingerprint_to_the_usage_chunk() {
+    let last_content = |name: &str| {
+        let bytes = fixture(name);
+        let text = String::from_utf8(bytes).unwrap();
+        text.split("\n\n")
+            .filter(|e| e.contains("\"finish_reason\":\"length\""))
+            .last()
+            .unwrap()
+            .to_string()
+    };
+    assert!(last_content("vllm-chat-nousage.sse").contains("\"system_fingerprint\""));
+    assert!(!last_content("vllm-chat.sse").contains("\"system_fingerprint\""));
+    let usage_chunk = String::from_utf8(fixture("vllm-chat.sse")).unwrap();
+    assert!(usage_chunk.contains("\"choices\":[],\"usage\":{\"prompt_tokens\":11,\"total_tokens\":27,\"completion_tokens\":16},\"system_fingerprint\""));
+}

@@ -150,6 +150,10 @@ async fn prompts_completions_and_credentials_never_reach_the_logs() {
         log.contains("request finished"),
         "the request was logged at all:\n{log}"
     );
+    assert!(
+        log.contains("\"token_count_source\":\"Some(Usage)\""),
+        "the count source is logged:\n{log}"
+    );
     for secret in [PROMPT_SECRET, COMPLETION_SECRET, KEY_SECRET] {
         assert!(!log.contains(secret), "`{secret}` leaked into the log:\n{log}");
     }

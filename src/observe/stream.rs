@@ -16,6 +16,7 @@ pub struct StreamObserver {
     protocol: Protocol,
     parser: SseParser,
     first_token: Option<Instant>,
+    first_token_event: Option<Instant>,
     choices: Vec<ChoiceTiming>,
     token_events: u64,
     explicit_tokens: u64,
@@ -48,6 +49,9 @@ pub enum CountSource {
 pub struct StreamSummary {
     /// When the first visible token (of any choice) was forwarded.
     pub first_token: Option<Instant>,
+    /// When the first token-carrying event was forwarded, visible or not (held-back partial
+    /// UTF-8, a special token): what clients that stamp the first chunk call TTFT.
+    pub first_token_event: Option<Instant>,
     /// TPOT of each choice with at least two token events.
     pub tpot_per_choice: Vec<Duration>,
     /// Output tokens: usage when reported, else counted.
@@ -74,6 +78,7 @@ impl StreamObserver {
             protocol,
             parser: SseParser::new(max_event_bytes),
             first_token: None,
+            first_token_event: None,
             choices: Vec::new(),
             token_events: 0,
             explicit_tokens: 0,
@@ -90,6 +95,7 @@ impl StreamObserver {
             protocol,
             parser,
             first_token,
+            first_token_event,
             choices,
             token_events,
             explicit_tokens,
@@ -100,6 +106,7 @@ impl StreamObserver {
         } = self;
         let mut state = EventState {
             first_token,
+            first_token_event,
             choices,
             token_events,
             explicit_tokens,
@@ -151,6 +158,7 @@ impl StreamObserver {
         };
         StreamSummary {
             first_token: self.first_token,
+            first_token_event: self.first_token_event,
             tpot_per_choice,
             output_tokens,
             count_source,
@@ -174,6 +182,7 @@ fn tpot(first: Option<Instant>, last: Option<Instant>, n: u64) -> Option<Duratio
 /// Mutable views of the observer's counters, for use inside the parser's callback.
 struct EventState<'a> {
     first_token: &'a mut Option<Instant>,
+    first_token_event: &'a mut Option<Instant>,
     choices: &'a mut Vec<ChoiceTiming>,
     token_events: &'a mut u64,
     explicit_tokens: &'a mut u64,
@@ -193,6 +202,7 @@ impl EventState<'_> {
             return;
         }
         let tokens = summary.explicit_tokens.unwrap_or(1);
+        self.first_token_event.get_or_insert(now);
         *self.token_events += 1;
         *self.explicit_tokens += tokens;
         let index = summary.choice as usize;

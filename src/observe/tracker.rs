@@ -154,12 +154,14 @@ impl RequestTracker {
             token_events: 0,
         };
         let mut count_source = None;
+        let mut first_event = None;
         let body_outcome = match &self.response {
             ResponseKind::Waiting | ResponseKind::Opaque => None,
             ResponseKind::Decided(outcome) => Some(*outcome),
             ResponseKind::Stream(observer, _) => {
                 let summary = observer.summary();
                 record.ttft = summary.first_token.map(|first| first - self.t0);
+                first_event = summary.first_token_event.map(|first| first - self.t0);
                 record.tpot_per_choice = summary.tpot_per_choice;
                 count_source = Some(summary.count_source);
                 record.output_tokens = summary.output_tokens;
@@ -195,6 +197,7 @@ impl RequestTracker {
             operation = record.operation.as_str(),
             outcome = record.outcome.as_str(),
             ttft_ms = record.ttft.map(|d| d.as_secs_f64() * 1e3),
+            first_token_event_ms = first_event.map(|d| d.as_secs_f64() * 1e3),
             tpot_ms = record.tpot().map(|d| d.as_secs_f64() * 1e3),
             e2e_ms = record.e2e.as_secs_f64() * 1e3,
             output_tokens = record.output_tokens,

@@ -178,6 +178,8 @@ pub async fn scripted_upstream_by(
     let choose = Arc::new(choose);
     tokio::spawn(async move {
         while let Ok((stream, _)) = listener.accept().await {
+            // Head and body go out in separate writes: without this, Nagle holds the body back.
+            stream.set_nodelay(true).unwrap();
             tokio::spawn(answer(stream, choose.clone(), log.clone()));
         }
     });
