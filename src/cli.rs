@@ -6,6 +6,7 @@ use crate::sidecar::{termination_signal, Sidecar};
 use crate::simulate::delay::Delay;
 use crate::simulate::shape::Flavor;
 use crate::simulate::{SimEngine, SimOptions};
+use crate::slo::rules::{self, RulesFormat};
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -40,10 +41,41 @@ enum Command {
     Simulate(SimulateArgs),
     /// Start a simulated engine, the sidecar and a small load; print live TTFT/TPOT.
     Demo(DemoArgs),
+    /// Print Prometheus recording and alerting rules for the SLOs in a config file.
+    Rules(RulesArgs),
+    /// Validate a config file (with flags and environment applied) and print the effective config.
+    CheckConfig(CheckConfigArgs),
+}
+
+#[derive(Debug, Args)]
+struct RulesArgs {
+    /// The config file holding `slos:`.
+    file: PathBuf,
+    /// Output wrapping.
+    #[arg(long, value_enum, default_value = "prometheus")]
+    format: RulesFormat,
+}
+
+#[derive(Debug, Args)]
+struct CheckConfigArgs {
+    /// The config file.
+    file: PathBuf,
+    #[command(flatten)]
+    endpoints: Endpoints,
 }
 
 #[derive(Debug, Args)]
 struct RunArgs {
+    #[command(flatten)]
+    endpoints: Endpoints,
+    /// YAML config file (flags and environment override it).
+    #[arg(long, env = "LLMSLO_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+/// The settings `run` takes from flags and the environment.
+#[derive(Debug, Args)]
+struct Endpoints {
     /// The engine's base URL, e.g. http://127.0.0.1:8000.
     #[arg(long, env = "LLMSLO_UPSTREAM")]
     upstream: Option<String>,
@@ -53,9 +85,18 @@ struct RunArgs {
     /// Address for /metrics, /healthz and /readyz [default: 0.0.0.0:9464].
     #[arg(long, env = "LLMSLO_METRICS_LISTEN")]
     metrics_listen: Option<String>,
-    /// YAML config file (flags and environment override it).
-    #[arg(long, env = "LLMSLO_CONFIG")]
-    config: Option<PathBuf>,
+}
+
+impl Endpoints {
+    fn overrides(self, log: Option<String>, log_format: Option<LogFormat>) -> Overrides {
+        Overrides {
+            upstream: self.upstream,
+            listen: self.listen,
+            metrics_listen: self.metrics_listen,
+            log,
+            log_format,
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -128,14 +169,31 @@ impl Cli {
     /// Runs the chosen subcommand to completion.
     pub async fn run(self) -> ExitCode {
         match self.command {
+            Command::Rules(args) => match Config::slos_from_file(&args.file) {
+                Ok(slos) => {
+                    print!("{}", rules::render(&slos, args.format));
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("llmslo: {e}");
+                    ExitCode::from(EXIT_CONFIG)
+                }
+            },
+            Command::CheckConfig(args) => {
+                let overrides = args.endpoints.overrides(self.log, self.log_format);
+                match Config::load(overrides, Some(&args.file)) {
+                    Ok(config) => {
+                        print!("{}", config.to_yaml());
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("llmslo: {e}");
+                        ExitCode::from(EXIT_CONFIG)
+                    }
+                }
+            }
             Command::Run(args) => {
-                let overrides = Overrides {
-                    upstream: args.upstream,
-                    listen: args.listen,
-                    metrics_listen: args.metrics_listen,
-                    log: self.log,
-                    log_format: self.log_format,
-                };
+                let overrides = args.endpoints.overrides(self.log, self.log_format);
                 let config = match Config::load(overrides, args.config.as_deref()) {
                     Ok(config) => config,
                     Err(e) => {

@@ -2,6 +2,7 @@
 //! (precedence: flag > environment > file > default).
 
 use crate::metrics::buckets::BucketOverrides;
+use crate::slo::spec::{GoodputEntry, SloEntry, SloFile, SloSet};
 use http::Uri;
 use serde::Deserialize;
 use std::net::SocketAddr;
@@ -154,6 +155,13 @@ struct FileConfig {
     #[serde(default, with = "humantime_serde")]
     health_interval: Option<Duration>,
     buckets: Option<BucketOverrides>,
+    service: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    period: Option<Duration>,
+    min_events: Option<u64>,
+    #[serde(default)]
+    slos: Vec<SloEntry>,
+    goodput: Option<GoodputEntry>,
 }
 
 /// The effective, validated configuration.
@@ -191,6 +199,12 @@ pub struct Config {
     pub health_interval: Duration,
     /// Per-family histogram bucket overrides.
     pub buckets: BucketOverrides,
+    /// The SLOs and goodput definition.
+    pub slos: SloSet,
+    /// The file it was read from, re-read on reload.
+    pub file: Option<PathBuf>,
+    /// The flags and environment it was merged with, applied again on reload.
+    pub overrides: Overrides,
 }
 
 /// Defaults for every key.
@@ -222,19 +236,22 @@ impl Config {
     /// Merges flags/env over the optional file over defaults, and validates the result.
     pub fn load(overrides: Overrides, file: Option<&Path>) -> Result<Self, ConfigError> {
         let file_config = match file {
-            Some(path) => {
-                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                    path: path.to_path_buf(),
-                    source,
-                })?;
-                parse_yaml(&text).map_err(|message| ConfigError::Parse {
-                    path: path.to_path_buf(),
-                    message,
-                })?
-            }
+            Some(path) => read_file(path)?,
             None => FileConfig::default(),
         };
-        Self::merge(overrides, file_config)
+        let mut config = Self::merge(overrides, file_config)?;
+        config.file = file.map(Path::to_path_buf);
+        Ok(config)
+    }
+
+    /// Reads the same file again with the same flags and environment.
+    pub fn reload(&self) -> Result<Self, ConfigError> {
+        Self::load(self.overrides.clone(), self.file.as_deref())
+    }
+
+    /// Only the SLO part of a config file (for `llmslo rules`: no upstream needed).
+    pub fn slos_from_file(path: &Path) -> Result<SloSet, ConfigError> {
+        slo_set(&mut read_file(path)?)
     }
 
     /// Builds the configuration from YAML text alone (no flags or environment).
@@ -246,7 +263,9 @@ impl Config {
         Self::merge(Overrides::default(), file)
     }
 
-    fn merge(o: Overrides, f: FileConfig) -> Result<Self, ConfigError> {
+    fn merge(o: Overrides, mut f: FileConfig) -> Result<Self, ConfigError> {
+        let slos = slo_set(&mut f)?;
+        let overrides = o.clone();
         let upstream = o.upstream.or(f.upstream).ok_or_else(|| {
             ConfigError::invalid(
                 "upstream",
@@ -276,6 +295,9 @@ impl Config {
             health_path: f.health_path.unwrap_or_else(|| defaults::HEALTH_PATH.to_string()),
             health_interval: f.health_interval.unwrap_or(defaults::HEALTH_INTERVAL),
             buckets: f.buckets.unwrap_or_default(),
+            slos,
+            file: None,
+            overrides,
         };
         config.validate()?;
         Ok(config)
@@ -322,6 +344,99 @@ impl Config {
             .validate()
             .map_err(|(key, message)| ConfigError::invalid(&key, message))
     }
+}
+
+impl Config {
+    /// The effective configuration as YAML, for `llmslo check-config`.
+    pub fn to_yaml(&self) -> String {
+        use crate::slo::spec::SloKind;
+        let human = |d: Duration| humantime::format_duration(d).to_string();
+        let slos: Vec<serde_yaml::Value> = self
+            .slos
+            .slos
+            .iter()
+            .map(|slo| {
+                let mut entry = serde_yaml::Mapping::new();
+                entry.insert("name".into(), slo.name.clone().into());
+                entry.insert("objective".into(), slo.objective_percent().into());
+                let (key, value): (&str, serde_yaml::Value) = match slo.kind {
+                    SloKind::Ttft(d) => ("ttft", human(d).into()),
+                    SloKind::Tpot(d) => ("tpot", human(d).into()),
+                    SloKind::E2e(d) => ("e2e", human(d).into()),
+                    SloKind::Availability => ("availability", true.into()),
+                };
+                entry.insert(key.into(), value);
+                if !slo.runbook_url.is_empty() {
+                    entry.insert("runbook_url".into(), slo.runbook_url.clone().into());
+                }
+                entry.into()
+            })
+            .collect();
+        let require: Vec<serde_yaml::Value> = self
+            .slos
+            .goodput_require
+            .iter()
+            .map(|&i| self.slos.slos[i].name.clone().into())
+            .collect();
+        let engine = match self.engine.fixed() {
+            Some(engine) => engine.as_str(),
+            None => "auto",
+        };
+        let value = serde_json::json!({
+            "upstream": self.upstream.to_string(),
+            "listen": self.listen.to_string(),
+            "metrics_listen": self.metrics_listen.to_string(),
+            "log": self.log,
+            "log_format": match self.log_format { LogFormat::Text => "text", LogFormat::Json => "json" },
+            "engine": engine,
+            "inject_usage": self.inject_usage,
+            "models": self.models,
+            "max_models": self.max_models,
+            "max_peek_bytes": self.max_peek_bytes,
+            "max_event_bytes": self.max_event_bytes,
+            "upstream_timeout": human(self.upstream_timeout),
+            "drain_timeout": human(self.drain_timeout),
+            "health_path": self.health_path,
+            "health_interval": human(self.health_interval),
+            "service": self.slos.service,
+            "period": human(self.slos.period),
+            "min_events": self.slos.min_events,
+        });
+        let mut mapping: serde_yaml::Mapping = serde_json::from_value(value).expect("plain JSON maps to YAML");
+        if self.buckets != BucketOverrides::default() {
+            let buckets = serde_json::to_value(&self.buckets).expect("bucket overrides serialize");
+            mapping.insert(
+                "buckets".into(),
+                serde_json::from_value(buckets).expect("plain JSON maps to YAML"),
+            );
+        }
+        mapping.insert("slos".into(), slos.into());
+        let mut goodput = serde_yaml::Mapping::new();
+        goodput.insert("require".into(), require.into());
+        mapping.insert("goodput".into(), goodput.into());
+        serde_yaml::to_string(&mapping).expect("a mapping serializes")
+    }
+}
+
+fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_yaml(&text).map_err(|message| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message,
+    })
+}
+
+/// Takes the SLO keys out of the file and validates them; the rest of `f` is left in place.
+fn slo_set(f: &mut FileConfig) -> Result<SloSet, ConfigError> {
+    let file = SloFile {
+        slos: std::mem::take(&mut f.slos),
+        goodput: f.goodput.take(),
+    };
+    SloSet::validate(f.service.take(), f.period, f.min_events, file)
+        .map_err(|(key, message)| ConfigError::invalid(&key, message))
 }
 
 fn parse_yaml(text: &str) -> Result<FileConfig, String> {
@@ -450,6 +565,39 @@ mod tests {
             key_of(Config::from_yaml(&format!("{up}buckets: {{tpot: [0.2, 0.1]}}\n"))),
             "buckets.tpot"
         );
+    }
+
+    #[test]
+    fn slos_are_part_of_the_file_and_their_errors_name_the_key() {
+        let c = Config::from_yaml(
+            "upstream: http://x:1\nservice: chat\nperiod: 7d\nmin_events: 5\nslos:\n  - {name: tpot, objective: 99, tpot: 50ms}\ngoodput: {require: [tpot]}\n",
+        )
+        .unwrap();
+        assert_eq!(c.slos.service, "chat");
+        assert_eq!(c.slos.period, Duration::from_secs(7 * 86_400));
+        assert_eq!(c.slos.goodput_require, [0]);
+        assert_eq!(
+            key_of(Config::from_yaml(
+                "upstream: http://x:1\nslos:\n  - {name: t, objective: 200, tpot: 1s}\n"
+            )),
+            "slos[0].objective"
+        );
+        let typo = Config::from_yaml("upstream: http://x:1\nslos:\n  - {name: t, objectve: 99, tpot: 1s}\n");
+        assert!(typo.unwrap_err().to_string().contains("objectve"));
+    }
+
+    #[test]
+    fn the_effective_config_round_trips() {
+        let c = Config::from_yaml(
+            "upstream: http://x:1\nengine: tgi\nslos:\n  - {name: a, objective: 99.5, ttft: 500ms}\n  \
+             - {name: b, objective: 99.9, availability: true}\ngoodput: {require: [a]}\nbuckets: {ttft: [0.1, 1.0]}\n",
+        )
+        .unwrap();
+        let again = Config::from_yaml(&c.to_yaml()).unwrap();
+        assert_eq!(again.slos, c.slos);
+        assert_eq!(again.engine, c.engine);
+        assert_eq!(again.buckets, c.buckets);
+        assert_eq!(again.upstream_timeout, c.upstream_timeout);
     }
 
     #[test]

@@ -13,3 +13,4 @@ pub mod proxy;
 pub mod serve;
 pub mod sidecar;
 pub mod simulate;
+pub mod slo;

@@ -9,10 +9,11 @@ use crate::proxy::{Proxy, ProxySettings};
 use crate::serve::serve;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{error, info};
 
 /// A started sidecar; dropping it does not stop it, [`Sidecar::shutdown`] does.
 #[derive(Debug)]
@@ -40,6 +41,7 @@ impl Sidecar {
             models: config.models.clone(),
             max_models: config.max_models,
             buckets: config.buckets.clone(),
+            slos: config.slos.clone(),
         }));
         let client = UpstreamClient::new(&config.upstream);
         let readiness = Arc::new(Readiness::new(config.health_interval * 3));
@@ -80,6 +82,9 @@ impl Sidecar {
             },
             shutdown.clone(),
         ));
+        if config.file.is_some() {
+            tasks.spawn(reload_on_change(config.clone(), metrics.clone(), shutdown.clone()));
+        }
         info!(%proxy_addr, %metrics_addr, upstream = %config.upstream, "llmslo sidecar started");
         Ok(Self {
             proxy_addr,
@@ -95,6 +100,49 @@ impl Sidecar {
         self.shutdown.cancel();
         while self.tasks.join_next().await.is_some() {}
         info!("llmslo sidecar stopped");
+    }
+}
+
+/// How often the config file is checked for changes (a ConfigMap update, an edit).
+const RELOAD_POLL: Duration = Duration::from_secs(2);
+
+/// Re-reads the config file on SIGHUP and when its contents change, and puts the new SLOs
+/// in force. A bad new file is rejected with a logged error; the running config stays.
+async fn reload_on_change(config: Config, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+    let Some(path) = config.file.clone() else {
+        return;
+    };
+    let read = || std::fs::read(&path).ok();
+    let mut last = read();
+    #[cfg(unix)]
+    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        let signal = async {
+            match hangup.as_mut() {
+                Some(hangup) => hangup.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        #[cfg(not(unix))]
+        let signal = std::future::pending::<Option<()>>();
+        let forced = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = signal => true,
+            _ = tokio::time::sleep(RELOAD_POLL) => false,
+        };
+        let now = read();
+        if !forced && now == last {
+            continue;
+        }
+        last = now;
+        match config.reload() {
+            Ok(new) => {
+                info!(slos = new.slos.slos.len(), path = %path.display(), "config reloaded: new SLOs in force (other settings apply at restart)");
+                metrics.reload_slos(new.slos);
+            }
+            Err(error) => error!(%error, "config reload rejected; the running config stays in force"),
+        }
     }
 }
 

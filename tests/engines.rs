@@ -224,7 +224,10 @@ async fn reasoning_deltas_are_the_first_tokens() {
 
 fn json_script(status: &str, body: &str) -> Script {
     Script {
-        head: format!("HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}", body.len()),
+        head: format!(
+            "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}",
+            body.len()
+        ),
         pieces: vec![(std::time::Duration::ZERO, body.as_bytes().to_vec())],
         cut_short: false,
         silent: false,
@@ -237,7 +240,10 @@ async fn tgi_without_models_route_is_identified_by_its_info() {
         if request.starts_with(b"GET /v1/models ") {
             json_script("404 Not Found", r#"{"error":"not found"}"#)
         } else if request.starts_with(b"GET /info ") {
-            json_script("200 OK", r#"{"model_id":"bigscience/bloom","router":"text-generation-router"}"#)
+            json_script(
+                "200 OK",
+                r#"{"model_id":"bigscience/bloom","router":"text-generation-router"}"#,
+            )
         } else {
             json_script("200 OK", "{}")
         }
@@ -254,5 +260,8 @@ async fn an_engine_that_says_nothing_stays_unknown_until_it_does() {
     tokio::time::sleep(std::time::Duration::from_secs(5)).await;
     assert_eq!(sidecar.metrics.provider(), "unknown");
     let m = sidecar.metrics.encode();
-    assert!(!m.contains("provider=\"unknown\""), "no series are pre-created for an unknown engine");
+    assert!(
+        !m.contains("provider=\"unknown\""),
+        "no series are pre-created for an unknown engine"
+    );
 }

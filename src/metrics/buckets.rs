@@ -33,7 +33,7 @@ pub const TOKENS: &[f64] = &[
 pub const TOKENS_PER_CHUNK: &[f64] = &[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0, 32.0, 64.0];
 
 /// Per-family bucket overrides from the config file (`buckets:`).
-#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct BucketOverrides {
     /// `buckets.ttft`.
@@ -85,9 +85,13 @@ fn check_edges(edges: &[f64]) -> Result<(), String> {
 pub struct Buckets(Arc<[f64]>);
 
 impl Buckets {
-    /// The configured edges when given, else the defaults.
-    pub fn new(configured: Option<&Vec<f64>>, default: &[f64]) -> Self {
-        Buckets(configured.map_or(default, |v| v.as_slice()).into())
+    /// The configured edges when given, else the defaults, plus `exact` edges (SLO thresholds).
+    pub fn new(configured: Option<&Vec<f64>>, default: &[f64], exact: &[f64]) -> Self {
+        let mut edges: Vec<f64> = configured.map_or(default, |v| v.as_slice()).to_vec();
+        edges.extend_from_slice(exact);
+        edges.sort_by(f64::total_cmp);
+        edges.dedup();
+        Buckets(edges.into())
     }
 }
 
@@ -106,6 +110,14 @@ mod tests {
         for edges in [TTFT, TPOT, E2E, TOKENS, TOKENS_PER_CHUNK] {
             assert!(check_edges(edges).is_ok());
         }
+    }
+
+    #[test]
+    fn slo_thresholds_become_exact_edges() {
+        let b = Buckets::new(None, TPOT, &[0.05, 0.042]);
+        assert!(b.0.contains(&0.042));
+        assert_eq!(b.0.len(), TPOT.len() + 1, "0.05 was already an edge");
+        assert!(b.0.windows(2).all(|w| w[0] < w[1]));
     }
 
     #[test]

@@ -7,6 +7,8 @@ pub mod server;
 use crate::config::Engine;
 use crate::observe::record::{Operation, Outcome, RequestRecord};
 use crate::provider::Provider;
+use crate::slo::spec::{SloKind, SloSet};
+use crate::slo::SloEngine;
 use buckets::{BucketOverrides, Buckets};
 use labels::{BuildLabels, InFlightLabels, ModelNames, OutcomeLabels, RequestLabels, TokenLabels};
 use prometheus_client::metrics::counter::Counter;
@@ -14,6 +16,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
+use std::sync::Arc;
 use tracing::info;
 
 /// The content type `/metrics` is served with.
@@ -30,6 +33,8 @@ pub struct MetricsConfig {
     pub max_models: usize,
     /// Per-family bucket overrides.
     pub buckets: BucketOverrides,
+    /// The SLOs judged live; their latency thresholds become exact bucket edges.
+    pub slos: SloSet,
 }
 
 type HistogramFamily<L> = Family<L, Histogram, Buckets>;
@@ -49,6 +54,7 @@ pub struct Metrics {
     output_tokens: Family<RequestLabels, Counter>,
     input_tokens: Family<RequestLabels, Counter>,
     in_flight: Family<InFlightLabels, Gauge>,
+    slo: Arc<SloEngine>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -85,27 +91,46 @@ impl Metrics {
     /// Builds and registers every family, pre-creating series for configured models.
     pub fn new(config: &MetricsConfig) -> Self {
         let b = &config.buckets;
+        let slos = &config.slos;
+        let ttft_edges = slos.thresholds(|k| if let SloKind::Ttft(d) = k { Some(d) } else { None });
+        let tpot_edges = slos.thresholds(|k| if let SloKind::Tpot(d) = k { Some(d) } else { None });
+        let e2e_edges = slos.thresholds(|k| if let SloKind::E2e(d) = k { Some(d) } else { None });
+        let mut registry = Registry::default();
+        let slo = SloEngine::new(slos.clone(), &mut registry);
         let metrics = Self {
-            registry: Registry::default(),
+            registry,
             provider: Provider::new(config.engine),
             models: ModelNames::new(&config.models, config.max_models),
-            ttft: Family::new_with_constructor(Buckets::new(b.ttft.as_ref(), buckets::TTFT)),
-            tpot: Family::new_with_constructor(Buckets::new(b.tpot.as_ref(), buckets::TPOT)),
-            inter_chunk: Family::new_with_constructor(Buckets::new(b.tpot.as_ref(), buckets::TPOT)),
+            ttft: Family::new_with_constructor(Buckets::new(b.ttft.as_ref(), buckets::TTFT, &ttft_edges)),
+            tpot: Family::new_with_constructor(Buckets::new(b.tpot.as_ref(), buckets::TPOT, &tpot_edges)),
+            inter_chunk: Family::new_with_constructor(Buckets::new(b.tpot.as_ref(), buckets::TPOT, &[])),
             tokens_per_chunk: Family::new_with_constructor(Buckets::new(
                 b.tokens_per_chunk.as_ref(),
                 buckets::TOKENS_PER_CHUNK,
+                &[],
             )),
-            duration: Family::new_with_constructor(Buckets::new(b.e2e.as_ref(), buckets::E2E)),
-            token_usage: Family::new_with_constructor(Buckets::new(b.tokens.as_ref(), buckets::TOKENS)),
+            duration: Family::new_with_constructor(Buckets::new(b.e2e.as_ref(), buckets::E2E, &e2e_edges)),
+            token_usage: Family::new_with_constructor(Buckets::new(b.tokens.as_ref(), buckets::TOKENS, &[])),
             requests: Family::default(),
             output_tokens: Family::default(),
             input_tokens: Family::default(),
             in_flight: Family::default(),
+            slo,
         };
         let metrics = metrics.registered();
         metrics.create_known_series();
         metrics
+    }
+
+    /// The live SLO evaluation.
+    pub fn slo(&self) -> &SloEngine {
+        &self.slo
+    }
+
+    /// Puts new SLOs in force (hot reload); counters keep counting.
+    pub fn reload_slos(&self, set: SloSet) {
+        self.slo.reload(set);
+        self.create_known_series();
     }
 
     /// The `provider` label value now.
@@ -204,6 +229,7 @@ impl Metrics {
     /// Creates every series of `model` at zero, so dashboards and alerts never miss one
     /// (once the engine is known, so that no `provider="unknown"` series linger).
     fn create_series(&self, model: &str) {
+        self.slo.create_series(model);
         let Some(engine) = self.provider.engine() else {
             return;
         };
@@ -286,6 +312,7 @@ impl Metrics {
         let labels = self.outcome_labels(&labels, record.outcome);
         self.requests.get_or_create(&labels).inc();
         self.duration.get_or_create(&labels).observe(record.e2e.as_secs_f64());
+        self.slo.record(record);
     }
 
     /// The whole registry in the OpenMetrics text format.
@@ -333,6 +360,7 @@ mod tests {
             models: models.iter().map(|m| m.to_string()).collect(),
             max_models: 16,
             buckets: BucketOverrides::default(),
+            slos: SloSet::default(),
         })
     }
 

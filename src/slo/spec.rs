@@ -1,0 +1,287 @@
+//! The SLO file (DESIGN §5): service, period, minimum events, the SLOs and goodput.
+//! It lives in the same YAML file as the rest of the configuration.
+
+use serde::Deserialize;
+use std::time::Duration;
+
+/// `period` when none is given.
+pub const DEFAULT_PERIOD: Duration = Duration::from_secs(30 * 24 * 3600);
+/// `min_events` when none is given.
+pub const DEFAULT_MIN_EVENTS: u64 = 20;
+
+/// The SLO keys of the config file, as written.
+#[derive(Debug, Default, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SloFile {
+    /// `slos:` entries.
+    #[serde(default)]
+    pub slos: Vec<SloEntry>,
+    /// `goodput:`.
+    #[serde(default)]
+    pub goodput: Option<GoodputEntry>,
+}
+
+/// One `slos:` entry as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SloEntry {
+    /// `name`.
+    pub name: String,
+    /// `objective`, percent of valid requests.
+    pub objective: f64,
+    /// `ttft`: threshold on time to first token.
+    #[serde(default, with = "humantime_serde")]
+    pub ttft: Option<Duration>,
+    /// `tpot`: threshold on time per output token.
+    #[serde(default, with = "humantime_serde")]
+    pub tpot: Option<Duration>,
+    /// `e2e`: threshold on the whole request.
+    #[serde(default, with = "humantime_serde")]
+    pub e2e: Option<Duration>,
+    /// `availability: true`.
+    #[serde(default)]
+    pub availability: bool,
+    /// `runbook_url`, carried into the alerts' annotations.
+    #[serde(default)]
+    pub runbook_url: Option<String>,
+}
+
+/// `goodput:` as written.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GoodputEntry {
+    /// `goodput.require`: the SLOs a request must meet to count as goodput.
+    #[serde(default)]
+    pub require: Vec<String>,
+}
+
+/// What an SLO judges.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum SloKind {
+    /// Successful streamed requests with TTFT at most this.
+    Ttft(Duration),
+    /// Successful streamed requests with TPOT at most this.
+    Tpot(Duration),
+    /// Successful requests that completed within this.
+    E2e(Duration),
+    /// Requests the service answered (bad: upstream_error, timeout, connect_error).
+    Availability,
+}
+
+/// One validated SLO.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Slo {
+    /// Its name, the `slo` label.
+    pub name: String,
+    /// Target fraction of good events (0.99 for `objective: 99`).
+    pub objective: f64,
+    /// What it judges.
+    pub kind: SloKind,
+    /// Runbook link for its alerts.
+    pub runbook_url: String,
+}
+
+impl Slo {
+    /// The error budget: the fraction of events allowed to be bad.
+    pub fn error_budget(&self) -> f64 {
+        tidy(1.0 - self.objective)
+    }
+
+    /// The objective in percent, as written.
+    pub fn objective_percent(&self) -> f64 {
+        tidy(self.objective * 100.0)
+    }
+}
+
+/// The validated SLO set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SloSet {
+    /// `service`, for the rules' `sloth_service` label.
+    pub service: String,
+    /// The SLO period (budget window).
+    pub period: Duration,
+    /// Below this many events in a window, ratios and burn rates are NaN.
+    pub min_events: u64,
+    /// The SLOs, in file order.
+    pub slos: Vec<Slo>,
+    /// Indices into `slos` a request must meet to count as goodput.
+    pub goodput_require: Vec<usize>,
+}
+
+impl Default for SloSet {
+    fn default() -> Self {
+        Self {
+            service: "llm".to_string(),
+            period: DEFAULT_PERIOD,
+            min_events: DEFAULT_MIN_EVENTS,
+            slos: Vec::new(),
+            goodput_require: Vec::new(),
+        }
+    }
+}
+
+/// A validation error: the key path and what is wrong.
+pub type SpecError = (String, String);
+
+impl SloSet {
+    /// Validates the written entries with the top-level `service`, `period` and `min_events`.
+    pub fn validate(
+        service: Option<String>,
+        period: Option<Duration>,
+        min_events: Option<u64>,
+        file: SloFile,
+    ) -> Result<Self, SpecError> {
+        let invalid = |key: String, message: &str| Err((key, message.to_string()));
+        let service = service.unwrap_or_else(|| "llm".to_string());
+        if !is_label_safe(&service) {
+            return invalid("service".into(), "use letters, digits, `-` and `_` only");
+        }
+        let period = period.unwrap_or(DEFAULT_PERIOD);
+        if period < Duration::from_secs(3600) {
+            return invalid("period".into(), "must be at least 1h");
+        }
+        let mut slos: Vec<Slo> = Vec::new();
+        for (i, entry) in file.slos.into_iter().enumerate() {
+            let key = |field: &str| format!("slos[{i}].{field}");
+            if !is_label_safe(&entry.name) {
+                return invalid(key("name"), "use letters, digits, `-` and `_` only");
+            }
+            if slos.iter().any(|s| s.name == entry.name) {
+                return invalid(key("name"), "is used by an earlier SLO");
+            }
+            if !(entry.objective > 0.0 && entry.objective < 100.0) {
+                return invalid(
+                    key("objective"),
+                    "must be a percentage above 0 and below 100, like 99.9",
+                );
+            }
+            let kinds: Vec<SloKind> = [
+                entry.ttft.map(SloKind::Ttft),
+                entry.tpot.map(SloKind::Tpot),
+                entry.e2e.map(SloKind::E2e),
+                entry.availability.then_some(SloKind::Availability),
+            ]
+            .into_iter()
+            .flatten()
+            .collect();
+            let kind = match kinds.as_slice() {
+                [kind] => *kind,
+                [] => return invalid(key("name"), "needs one of ttft, tpot, e2e or availability: true"),
+                _ => return invalid(key("name"), "sets more than one of ttft, tpot, e2e and availability"),
+            };
+            if let SloKind::Ttft(d) | SloKind::Tpot(d) | SloKind::E2e(d) = kind {
+                if d.is_zero() {
+                    let field = match kind {
+                        SloKind::Ttft(_) => "ttft",
+                        SloKind::Tpot(_) => "tpot",
+                        _ => "e2e",
+                    };
+                    return invalid(key(field), "must be longer than zero");
+                }
+            }
+            slos.push(Slo {
+                name: entry.name,
+                objective: tidy(entry.objective / 100.0),
+                kind,
+                runbook_url: entry.runbook_url.unwrap_or_default(),
+            });
+        }
+        let mut goodput_require = Vec::new();
+        for (i, name) in file.goodput.map(|g| g.require).unwrap_or_default().iter().enumerate() {
+            match slos.iter().position(|s| &s.name == name) {
+                Some(index) if !goodput_require.contains(&index) => goodput_require.push(index),
+                Some(_) => return invalid(format!("goodput.require[{i}]"), "is listed twice"),
+                None => return invalid(format!("goodput.require[{i}]"), &format!("names no SLO: `{name}`")),
+            }
+        }
+        Ok(Self {
+            service,
+            period,
+            min_events: min_events.unwrap_or(DEFAULT_MIN_EVENTS),
+            slos,
+            goodput_require,
+        })
+    }
+
+    /// Every latency threshold of `pick`'s kind, in seconds (for exact histogram bucket edges).
+    pub fn thresholds(&self, pick: fn(SloKind) -> Option<Duration>) -> Vec<f64> {
+        self.slos
+            .iter()
+            .filter_map(|s| pick(s.kind))
+            .map(|d| d.as_secs_f64())
+            .collect()
+    }
+}
+
+/// Rounds away binary noise (1 - 0.999 = 0.0009999999999998899) for printing and rules.
+fn tidy(x: f64) -> f64 {
+    (x * 1e9).round() / 1e9
+}
+
+fn is_label_safe(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 64 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn file(yaml: &str) -> SloFile {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    fn validate(yaml: &str) -> Result<SloSet, SpecError> {
+        SloSet::validate(Some("chat".into()), None, None, file(yaml))
+    }
+
+    #[test]
+    fn the_design_example_validates() {
+        let set = validate(
+            "slos:\n  - {name: ttft-500ms, objective: 99, ttft: 500ms}\n  - {name: tpot-50ms, objective: 99, tpot: 50ms}\n  \
+             - {name: availability, objective: 99.9, availability: true}\ngoodput:\n  require: [ttft-500ms, tpot-50ms]\n",
+        )
+        .unwrap();
+        assert_eq!(set.slos.len(), 3);
+        assert_eq!(set.slos[0].kind, SloKind::Ttft(Duration::from_millis(500)));
+        assert!((set.slos[2].objective - 0.999).abs() < 1e-12);
+        assert_eq!(set.slos[2].error_budget(), 0.001);
+        assert_eq!(set.slos[2].objective_percent(), 99.9);
+        assert_eq!(set.goodput_require, [0, 1]);
+        assert_eq!(set.period, DEFAULT_PERIOD);
+        assert_eq!(set.min_events, 20);
+        assert_eq!(
+            set.thresholds(|k| if let SloKind::Tpot(d) = k { Some(d) } else { None }),
+            [0.05]
+        );
+    }
+
+    #[test]
+    fn errors_name_the_key() {
+        let key = |yaml: &str| validate(yaml).unwrap_err().0;
+        assert_eq!(
+            key("slos:\n  - {name: a, objective: 100, ttft: 1s}\n"),
+            "slos[0].objective"
+        );
+        assert_eq!(
+            key("slos:\n  - {name: a, objective: 0, ttft: 1s}\n"),
+            "slos[0].objective"
+        );
+        assert_eq!(key("slos:\n  - {name: a, objective: 99}\n"), "slos[0].name");
+        assert_eq!(
+            key("slos:\n  - {name: a, objective: 99, ttft: 1s, tpot: 1s}\n"),
+            "slos[0].name"
+        );
+        assert_eq!(key("slos:\n  - {name: a, objective: 99, tpot: 0s}\n"), "slos[0].tpot");
+        assert_eq!(key("slos:\n  - {name: a b, objective: 99, tpot: 1s}\n"), "slos[0].name");
+        assert_eq!(
+            key("slos:\n  - {name: a, objective: 99, tpot: 1s}\n  - {name: a, objective: 9, e2e: 1s}\n"),
+            "slos[1].name"
+        );
+        assert_eq!(
+            key("slos:\n  - {name: a, objective: 99, tpot: 1s}\ngoodput: {require: [b]}\n"),
+            "goodput.require[0]"
+        );
+        let short = SloSet::validate(None, Some(Duration::from_secs(60)), None, SloFile::default());
+        assert_eq!(short.unwrap_err().0, "period");
+    }
+}

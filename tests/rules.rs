@@ -1,0 +1,80 @@
+//! `llmslo rules` and `llmslo check-config`: the committed example rules never drift from
+//! the generator, and bad SLO files are refused with the key named.
+
+use std::path::Path;
+use std::process::Command;
+
+fn llmslo(args: &[&str]) -> (i32, String, String) {
+    let output = Command::new(env!("CARGO_BIN_EXE_llmslo"))
+        .args(args)
+        .env_remove("LLMSLO_UPSTREAM")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (
+        output.status.code().unwrap(),
+        text(&output.stdout),
+        text(&output.stderr),
+    )
+}
+
+#[test]
+fn committed_example_rules_match_the_generator() {
+    let (code, generated, stderr) = llmslo(&["rules", "examples/llmslo.yaml"]);
+    assert_eq!(code, 0, "{stderr}");
+    let committed =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/llmslo.rules.yaml")).unwrap();
+    assert_eq!(
+        generated, committed,
+        "examples/llmslo.rules.yaml drifted: run `cargo run -- rules examples/llmslo.yaml > examples/llmslo.rules.yaml`"
+    );
+}
+
+#[test]
+fn operator_format_and_check_config() {
+    let (code, text, _) = llmslo(&["rules", "examples/llmslo.yaml", "--format", "prometheus-operator"]);
+    assert_eq!(code, 0);
+    assert!(text.contains("kind: PrometheusRule") && text.contains("record: slo:current_burn_rate:ratio"));
+
+    let (code, effective, stderr) = llmslo(&["check-config", "examples/llmslo.yaml"]);
+    assert_eq!(code, 0, "{stderr}");
+    for line in [
+        "upstream: http://127.0.0.1:8000/",
+        "engine: auto",
+        "min_events: 20",
+        "name: tpot-50ms",
+        "tpot: 50ms",
+        "- ttft-500ms",
+    ] {
+        assert!(effective.contains(line), "missing `{line}` in\n{effective}");
+    }
+}
+
+#[test]
+fn bad_slo_files_exit_64_naming_the_key() {
+    let dir = std::env::temp_dir();
+    for (name, yaml, key) in [
+        (
+            "objective",
+            "slos:\n  - {name: a, objective: 100.5, ttft: 1s}\n",
+            "slos[0].objective",
+        ),
+        ("kind", "slos:\n  - {name: a, objective: 99}\n", "slos[0].name"),
+        (
+            "goodput",
+            "slos:\n  - {name: a, objective: 99, tpot: 1s}\ngoodput: {require: [b]}\n",
+            "goodput.require[0]",
+        ),
+        ("typo", "slos:\n  - {name: a, objective: 99, tpott: 1s}\n", "tpott"),
+    ] {
+        let path = dir.join(format!("llmslo-rules-{}-{name}.yaml", std::process::id()));
+        std::fs::write(&path, yaml).unwrap();
+        for command in ["rules", "check-config"] {
+            let (code, _, stderr) = llmslo(&[command, path.to_str().unwrap()]);
+            assert_eq!(code, 64, "{command} {name}: {stderr}");
+            assert!(stderr.contains(key), "{command} {name}: `{key}` not in {stderr}");
+        }
+        std::fs::remove_file(path).unwrap();
+    }
+}
