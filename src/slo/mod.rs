@@ -327,33 +327,27 @@ impl Collector for SloCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = self.0.snapshot(Instant::now());
         let gauge = MetricType::Gauge;
-        let mut family = encoder.encode_descriptor(
-            "llmslo_slo_error_ratio",
-            "Bad over valid events in the window (NaN below min_events)",
-            None,
-            gauge,
-        )?;
-        for (l, window, v) in &s.error_ratio {
-            let labels = SloWindowLabels {
-                slo: l.slo.clone(),
-                model: l.model.clone(),
-                window,
-            };
-            ConstGauge::new(*v).encode(family.encode_family(&labels)?)?;
-        }
-        let mut family = encoder.encode_descriptor(
-            "llmslo_slo_burn_rate",
-            "Error ratio over the error budget (1 - objective); NaN below min_events",
-            None,
-            gauge,
-        )?;
-        for (l, window, v) in &s.burn_rate {
-            let labels = SloWindowLabels {
-                slo: l.slo.clone(),
-                model: l.model.clone(),
-                window,
-            };
-            ConstGauge::new(*v).encode(family.encode_family(&labels)?)?;
+        for (name, help, values) in [
+            (
+                "llmslo_slo_error_ratio",
+                "Bad over valid events in the window (NaN below min_events)",
+                &s.error_ratio,
+            ),
+            (
+                "llmslo_slo_burn_rate",
+                "Error ratio over the error budget (1 - objective); NaN below min_events",
+                &s.burn_rate,
+            ),
+        ] {
+            let mut family = encoder.encode_descriptor(name, help, None, gauge)?;
+            for (l, window, v) in values {
+                let labels = SloWindowLabels {
+                    slo: l.slo.clone(),
+                    model: l.model.clone(),
+                    window,
+                };
+                ConstGauge::new(*v).encode(family.encode_family(&labels)?)?;
+            }
         }
         let mut family = encoder.encode_descriptor(
             "llmslo_slo_error_budget_remaining_ratio",
