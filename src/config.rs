@@ -162,6 +162,31 @@ struct FileConfig {
     #[serde(default)]
     slos: Vec<SloEntry>,
     goodput: Option<GoodputEntry>,
+    gpu: Option<GpuFile>,
+}
+
+/// `gpu:` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GpuFile {
+    enabled: Option<bool>,
+    #[serde(default, with = "humantime_serde")]
+    interval: Option<Duration>,
+    library_path: Option<String>,
+    processes: Option<bool>,
+}
+
+/// GPU sampling settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuSettings {
+    /// `gpu.enabled`: `false` turns GPU telemetry off entirely.
+    pub enabled: bool,
+    /// `gpu.interval`: time between samples.
+    pub interval: Duration,
+    /// `gpu.library_path`: the NVML library to load.
+    pub library_path: String,
+    /// `gpu.processes`: export per-process GPU memory.
+    pub processes: bool,
 }
 
 /// The effective, validated configuration.
@@ -201,6 +226,8 @@ pub struct Config {
     pub buckets: BucketOverrides,
     /// The SLOs and goodput definition.
     pub slos: SloSet,
+    /// GPU telemetry.
+    pub gpu: GpuSettings,
     /// The file it was read from, re-read on reload.
     pub file: Option<PathBuf>,
     /// The flags and environment it was merged with, applied again on reload.
@@ -296,6 +323,17 @@ impl Config {
             health_interval: f.health_interval.unwrap_or(defaults::HEALTH_INTERVAL),
             buckets: f.buckets.unwrap_or_default(),
             slos,
+            gpu: {
+                let g = f.gpu.unwrap_or_default();
+                GpuSettings {
+                    enabled: g.enabled.unwrap_or(true),
+                    interval: g.interval.unwrap_or(Duration::from_secs(1)),
+                    library_path: g
+                        .library_path
+                        .unwrap_or_else(|| crate::gpu::nvml::DEFAULT_LIBRARY.to_string()),
+                    processes: g.processes.unwrap_or(false),
+                }
+            },
             file: None,
             overrides,
         };
@@ -336,6 +374,12 @@ impl Config {
             if value.is_zero() {
                 return Err(ConfigError::invalid(key, "must be longer than zero"));
             }
+        }
+        if !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&self.gpu.interval) {
+            return Err(ConfigError::invalid("gpu.interval", "must be between 100ms and 1h"));
+        }
+        if self.gpu.library_path.is_empty() {
+            return Err(ConfigError::invalid("gpu.library_path", "must name a library"));
         }
         if !self.health_path.starts_with('/') {
             return Err(ConfigError::invalid("health_path", "must start with `/`"));
@@ -401,6 +445,12 @@ impl Config {
             "service": self.slos.service,
             "period": human(self.slos.period),
             "min_events": self.slos.min_events,
+            "gpu": {
+                "enabled": self.gpu.enabled,
+                "interval": human(self.gpu.interval),
+                "library_path": self.gpu.library_path,
+                "processes": self.gpu.processes,
+            },
         });
         let mut mapping: serde_yaml::Mapping = serde_json::from_value(value).expect("plain JSON maps to YAML");
         if self.buckets != BucketOverrides::default() {
@@ -587,6 +637,25 @@ mod tests {
     }
 
     #[test]
+    fn gpu_settings() {
+        let c = Config::from_yaml("upstream: http://x:1\n").unwrap();
+        assert!(c.gpu.enabled && !c.gpu.processes);
+        assert_eq!(c.gpu.interval, Duration::from_secs(1));
+        assert_eq!(c.gpu.library_path, "libnvidia-ml.so.1");
+        let off =
+            Config::from_yaml("upstream: http://x:1\ngpu: {enabled: false, interval: 5s, processes: true}\n").unwrap();
+        assert!(!off.gpu.enabled && off.gpu.processes);
+        assert_eq!(
+            key_of(Config::from_yaml("upstream: http://x:1\ngpu: {interval: 1ms}\n")),
+            "gpu.interval"
+        );
+        let typo = Config::from_yaml("upstream: http://x:1\ngpu: {enable: false}\n")
+            .unwrap_err()
+            .to_string();
+        assert!(typo.contains("enable"), "{typo}");
+    }
+
+    #[test]
     fn the_effective_config_round_trips() {
         let c = Config::from_yaml(
             "upstream: http://x:1\nengine: tgi\nslos:\n  - {name: a, objective: 99.5, ttft: 500ms}\n  \
@@ -598,6 +667,7 @@ mod tests {
         assert_eq!(again.engine, c.engine);
         assert_eq!(again.buckets, c.buckets);
         assert_eq!(again.upstream_timeout, c.upstream_timeout);
+        assert_eq!(again.gpu, c.gpu);
     }
 
     #[test]

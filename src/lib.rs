@@ -5,6 +5,7 @@
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod gpu;
 pub mod health;
 pub mod metrics;
 pub mod observe;

@@ -2,6 +2,8 @@
 //! together and stopped together.
 
 use crate::config::Config;
+use crate::gpu::nvml::NvmlSource;
+use crate::gpu::{run_sampler, GpuState};
 use crate::health::{self, Readiness};
 use crate::metrics::{server as metrics_server, Metrics, MetricsConfig};
 use crate::proxy::client::UpstreamClient;
@@ -13,7 +15,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 /// A started sidecar; dropping it does not stop it, [`Sidecar::shutdown`] does.
 #[derive(Debug)]
@@ -36,13 +38,18 @@ impl Sidecar {
         let proxy_addr = proxy_listener.local_addr()?;
         let metrics_addr = metrics_listener.local_addr()?;
 
-        let metrics = Arc::new(Metrics::new(&MetricsConfig {
+        let mut metrics = Metrics::new(&MetricsConfig {
             engine: config.engine.fixed(),
             models: config.models.clone(),
             max_models: config.max_models,
             buckets: config.buckets.clone(),
             slos: config.slos.clone(),
-        }));
+        });
+        let gpu = config.gpu.enabled.then(|| GpuState::new(config.gpu.interval));
+        if let Some(state) = &gpu {
+            metrics.register_gpu(state.clone());
+        }
+        let metrics = Arc::new(metrics);
         let client = UpstreamClient::new(&config.upstream);
         let readiness = Arc::new(Readiness::new(config.health_interval * 3));
         let proxy = Arc::new(Proxy {
@@ -82,6 +89,23 @@ impl Sidecar {
             },
             shutdown.clone(),
         ));
+        if let Some(state) = gpu {
+            match NvmlSource::open(&config.gpu.library_path) {
+                Ok(source) => {
+                    tasks.spawn(run_sampler(
+                        Box::new(source),
+                        config.gpu.processes,
+                        state,
+                        shutdown.clone(),
+                    ));
+                }
+                Err(error) => warn!(
+                    %error,
+                    library = %config.gpu.library_path,
+                    "NVML is not available: no GPU series (llmslo_gpu_up 0); everything else works"
+                ),
+            }
+        }
         if config.file.is_some() {
             tasks.spawn(reload_on_change(config.clone(), metrics.clone(), shutdown.clone()));
         }

@@ -5,6 +5,7 @@ pub mod labels;
 pub mod server;
 
 use crate::config::Engine;
+use crate::gpu::{GpuCollector, GpuState};
 use crate::observe::record::{Operation, Outcome, RequestRecord};
 use crate::provider::Provider;
 use crate::slo::spec::{SloKind, SloSet};
@@ -120,6 +121,11 @@ impl Metrics {
         let metrics = metrics.registered();
         metrics.create_known_series();
         metrics
+    }
+
+    /// Adds the GPU collector (before the registry is shared).
+    pub fn register_gpu(&mut self, state: Arc<GpuState>) {
+        self.registry.register_collector(Box::new(GpuCollector(state)));
     }
 
     /// The live SLO evaluation.

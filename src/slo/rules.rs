@@ -72,6 +72,7 @@ pub fn render(set: &SloSet, format: RulesFormat) -> String {
         groups.push(alert_group(set, slo));
     }
     groups.push(goodput_group());
+    groups.push(gpu_efficiency_group());
     let file = RuleFile { groups };
     let yaml = match format {
         RulesFormat::Prometheus => serde_yaml::to_string(&file),
@@ -336,6 +337,30 @@ fn goodput_group() -> Group {
     }
 }
 
+/// Energy and throughput per GPU, by pod: joules per output token next to TPOT.
+fn gpu_efficiency_group() -> Group {
+    let record = |name: &str, expr: &str| Rule {
+        record: Some(name.into()),
+        expr: expr.into(),
+        ..Rule::default()
+    };
+    Group {
+        name: "llmslo-gpu-efficiency".into(),
+        rules: vec![
+            record(
+                "llmslo:gpu_energy_joules_per_output_token:rate5m",
+                "sum by (namespace, pod) (rate(llmslo_gpu_energy_joules_total[5m]))\n  \
+                 / sum by (namespace, pod) (rate(llmslo_output_tokens_total[5m]))",
+            ),
+            record(
+                "llmslo:output_tokens_per_gpu_second:rate5m",
+                "sum by (namespace, pod) (rate(llmslo_output_tokens_total[5m]))\n  \
+                 / count by (namespace, pod) (llmslo_gpu_memory_total_bytes)",
+            ),
+        ],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -378,6 +403,8 @@ mod tests {
             "severity: ticket",
             "runbook_url: https://runbooks/tpot",
             "record: llmslo:goodput_requests:rate5m",
+            "record: llmslo:gpu_energy_joules_per_output_token:rate5m",
+            "record: llmslo:output_tokens_per_gpu_second:rate5m",
         ] {
             assert!(text.contains(needle), "missing {needle}");
         }

@@ -1,0 +1,33 @@
+//! GPU telemetry on a machine without a GPU (every CI machine): the real NVML path is
+//! absent, so `llmslo_gpu_up` is 0, no GPU series exist, and everything else works.
+
+mod common;
+
+use common::*;
+
+#[tokio::test]
+async fn without_nvml_gpu_up_is_0_and_the_rest_works() {
+    let (engine, _stop) = start_engine(timed_engine(1, 1)).await;
+    for library in ["libnvidia-ml.so.1", "/nonexistent/libnvidia-ml.so"] {
+        let sidecar = start_sidecar(
+            engine,
+            &format!("gpu: {{library_path: \"{library}\", interval: 200ms}}\n"),
+        )
+        .await;
+        let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(2, true, false)).await;
+        assert_eq!(status, 200);
+        settle(&sidecar).await;
+        let text = sidecar.metrics.encode();
+        assert!(text.contains("llmslo_gpu_up 0"), "{library}");
+        assert!(!text.contains("llmslo_gpu_utilization_ratio{") && !text.contains("llmslo_gpu_sample_age_seconds"));
+        assert_eq!(sample(&text, "llmslo_requests_total", &[("outcome", "success")]), 1.0);
+        sidecar.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn gpu_disabled_exports_nothing_about_gpus() {
+    let (engine, _stop) = start_engine(timed_engine(1, 1)).await;
+    let sidecar = start_sidecar(engine, "gpu: {enabled: false}\n").await;
+    assert!(!sidecar.metrics.encode().contains("llmslo_gpu_"));
+}
