@@ -52,7 +52,8 @@ pub struct StreamSummary {
     /// When the first token-carrying event was forwarded, visible or not (held-back partial
     /// UTF-8, a special token): what clients that stamp the first chunk call TTFT.
     pub first_token_event: Option<Instant>,
-    /// TPOT of each choice with at least two token events.
+    /// TPOT of each choice with at least two token events, timed from its first
+    /// token-carrying event (visible or not) to its last.
     pub tpot_per_choice: Vec<Duration>,
     /// Output tokens: usage when reported, else counted.
     pub output_tokens: Option<u64>,
@@ -212,14 +213,13 @@ impl EventState<'_> {
         if self.choices.len() <= index {
             self.choices.resize(index + 1, ChoiceTiming::default());
         }
-        let choice = &mut self.choices[index];
-        choice.tokens += tokens;
-        if choice.first.is_none() && !summary.visible {
-            return; // held-back text (or a special token) before this choice's first visible token
-        }
         if summary.visible {
             self.first_token.get_or_insert(now);
         }
+        // Decode timing counts every generated token, held-back text and special tokens too:
+        // N includes them, so the first of them starts the (N - 1) decode steps.
+        let choice = &mut self.choices[index];
+        choice.tokens += tokens;
         choice.first.get_or_insert(now);
         if let Some(previous) = choice.last.replace(now) {
             on_gap(now - previous);
@@ -299,6 +299,30 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_held_back_start_delays_ttft_but_not_the_decode_clock() {
+        let t0 = Instant::now();
+        let mut obs = observer();
+        let held = b"data: {\"choices\":[{\"delta\":{\"content\":\"\"}}]}\n\n";
+        let token = b"data: {\"choices\":[{\"delta\":{\"content\":\"\xc3\xa9\"}}]}\n\n";
+        obs.feed(held, t0 + Duration::from_millis(100), |_| {});
+        obs.feed(token, t0 + Duration::from_millis(130), |_| {});
+        obs.feed(token, t0 + Duration::from_millis(160), |_| {});
+        let s = obs.summary();
+        assert_eq!(
+            s.first_token,
+            Some(t0 + Duration::from_millis(130)),
+            "TTFT: the first thing a user sees"
+        );
+        assert_eq!(s.first_token_event, Some(t0 + Duration::from_millis(100)));
+        assert_eq!(s.output_tokens, Some(3));
+        assert_eq!(
+            s.tpot_per_choice,
+            [Duration::from_millis(30)],
+            "three tokens, two decode steps of 30 ms"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn choices_are_timed_separately() {
         let t0 = Instant::now();
         let mut obs = observer();
@@ -340,7 +364,11 @@ mod tests {
             "the special token is not content"
         );
         assert_eq!(s.output_tokens, Some(3));
-        assert_eq!(s.tpot_per_choice, [Duration::from_millis(10)]);
+        assert_eq!(
+            s.tpot_per_choice,
+            [Duration::from_millis(30)],
+            "three tokens over 60 ms: decode starts at the first"
+        );
         assert!(s.saw_done);
     }
 

@@ -112,7 +112,7 @@ impl Proxy {
         let mut tracker = self.track(operation, &fields, t0);
         if let Some(tracker) = tracker.as_mut() {
             debug!(
-                operation = ?operation,
+                operation = operation.map_or("", Operation::as_str),
                 model = ?fields.model,
                 stream = ?fields.stream,
                 injected_usage,
