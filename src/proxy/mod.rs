@@ -74,40 +74,18 @@ impl Proxy {
             _ => None,
         };
         let (mut parts, body) = request.into_parts();
-        let mut injected_usage = false;
-        let (body, fields) = match operation {
-            Some(operation) => {
-                let content_length = parts
-                    .headers
-                    .get(header::CONTENT_LENGTH)
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.parse().ok());
-                let (peeked, fields) = match peek::peek(body, content_length, self.settings.max_peek_bytes).await {
-                    Ok(peeked) => peeked,
-                    Err(error) => {
-                        // The client stopped sending its body: nothing reached the engine.
-                        if let Some(mut tracker) = self.track(Some(operation), &RequestFields::default(), t0) {
-                            tracker.finish(End::Cancelled, Instant::now());
-                        }
-                        return Ok(ProxyError::BadRequestBody(error.to_string()).into_response());
+        let (body, fields, injected_usage) = match operation {
+            Some(operation) => match self.read_generation_body(operation, &mut parts.headers, body).await {
+                Ok(read) => read,
+                Err(error) => {
+                    // The client stopped sending its body: nothing reached the engine.
+                    if let Some(mut tracker) = self.track(Some(operation), &RequestFields::default(), t0) {
+                        tracker.finish(End::Cancelled, Instant::now());
                     }
-                };
-                let body = match peeked {
-                    Peeked::Whole(bytes) if self.should_inject_usage(operation, &fields) => {
-                        match peek::with_usage_requested(&bytes) {
-                            Some(rewritten) => {
-                                injected_usage = true;
-                                parts.headers.insert(header::CONTENT_LENGTH, rewritten.len().into());
-                                peek::full(rewritten)
-                            }
-                            None => peek::full(bytes),
-                        }
-                    }
-                    other => other.into_body(),
-                };
-                (body, fields)
-            }
-            None => (body.boxed_unsync(), RequestFields::default()),
+                    return Ok(ProxyError::BadRequestBody(error.to_string()).into_response());
+                }
+            },
+            None => (body.boxed_unsync(), RequestFields::default(), false),
         };
         let mut tracker = self.track(operation, &fields, t0);
         if let Some(tracker) = tracker.as_mut() {
@@ -158,6 +136,32 @@ impl Proxy {
             None => body.boxed_unsync(),
         };
         Ok(Response::from_parts(parts, body))
+    }
+
+    /// Peeks a generation request's body for its fields and, when due, asks it for usage
+    /// (fixing Content-Length). Returns the body to send, the fields, and whether it was rewritten.
+    async fn read_generation_body(
+        &self,
+        operation: Operation,
+        headers: &mut http::HeaderMap,
+        body: Incoming,
+    ) -> Result<(UpstreamBody, RequestFields, bool), hyper::Error> {
+        let content_length = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok());
+        let (peeked, fields) = peek::peek(body, content_length, self.settings.max_peek_bytes).await?;
+        let rewritten = match &peeked {
+            Peeked::Whole(bytes) if self.should_inject_usage(operation, &fields) => peek::with_usage_requested(bytes),
+            _ => None,
+        };
+        Ok(match rewritten {
+            Some(rewritten) => {
+                headers.insert(header::CONTENT_LENGTH, rewritten.len().into());
+                (peek::full(rewritten), fields, true)
+            }
+            None => (peeked.into_body(), fields, false),
+        })
     }
 
     /// A streaming OpenAI request that did not ask for usage gets it asked for.
