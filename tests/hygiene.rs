@@ -66,6 +66,13 @@ async fn ten_thousand_random_model_names_leave_series_and_memory_flat() {
         10_000.0
     );
     let growth = rss_10k.saturating_sub(rss_1k);
+    eprintln!(
+        "series after 1k and 10k requests: {} and {}; RSS {} KiB then {} KiB",
+        series_lines(&after_1k),
+        series_lines(&after_10k),
+        rss_1k / 1024,
+        rss_10k / 1024
+    );
     assert!(growth < 16 << 20, "RSS grew {growth} bytes over 9000 requests");
 }
 
