@@ -64,8 +64,15 @@ fn gauge(sidecar: &Sidecar, slo: &str, window: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_rules_agree_with_the_sidecar_and_the_page_fires() {
-    let prometheus =
-        which("prometheus").expect("`prometheus` is not installed: `apt-get install prometheus` (.ci/run does)");
+    let Some(prometheus) = which("prometheus") else {
+        // CI installs it (.ci/run) and must never skip this; a developer's machine may lack it.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "`prometheus` is not installed: .ci/run installs it"
+        );
+        eprintln!("SKIPPED: `prometheus` is not on PATH (apt-get install prometheus)");
+        return;
+    };
     let (engine, _stop) = start_engine(SimOptions {
         error_rate: 0.3,
         ..timed_engine(2, 1)
