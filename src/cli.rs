@@ -1,7 +1,8 @@
 //! The command line: `run`, `simulate` and `demo`.
 
-use crate::config::{Config, LogFormat, Overrides};
+use crate::config::{Config, EngineSetting, LogFormat, Overrides};
 use crate::demo::{self, DemoOptions};
+use crate::inject::{self, InjectOptions, SidecarMode};
 use crate::sidecar::{termination_signal, Sidecar};
 use crate::simulate::delay::Delay;
 use crate::simulate::shape::Flavor;
@@ -45,6 +46,21 @@ enum Command {
     Rules(RulesArgs),
     /// Validate a config file (with flags and environment applied) and print the effective config.
     CheckConfig(CheckConfigArgs),
+    /// Add the sidecar to Kubernetes YAML whose pod templates carry `llmslo.io/inject: "true"`.
+    Inject(InjectArgs),
+}
+
+#[derive(Debug, Args)]
+struct InjectArgs {
+    /// The YAML to read (`-` for standard input).
+    #[arg(short = 'f', long = "filename", default_value = "-")]
+    file: String,
+    /// The sidecar image.
+    #[arg(long)]
+    image: Option<String>,
+    /// Native sidecar (init container, Kubernetes >= 1.29) or classic container.
+    #[arg(long, value_enum, default_value = "native")]
+    sidecar: SidecarMode,
 }
 
 #[derive(Debug, Args)]
@@ -85,6 +101,9 @@ struct Endpoints {
     /// Address for /metrics, /healthz and /readyz [default: 0.0.0.0:9464].
     #[arg(long, env = "LLMSLO_METRICS_LISTEN")]
     metrics_listen: Option<String>,
+    /// The engine kind, exported as `provider` [default: auto].
+    #[arg(long, env = "LLMSLO_ENGINE", value_enum)]
+    engine: Option<EngineSetting>,
 }
 
 impl Endpoints {
@@ -95,6 +114,7 @@ impl Endpoints {
             metrics_listen: self.metrics_listen,
             log,
             log_format,
+            engine: self.engine,
         }
     }
 }
@@ -169,6 +189,38 @@ impl Cli {
     /// Runs the chosen subcommand to completion.
     pub async fn run(self) -> ExitCode {
         match self.command {
+            Command::Inject(args) => {
+                let input = if args.file == "-" {
+                    std::io::read_to_string(std::io::stdin())
+                } else {
+                    std::fs::read_to_string(&args.file)
+                };
+                let input = match input {
+                    Ok(input) => input,
+                    Err(e) => {
+                        eprintln!("llmslo: {}: {e}", args.file);
+                        return ExitCode::FAILURE;
+                    }
+                };
+                let mut options = InjectOptions {
+                    mode: args.sidecar,
+                    ..InjectOptions::default()
+                };
+                if let Some(image) = args.image {
+                    options.image = image;
+                }
+                match inject::inject_yaml(&input, &options) {
+                    Ok((output, changed)) => {
+                        print!("{output}");
+                        eprintln!("llmslo: injected {changed} pod template(s)");
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("llmslo: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
             Command::Rules(args) => match Config::slos_from_file(&args.file) {
                 Ok(slos) => {
                     print!("{}", rules::render(&slos, args.format));

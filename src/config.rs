@@ -58,7 +58,7 @@ pub enum LogFormat {
 }
 
 /// The engine behind the sidecar, exported as the `provider` label.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum EngineSetting {
     /// Learn it from the upstream (see [`crate::provider`]).
@@ -130,6 +130,8 @@ pub struct Overrides {
     pub log: Option<String>,
     /// `--log-format` / `LLMSLO_LOG_FORMAT`.
     pub log_format: Option<LogFormat>,
+    /// `--engine` / `LLMSLO_ENGINE`.
+    pub engine: Option<EngineSetting>,
 }
 
 /// The YAML file's schema; every key is optional.
@@ -311,7 +313,7 @@ impl Config {
             )?,
             log: o.log.or(f.log).unwrap_or_else(|| defaults::LOG.to_string()),
             log_format: o.log_format.or(f.log_format).unwrap_or(LogFormat::Text),
-            engine: f.engine.unwrap_or(EngineSetting::Auto),
+            engine: o.engine.or(f.engine).unwrap_or(EngineSetting::Auto),
             inject_usage: f.inject_usage.unwrap_or(true),
             models: f.models.unwrap_or_default(),
             max_models: f.max_models.unwrap_or(defaults::MAX_MODELS),

@@ -7,6 +7,7 @@ pub mod config;
 pub mod demo;
 pub mod gpu;
 pub mod health;
+pub mod inject;
 pub mod metrics;
 pub mod observe;
 pub mod provider;

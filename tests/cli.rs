@@ -184,3 +184,31 @@ fn demo_runs_and_prints_a_table() {
     assert!(requests > 0, "{stdout}");
     assert!(last_row.contains("ms"), "percentiles shown: {last_row}");
 }
+
+#[test]
+fn inject_reads_stdin_and_writes_the_injected_yaml() {
+    use std::io::Write;
+    let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: vllm}\nspec:\n  template:\n    metadata:\n      \
+                      labels: {llmslo.io/inject: \"true\"}\n    spec:\n      containers:\n        - name: vllm\n          \
+                      image: vllm\n          ports: [{name: http, containerPort: 8000}]\n";
+    let mut child = llmslo()
+        .args(["inject", "--sidecar", "classic", "--image", "llmslo:test"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(deployment.as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let yaml = String::from_utf8(output.stdout).unwrap();
+    assert!(
+        yaml.contains("image: llmslo:test") && yaml.contains("name: llmslo-engine"),
+        "{yaml}"
+    );
+    assert!(String::from_utf8_lossy(&output.stderr).contains("injected 1 pod template"));
+
+    let bad = llmslo().args(["inject", "-f", "/nonexistent.yaml"]).output().unwrap();
+    assert_eq!(bad.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("/nonexistent.yaml"));
+}

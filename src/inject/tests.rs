@@ -1,0 +1,222 @@
+//! The pod-template transform.
+
+use super::*;
+
+const DEPLOYMENT: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: vllm}
+spec:
+  selector: {matchLabels: {app: vllm}}
+  template:
+    metadata:
+      labels: {app: vllm, llmslo.io/inject: "true"}
+    spec:
+      containers:
+        - name: vllm
+          image: vllm/vllm-openai:v0.32.0
+          args: [--model, meta-llama/Llama-3.1-8B-Instruct, --port, "8000"]
+          ports: [{name: http, containerPort: 8000}]
+"#;
+
+fn inject(yaml: &str, mode: SidecarMode) -> Value {
+    let options = InjectOptions {
+        mode,
+        ..InjectOptions::default()
+    };
+    let (out, changed) = inject_yaml(yaml, &options).unwrap();
+    assert_eq!(changed, 1);
+    serde_yaml::from_str(&out).unwrap()
+}
+
+fn port_names(container: &Value) -> Vec<(String, u64)> {
+    container["ports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["name"].as_str().unwrap().to_string(),
+                p["containerPort"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn native_sidecar_takes_over_the_named_port() {
+    let d = inject(DEPLOYMENT, SidecarMode::Native);
+    let spec = &d["spec"]["template"]["spec"];
+    let sidecar = &spec["initContainers"][0];
+    assert_eq!(sidecar["name"], "llmslo");
+    assert_eq!(sidecar["restartPolicy"], "Always");
+    assert_eq!(
+        sidecar["args"],
+        json!([
+            "run",
+            "--upstream",
+            "http://127.0.0.1:8000",
+            "--listen",
+            "0.0.0.0:8080",
+            "--metrics-listen",
+            "0.0.0.0:9464"
+        ])
+    );
+    // The Service's `targetPort: http` now lands on llmslo (declared on the engine container).
+    assert_eq!(
+        port_names(&spec["containers"][0]),
+        [
+            ("llmslo-engine".into(), 8000),
+            ("http".into(), 8080),
+            ("llmslo-metrics".into(), 9464)
+        ]
+    );
+    assert!(
+        sidecar.get("ports").is_none(),
+        "no named ports on an init container (< 1.32)"
+    );
+    assert_eq!(
+        sidecar["readinessProbe"]["httpGet"],
+        json!({"path": "/readyz", "port": 9464})
+    );
+    assert_eq!(
+        sidecar["livenessProbe"]["httpGet"],
+        json!({"path": "/healthz", "port": 9464})
+    );
+    assert_eq!(
+        d["spec"]["template"]["metadata"]["annotations"]["llmslo.io/injected"],
+        env!("CARGO_PKG_VERSION")
+    );
+}
+
+#[test]
+fn classic_sidecar_carries_its_own_ports() {
+    let d = inject(DEPLOYMENT, SidecarMode::Classic);
+    let containers = d["spec"]["template"]["spec"]["containers"].as_array().unwrap();
+    assert_eq!(containers.len(), 2);
+    assert_eq!(port_names(&containers[0]), [("llmslo-engine".into(), 8000)]);
+    assert_eq!(
+        port_names(&containers[1]),
+        [("http".into(), 8080), ("llmslo-metrics".into(), 9464)]
+    );
+    assert!(d["spec"]["template"]["spec"].get("initContainers").is_none());
+}
+
+#[test]
+fn injecting_twice_changes_nothing() {
+    let options = InjectOptions::default();
+    let (once, _) = inject_yaml(DEPLOYMENT, &options).unwrap();
+    let (twice, changed) = inject_yaml(&once, &options).unwrap();
+    assert_eq!(changed, 0);
+    assert_eq!(once, twice);
+}
+
+#[test]
+fn only_labelled_templates_and_known_kinds_change() {
+    let unlabelled = DEPLOYMENT.replace("llmslo.io/inject: \"true\"", "llmslo.io/inject: \"false\"");
+    let (out, changed) = inject_yaml(&unlabelled, &InjectOptions::default()).unwrap();
+    assert_eq!(changed, 0);
+    assert_eq!(
+        serde_yaml::from_str::<Value>(&out).unwrap(),
+        serde_yaml::from_str::<Value>(&unlabelled).unwrap()
+    );
+    let service =
+        "apiVersion: v1\nkind: Service\nmetadata: {name: vllm}\nspec: {ports: [{port: 80, targetPort: http}]}\n";
+    assert_eq!(inject_yaml(service, &InjectOptions::default()).unwrap().1, 0);
+}
+
+#[test]
+fn multi_document_streams_lists_pods_statefulsets_and_cronjobs() {
+    let pod_spec = "spec: {containers: [{name: tgi, image: tgi, ports: [{name: web, containerPort: 80}]}]}";
+    let labels = "labels: {llmslo.io/inject: \"true\"}";
+    let stream = format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: p, {labels}}}\n{pod_spec}\n---\n\
+         apiVersion: v1\nkind: List\nitems:\n  - apiVersion: apps/v1\n    kind: StatefulSet\n    metadata: {{name: s}}\n    \
+         spec: {{template: {{metadata: {{{labels}}}, {pod_spec}}}}}\n---\n\
+         apiVersion: batch/v1\nkind: CronJob\nmetadata: {{name: c}}\nspec: {{jobTemplate: {{spec: {{template: {{metadata: {{{labels}}}, {pod_spec}}}}}}}}}\n"
+    );
+    let (out, changed) = inject_yaml(&stream, &InjectOptions::default()).unwrap();
+    assert_eq!(changed, 3);
+    assert_eq!(out.matches("name: llmslo\n").count(), 3);
+    assert_eq!(out.matches("--upstream\n").count(), 3);
+    assert!(out.contains("http://127.0.0.1:80"));
+}
+
+#[test]
+fn annotations_override_the_defaults() {
+    let annotated = DEPLOYMENT.replace(
+        "labels: {app: vllm, llmslo.io/inject: \"true\"}",
+        "labels: {app: vllm, llmslo.io/inject: \"true\"}\n      annotations: {llmslo.io/engine-port: \"8000\", llmslo.io/engine: vllm, \
+         llmslo.io/slo-configmap: chat-slos, llmslo.io/cpu: 250m, llmslo.io/memory: 256Mi, llmslo.io/sidecar: classic, \
+         llmslo.io/image: registry.local/llmslo:dev}",
+    );
+    let d = inject(&annotated, SidecarMode::Native);
+    let spec = &d["spec"]["template"]["spec"];
+    let sidecar = &spec["containers"][1];
+    assert_eq!(sidecar["image"], "registry.local/llmslo:dev");
+    assert_eq!(
+        sidecar["resources"],
+        json!({"requests": {"cpu": "250m", "memory": "256Mi"}, "limits": {"memory": "256Mi"}})
+    );
+    assert!(sidecar["env"]
+        .as_array()
+        .unwrap()
+        .contains(&json!({"name": "LLMSLO_ENGINE", "value": "vllm"})));
+    assert!(sidecar["env"]
+        .as_array()
+        .unwrap()
+        .contains(&json!({"name": "LLMSLO_CONFIG", "value": "/etc/llmslo/llmslo.yaml"})));
+    assert_eq!(
+        spec["volumes"],
+        json!([{"name": "llmslo-config", "configMap": {"name": "chat-slos"}}])
+    );
+}
+
+#[test]
+fn ports_in_use_are_avoided_and_unnamed_ports_are_flagged() {
+    let busy = DEPLOYMENT.replace(
+        "ports: [{name: http, containerPort: 8000}]",
+        "ports: [{containerPort: 8000}, {name: other, containerPort: 8080}, {name: m, containerPort: 9464}]",
+    );
+    let d = inject(&busy, SidecarMode::Classic);
+    let sidecar = &d["spec"]["template"]["spec"]["containers"][1];
+    assert_eq!(
+        port_names(sidecar),
+        [("llmslo-http".into(), 8081), ("llmslo-metrics".into(), 9465)]
+    );
+    assert!(d["spec"]["template"]["metadata"]["annotations"]["llmslo.io/note"]
+        .as_str()
+        .unwrap()
+        .contains("llmslo-http"));
+}
+
+#[test]
+fn bad_annotations_and_portless_pods_are_clear_errors() {
+    let bad = DEPLOYMENT.replace(
+        "labels: {app: vllm, llmslo.io/inject: \"true\"}",
+        "labels: {app: vllm, llmslo.io/inject: \"true\"}\n      annotations: {llmslo.io/engine-port: grpc}",
+    );
+    let error = inject_yaml(&bad, &InjectOptions::default()).unwrap_err();
+    assert_eq!(error.object, "Deployment/vllm");
+    assert!(
+        error.message.contains("llmslo.io/engine-port") && error.message.contains("grpc"),
+        "{error}"
+    );
+    let portless = DEPLOYMENT.replace("          ports: [{name: http, containerPort: 8000}]\n", "");
+    assert!(inject_yaml(&portless, &InjectOptions::default())
+        .unwrap_err()
+        .message
+        .contains("llmslo.io/engine-port"));
+    let engine = DEPLOYMENT.replace(
+        "labels: {app: vllm, llmslo.io/inject: \"true\"}",
+        "labels: {app: vllm, llmslo.io/inject: \"true\"}\n      annotations: {llmslo.io/engine: triton}",
+    );
+    assert!(inject_yaml(&engine, &InjectOptions::default())
+        .unwrap_err()
+        .message
+        .contains("triton"));
+    assert!(inject_yaml("kind: [", &InjectOptions::default())
+        .unwrap_err()
+        .message
+        .contains("YAML"));
+}
