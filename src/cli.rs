@@ -8,6 +8,7 @@ use crate::simulate::delay::Delay;
 use crate::simulate::shape::Flavor;
 use crate::simulate::{SimEngine, SimOptions};
 use crate::slo::rules::{self, RulesFormat};
+use crate::webhook;
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -48,6 +49,27 @@ enum Command {
     CheckConfig(CheckConfigArgs),
     /// Add the sidecar to Kubernetes YAML whose pod templates carry `llmslo.io/inject: "true"`.
     Inject(InjectArgs),
+    /// Serve the MutatingAdmissionWebhook that injects the sidecar into labelled Pods.
+    Webhook(WebhookArgs),
+}
+
+#[derive(Debug, Args)]
+struct WebhookArgs {
+    /// Address to serve HTTPS on.
+    #[arg(long, default_value = "0.0.0.0:8443")]
+    listen: SocketAddr,
+    /// PEM certificate chain.
+    #[arg(long)]
+    tls_cert: PathBuf,
+    /// PEM private key.
+    #[arg(long)]
+    tls_key: PathBuf,
+    /// The sidecar image.
+    #[arg(long)]
+    image: Option<String>,
+    /// Native sidecar (init container, Kubernetes >= 1.29) or classic container.
+    #[arg(long, value_enum, default_value = "native")]
+    sidecar: SidecarMode,
 }
 
 #[derive(Debug, Args)]
@@ -189,6 +211,42 @@ impl Cli {
     /// Runs the chosen subcommand to completion.
     pub async fn run(self) -> ExitCode {
         match self.command {
+            Command::Webhook(args) => {
+                init_logging(
+                    self.log.as_deref().unwrap_or("info"),
+                    self.log_format.unwrap_or(LogFormat::Text),
+                );
+                let acceptor = match webhook::tls_acceptor(&args.tls_cert, &args.tls_key) {
+                    Ok(acceptor) => acceptor,
+                    Err(e) => {
+                        eprintln!("llmslo: {e}");
+                        return ExitCode::from(EXIT_CONFIG);
+                    }
+                };
+                let listener = match TcpListener::bind(args.listen).await {
+                    Ok(listener) => listener,
+                    Err(e) => {
+                        error!(error = %e, listen = %args.listen, "could not bind");
+                        return ExitCode::FAILURE;
+                    }
+                };
+                let mut options = InjectOptions {
+                    mode: args.sidecar,
+                    ..InjectOptions::default()
+                };
+                if let Some(image) = args.image {
+                    options.image = image;
+                }
+                tracing::info!(listen = %args.listen, "admission webhook serving");
+                let shutdown = CancellationToken::new();
+                let stop = shutdown.clone();
+                tokio::spawn(async move {
+                    termination_signal().await;
+                    stop.cancel();
+                });
+                webhook::serve(listener, acceptor, options, shutdown).await;
+                ExitCode::SUCCESS
+            }
             Command::Inject(args) => {
                 let input = if args.file == "-" {
                     std::io::read_to_string(std::io::stdin())

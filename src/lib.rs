@@ -16,3 +16,4 @@ pub mod serve;
 pub mod sidecar;
 pub mod simulate;
 pub mod slo;
+pub mod webhook;

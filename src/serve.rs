@@ -11,7 +11,8 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
-use tokio::net::TcpListener;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -24,6 +25,27 @@ const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// finish for up to `drain` before returning.
 pub async fn serve<F, Fut, B>(listener: TcpListener, handler: F, shutdown: CancellationToken, drain: Duration)
 where
+    F: Fn(Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    serve_with(listener, |stream| async move { Ok(stream) }, handler, shutdown, drain).await
+}
+
+/// [`serve`] with each accepted connection first passed through `wrap` (a TLS handshake),
+/// in the connection's own task so a slow handshake never holds up accepting.
+pub async fn serve_with<W, WF, IO, F, Fut, B>(
+    listener: TcpListener,
+    wrap: W,
+    handler: F,
+    shutdown: CancellationToken,
+    drain: Duration,
+) where
+    W: Fn(TcpStream) -> WF + Clone + Send + Sync + 'static,
+    WF: Future<Output = std::io::Result<IO>> + Send + 'static,
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     F: Fn(Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
     B: Body + Send + 'static,
@@ -56,12 +78,18 @@ where
             },
         };
         let _ = stream.set_nodelay(true);
-        let handler = handler.clone();
-        let service = service_fn(move |request| handler(request, peer));
-        let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-        let connection = graceful.watch(connection);
+        let (handler, wrap, builder, watcher) = (handler.clone(), wrap.clone(), builder.clone(), graceful.watcher());
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
+            let io = match wrap(stream).await {
+                Ok(io) => io,
+                Err(error) => {
+                    debug!(%peer, %error, "connection set-up failed");
+                    return;
+                }
+            };
+            let service = service_fn(move |request| handler(request, peer));
+            let connection = builder.serve_connection(TokioIo::new(io), service);
+            if let Err(error) = watcher.watch(connection).await {
                 debug!(%peer, error = %error, "connection closed with an error");
             }
         });

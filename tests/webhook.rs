@@ -1,0 +1,153 @@
+//! The admission webhook over real TLS on 127.0.0.1: AdmissionReview in, JSONPatch out,
+//! applied to the Pod it came with.
+
+mod common;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use llmslo::inject::{inject_pod_template, InjectOptions};
+use rustls::pki_types::ServerName;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_util::sync::CancellationToken;
+
+struct Tls {
+    cert_pem: String,
+    key_pem: String,
+    roots: rustls::RootCertStore,
+}
+
+fn self_signed() -> Tls {
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(certified.cert.der().clone()).unwrap();
+    Tls {
+        cert_pem: certified.cert.pem(),
+        key_pem: certified.key_pair.serialize_pem(),
+        roots,
+    }
+}
+
+async fn post_review(addr: std::net::SocketAddr, roots: rustls::RootCertStore, review: Value) -> (u16, Value) {
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    let tcp = TcpStream::connect(addr).await.unwrap();
+    let tls = connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
+    tokio::spawn(connection);
+    let request = http::Request::post("/mutate?timeout=10s")
+        .header("host", "llmslo-injector.llmslo.svc")
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(review.to_string())))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+}
+
+fn pod() -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"generateName": "tgi-", "namespace": "llm", "labels": {"llmslo.io/inject": "true"},
+                     "annotations": {"llmslo.io/engine": "tgi"}},
+        "spec": {"containers": [{"name": "tgi", "image": "ghcr.io/huggingface/text-generation-inference",
+                                 "ports": [{"name": "http", "containerPort": 80}]}]}
+    })
+}
+
+#[tokio::test]
+async fn admission_review_over_tls_returns_a_patch_that_injects_the_pod() {
+    let tls = self_signed();
+    let dir = std::env::temp_dir().join(format!("llmslo-webhook-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tls.crt"), &tls.cert_pem).unwrap();
+    std::fs::write(dir.join("tls.key"), &tls.key_pem).unwrap();
+    let acceptor = llmslo::webhook::tls_acceptor(&dir.join("tls.crt"), &dir.join("tls.key")).unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(llmslo::webhook::serve(
+        listener,
+        acceptor,
+        InjectOptions::default(),
+        shutdown.clone(),
+    ));
+
+    let review = json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "b1e8", "kind": {"group": "", "version": "v1", "kind": "Pod"}, "operation": "CREATE",
+                    "namespace": "llm", "object": pod()}
+    });
+    let (status, answer) = post_review(addr, tls.roots.clone(), review).await;
+    assert_eq!(status, 200);
+    assert_eq!(answer["apiVersion"], "admission.k8s.io/v1");
+    assert_eq!(answer["response"]["uid"], "b1e8");
+    assert_eq!(answer["response"]["allowed"], true);
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(answer["response"]["patch"].as_str().unwrap())
+        .unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+    let mut patched = pod();
+    json_patch::patch(&mut patched, &patch).unwrap();
+    let mut expected = pod();
+    inject_pod_template(&mut expected, &InjectOptions::default()).unwrap();
+    assert_eq!(patched, expected);
+    let sidecar = &patched["spec"]["initContainers"][0];
+    assert_eq!(sidecar["args"][2], "http://127.0.0.1:80");
+    assert!(sidecar["env"]
+        .as_array()
+        .unwrap()
+        .contains(&json!({"name": "LLMSLO_ENGINE", "value": "tgi"})));
+
+    // Something it does not understand is admitted unchanged.
+    let odd = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                     "request": {"uid": "c2", "kind": {"kind": "Pod"}, "operation": "CREATE", "object": {"spec": 7}}});
+    let (status, answer) = post_review(addr, tls.roots.clone(), odd).await;
+    assert_eq!(status, 200);
+    assert_eq!(answer["response"], json!({"uid": "c2", "allowed": true}));
+
+    // Plain HTTP to the TLS port gets no answer; the server stays up.
+    let mut plain = TcpStream::connect(addr).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut plain, b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::io::AsyncReadExt::read_to_end(&mut plain, &mut buf).await;
+    assert!(!String::from_utf8_lossy(&buf).contains("200 OK"));
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                        "request": {"uid": "d3", "kind": {"kind": "Pod"}, "operation": "CREATE", "object": pod()}});
+    assert_eq!(post_review(addr, tls.roots, review).await.0, 200);
+
+    shutdown.cancel();
+    server.await.unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn bad_certificate_files_exit_64_naming_the_flag() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_llmslo"))
+        .args([
+            "webhook",
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            "/nonexistent.crt",
+            "--tls-key",
+            "/nonexistent.key",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(64));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--tls-cert /nonexistent.crt"));
+}
