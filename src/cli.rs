@@ -230,13 +230,7 @@ impl Cli {
                         return ExitCode::FAILURE;
                     }
                 };
-                let mut options = InjectOptions {
-                    mode: args.sidecar,
-                    ..InjectOptions::default()
-                };
-                if let Some(image) = args.image {
-                    options.image = image;
-                }
+                let options = inject_options(args.image, args.sidecar);
                 tracing::info!(listen = %args.listen, "admission webhook serving");
                 let shutdown = CancellationToken::new();
                 let stop = shutdown.clone();
@@ -260,13 +254,7 @@ impl Cli {
                         return ExitCode::FAILURE;
                     }
                 };
-                let mut options = InjectOptions {
-                    mode: args.sidecar,
-                    ..InjectOptions::default()
-                };
-                if let Some(image) = args.image {
-                    options.image = image;
-                }
+                let options = inject_options(args.image, args.sidecar);
                 match inject::inject_yaml(&input, &options) {
                     Ok((output, changed)) => {
                         print!("{output}");
@@ -380,6 +368,15 @@ impl Cli {
                 }
             }
         }
+    }
+}
+
+/// Injection defaults with the flags applied.
+fn inject_options(image: Option<String>, mode: SidecarMode) -> InjectOptions {
+    let defaults = InjectOptions::default();
+    InjectOptions {
+        image: image.unwrap_or(defaults.image),
+        mode,
     }
 }
 
