@@ -15,6 +15,14 @@ const MAX_CHOICES: usize = 64;
 pub struct StreamObserver {
     protocol: Protocol,
     parser: SseParser,
+    facts: Facts,
+    /// Spans of usage-only events to cut from what the client receives (when it did not ask).
+    removable: Option<Vec<(u64, u64)>>,
+}
+
+/// What the events have shown so far (kept apart from the parser, which feeds it).
+#[derive(Debug, Default)]
+struct Facts {
     first_token: Option<Instant>,
     first_token_event: Option<Instant>,
     choices: Vec<ChoiceTiming>,
@@ -23,8 +31,6 @@ pub struct StreamObserver {
     usage: Option<Usage>,
     saw_error: bool,
     saw_done: bool,
-    /// Spans of usage-only events to cut from what the client receives (when it did not ask).
-    removable: Option<Vec<(u64, u64)>>,
 }
 
 /// One choice's token timestamps.
@@ -78,14 +84,7 @@ impl StreamObserver {
         Self {
             protocol,
             parser: SseParser::new(max_event_bytes),
-            first_token: None,
-            first_token_event: None,
-            choices: Vec::new(),
-            token_events: 0,
-            explicit_tokens: 0,
-            usage: None,
-            saw_error: false,
-            saw_done: false,
+            facts: Facts::default(),
             removable: strip_usage.then(Vec::new),
         }
     }
@@ -95,26 +94,9 @@ impl StreamObserver {
         let Self {
             protocol,
             parser,
-            first_token,
-            first_token_event,
-            choices,
-            token_events,
-            explicit_tokens,
-            usage,
-            saw_error,
-            saw_done,
+            facts,
             removable,
         } = self;
-        let mut state = EventState {
-            first_token,
-            first_token_event,
-            choices,
-            token_events,
-            explicit_tokens,
-            usage,
-            saw_error,
-            saw_done,
-        };
         parser.feed(bytes, |event| {
             let summary = match protocol {
                 Protocol::OpenAi => openai::summarise(event.data),
@@ -123,7 +105,7 @@ impl StreamObserver {
             if let (true, Some(spans)) = (summary.usage_only, removable.as_mut()) {
                 spans.push((event.start, event.end));
             }
-            state.observe(&summary, now, &mut on_gap);
+            facts.observe(&summary, now, &mut on_gap);
         });
     }
 
@@ -140,15 +122,15 @@ impl StreamObserver {
 
     /// What the stream showed, to be called once it ended.
     pub fn summary(&self) -> StreamSummary {
-        let usage = self.usage.unwrap_or_default();
+        let usage = self.facts.usage.unwrap_or_default();
         let (output_tokens, count_source) = match usage.completion_tokens {
             Some(n) => (Some(n), CountSource::Usage),
             None => (
-                (self.token_events > 0).then_some(self.explicit_tokens),
+                (self.facts.token_events > 0).then_some(self.facts.explicit_tokens),
                 CountSource::Events,
             ),
         };
-        let active: Vec<&ChoiceTiming> = self.choices.iter().filter(|c| c.tokens > 0).collect();
+        let active: Vec<&ChoiceTiming> = self.facts.choices.iter().filter(|c| c.tokens > 0).collect();
         let tpot_per_choice = match active.as_slice() {
             // One choice: N may come from usage.
             [only] => tpot(only.first, only.last, output_tokens.unwrap_or(only.tokens))
@@ -158,15 +140,15 @@ impl StreamObserver {
             many => many.iter().filter_map(|c| tpot(c.first, c.last, c.tokens)).collect(),
         };
         StreamSummary {
-            first_token: self.first_token,
-            first_token_event: self.first_token_event,
+            first_token: self.facts.first_token,
+            first_token_event: self.facts.first_token_event,
             tpot_per_choice,
             output_tokens,
             count_source,
             input_tokens: usage.prompt_tokens,
-            token_events: self.token_events,
-            saw_error: self.saw_error,
-            saw_done: self.saw_done,
+            token_events: self.facts.token_events,
+            saw_error: self.facts.saw_error,
+            saw_done: self.facts.saw_done,
             gave_up: self.parser.gave_up(),
         }
     }
@@ -180,32 +162,20 @@ fn tpot(first: Option<Instant>, last: Option<Instant>, n: u64) -> Option<Duratio
     }
 }
 
-/// Mutable views of the observer's counters, for use inside the parser's callback.
-struct EventState<'a> {
-    first_token: &'a mut Option<Instant>,
-    first_token_event: &'a mut Option<Instant>,
-    choices: &'a mut Vec<ChoiceTiming>,
-    token_events: &'a mut u64,
-    explicit_tokens: &'a mut u64,
-    usage: &'a mut Option<Usage>,
-    saw_error: &'a mut bool,
-    saw_done: &'a mut bool,
-}
-
-impl EventState<'_> {
+impl Facts {
     fn observe(&mut self, summary: &EventSummary, now: Instant, on_gap: &mut impl FnMut(Duration)) {
         if summary.usage.is_some() {
-            *self.usage = summary.usage;
+            self.usage = summary.usage;
         }
-        *self.saw_error |= summary.error;
-        *self.saw_done |= summary.done;
+        self.saw_error |= summary.error;
+        self.saw_done |= summary.done;
         if !summary.has_tokens {
             return;
         }
         let tokens = summary.explicit_tokens.unwrap_or(1);
         self.first_token_event.get_or_insert(now);
-        *self.token_events += 1;
-        *self.explicit_tokens += tokens;
+        self.token_events += 1;
+        self.explicit_tokens += tokens;
         let index = summary.choice as usize;
         if index >= MAX_CHOICES {
             return;
