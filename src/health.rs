@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info};
 
 /// When the engine last answered its health path with a success status.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Readiness {
     last_ok: Mutex<Option<Instant>>,
     window: Duration,

@@ -121,9 +121,17 @@ impl ModelNames {
 
     /// The label value for a request that named `raw` (or nothing), and whether it was just learned.
     pub fn normalise(&self, raw: Option<&str>) -> (String, bool) {
-        let only_served = self.only_served.read().expect("model set lock").clone();
-        let Some(name) = raw.or(only_served.as_deref()) else {
-            return (UNKNOWN_MODEL.to_string(), false);
+        let only_served;
+        let name = match raw {
+            Some(name) => name,
+            None => {
+                // Only requests that name no model need the engine's only model.
+                only_served = self.only_served.read().expect("model set lock").clone();
+                match only_served.as_deref() {
+                    Some(name) => name,
+                    None => return (UNKNOWN_MODEL.to_string(), false),
+                }
+            }
         };
         if let Some(allowed) = &self.allow_list {
             let label = if allowed.contains(name) { name } else { OTHER_MODEL };

@@ -128,11 +128,6 @@ impl Metrics {
         self.registry.register_collector(Box::new(GpuCollector(state)));
     }
 
-    /// The live SLO evaluation.
-    pub fn slo(&self) -> &SloEngine {
-        &self.slo
-    }
-
     /// Puts new SLOs in force (hot reload); counters keep counting.
     pub fn reload_slos(&self, set: SloSet) {
         self.slo.reload(set);

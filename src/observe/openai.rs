@@ -38,8 +38,6 @@ pub struct EventSummary {
     pub error: bool,
     /// The event is the `[DONE]` sentinel.
     pub done: bool,
-    /// The payload was not JSON the interpreter understands.
-    pub unparsable: bool,
 }
 
 /// Summarises one `data:` payload of an OpenAI-compatible stream.
@@ -67,13 +65,9 @@ pub fn summarise(data: &[u8]) -> EventSummary {
                 usage: chunk.usage,
                 error: chunk.error.is_some(),
                 done: false,
-                unparsable: false,
             }
         }
-        None => EventSummary {
-            unparsable: true,
-            ..EventSummary::default()
-        },
+        None => EventSummary::default(),
     }
 }
 
@@ -396,7 +390,7 @@ mod tests {
     fn garbage_is_unparsable_not_a_panic() {
         for junk in [&b"{"[..], b"", b"nul", b"{\"choices\":7}", b"\xff\xfe", b"[1,2]"] {
             let s = summarise(junk);
-            assert!(s.unparsable && !s.has_tokens, "{junk:?}");
+            assert_eq!(s, EventSummary::default(), "{junk:?}: nothing to learn from it");
         }
     }
 }

@@ -44,10 +44,7 @@ pub fn summarise(data: &[u8]) -> EventSummary {
         serde_json::from_slice::<Event>(data)
     };
     let Ok(event) = parsed else {
-        return EventSummary {
-            unparsable: true,
-            ..EventSummary::default()
-        };
+        return EventSummary::default();
     };
     let completion_tokens = event.details.and_then(|d| d.generated_tokens);
     EventSummary {
@@ -99,6 +96,6 @@ mod tests {
         assert_eq!(body.usage.unwrap().completion_tokens, Some(7));
         let array = summarise(br#"[{"generated_text":"x","details":{"generated_tokens":3}}]"#);
         assert_eq!(array.usage.unwrap().completion_tokens, Some(3));
-        assert!(summarise(b"nope").unparsable);
+        assert_eq!(summarise(b"nope"), EventSummary::default());
     }
 }
