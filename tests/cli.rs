@@ -1,8 +1,10 @@
 //! The `llmslo` binary itself: configuration errors, precedence, signals and the demo.
 
+mod common;
+
+use common::terminate;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 fn llmslo() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_llmslo"));
@@ -148,20 +150,7 @@ fn flags_beat_env_beat_file_and_sigterm_exits_0() {
     assert!(http_get(&metrics, "/healthz").starts_with("HTTP/1.1 200"));
     let metrics_text = http_get(&metrics, "/metrics");
     assert!(metrics_text.contains("llmslo_build_info"));
-    let status = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let exit = loop {
-        if let Some(exit) = child.try_wait().unwrap() {
-            break exit;
-        }
-        assert!(Instant::now() < deadline, "did not exit after SIGTERM");
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert_eq!(exit.code(), Some(0));
+    terminate(&mut child);
     std::fs::remove_file(path).unwrap();
 }
 

@@ -46,8 +46,7 @@ async fn tgi_native_stream_is_measured_and_identified() {
         "TGI's own framing (no space after `data:`) passes through"
     );
     assert!(!body.ends_with(b"[DONE]\n\n"));
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     assert!(close(
         sample(&m, "gen_ai_server_time_to_first_token_seconds_sum", &generate),
         0.100
@@ -79,8 +78,7 @@ async fn tgi_non_streaming_generate_and_mid_stream_error() {
     assert_eq!(status, 200);
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(json["details"]["generated_tokens"], 7);
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     assert_eq!(
         sample(&m, "llmslo_output_tokens_total", &[("operation", "generate")]),
         7.0
@@ -103,8 +101,7 @@ async fn tgi_non_streaming_generate_and_mid_stream_error() {
     let (status, body) = post_collect(sidecar.proxy_addr, "/generate_stream", tgi_request(6)).await;
     assert_eq!(status, 200);
     assert!(String::from_utf8_lossy(&body).contains("incomplete_generation_stream"));
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     assert_eq!(
         sample(&m, "llmslo_requests_total", &[("outcome", "upstream_error")]),
         1.0
@@ -122,8 +119,7 @@ async fn tgi_openai_route_has_no_role_only_chunk() {
         first.contains("\"role\":\"assistant\"") && first.contains("\"content\":\" "),
         "{first}"
     );
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     let chat = [("operation", "chat"), ("provider", "tgi")];
     assert!(close(
         sample(&m, "gen_ai_server_time_to_first_token_seconds_sum", &chat),
@@ -144,8 +140,7 @@ async fn llamacpp_sends_no_usage_so_tokens_are_counted() {
     assert!(text.contains("\"created\": "), "spaced separators pass through: {text}");
     assert!(text.contains("\"content\": null"));
     assert_eq!(text.matches("data: ").count(), 1 + 6 + 1, "role, six tokens, [DONE]");
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     let chat = [("operation", "chat"), ("provider", "llamacpp")];
     assert_eq!(sample(&m, "llmslo_output_tokens_total", &chat), 6.0);
     assert!(close(
@@ -172,8 +167,7 @@ async fn n_choices_are_timed_per_choice() {
         !String::from_utf8_lossy(&received).contains("\"usage\""),
         "the injected usage stays hidden"
     );
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     let chat = [("operation", "chat"), ("provider", "vllm")];
     assert_eq!(
         sample(&m, "gen_ai_server_time_to_first_token_seconds_count", &chat),
@@ -212,8 +206,7 @@ async fn reasoning_deltas_are_the_first_tokens() {
     let (_, body) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(6, true, true)).await;
     let text = String::from_utf8_lossy(&body);
     assert_eq!(text.matches("reasoning_content").count(), 3);
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     let chat = [("operation", "chat")];
     assert!(close(
         sample(&m, "gen_ai_server_time_to_first_token_seconds_sum", &chat),

@@ -16,8 +16,7 @@ async fn without_nvml_gpu_up_is_0_and_the_rest_works() {
         .await;
         let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(2, true, false)).await;
         assert_eq!(status, 200);
-        settle(&sidecar).await;
-        let text = sidecar.metrics.encode();
+        let text = settled(&sidecar).await;
         assert!(text.contains("llmslo_gpu_up 0"), "{library}");
         assert!(!text.contains("llmslo_gpu_utilization_ratio{") && !text.contains("llmslo_gpu_sample_age_seconds"));
         assert_eq!(sample(&text, "llmslo_requests_total", &[("outcome", "success")]), 1.0);

@@ -146,12 +146,7 @@ async fn prompts_completions_and_credentials_never_reach_the_logs() {
     }
 
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
-    assert!(child.wait().unwrap().success());
+    terminate(&mut child);
     let log = reader.join().unwrap();
     assert!(
         log.contains("request finished"),

@@ -60,8 +60,7 @@ async fn client_receives_exactly_the_bytes_the_engine_sent() {
         assert_eq!(response.headers()["vary"], "Origin");
         let received = response.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(received, Bytes::from(sse), "{name}: bytes differ");
-        settle(&sidecar).await;
-        let m = sidecar.metrics.encode();
+        let m = settled(&sidecar).await;
         assert_eq!(
             sample(&m, "llmslo_requests_total", &[("outcome", "success")]),
             1.0,
@@ -81,8 +80,7 @@ async fn role_chunk_alone_is_not_the_first_token() {
     let (upstream, _) = scripted_upstream(script).await;
     let sidecar = start_sidecar(upstream, "").await;
     post_collect(sidecar.proxy_addr, "/v1/chat/completions", r#"{"model":"tiny"}"#.into()).await;
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     let ttft = sample(
         &m,
         "gen_ai_server_time_to_first_token_seconds_sum",
@@ -105,8 +103,7 @@ async fn stream_without_done_is_an_upstream_error() {
     let sidecar = start_sidecar(upstream, "").await;
     let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", "{}".into()).await;
     assert_eq!(status, 200);
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     assert_eq!(
         sample(&m, "llmslo_requests_total", &[("outcome", "upstream_error")]),
         1.0
@@ -125,8 +122,7 @@ async fn oversized_event_stops_measuring_but_not_forwarding() {
     let (status, body) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", "{}".into()).await;
     assert_eq!(status, 200);
     assert_eq!(body, Bytes::from(sse));
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     assert_eq!(sample(&m, "llmslo_requests_total", &[("outcome", "success")]), 1.0);
     assert_eq!(sample(&m, "gen_ai_server_time_to_first_token_seconds_count", &[]), 1.0);
 }
@@ -264,8 +260,7 @@ async fn body_over_the_peek_limit_is_forwarded_intact_with_model_unknown() {
         .to_string();
         let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", body.clone()).await;
         assert_eq!(status, 200);
-        settle(&sidecar).await;
-        let m = sidecar.metrics.encode();
+        let m = settled(&sidecar).await;
         assert_eq!(sample(&m, "llmslo_requests_total", &[("model", expect_model)]), 1.0);
         if target == upstream {
             let raw = request_to(&received, "POST ");
@@ -288,8 +283,7 @@ async fn malformed_json_is_forwarded_and_the_engines_4xx_is_client_error() {
     assert!(String::from_utf8_lossy(&body).contains("invalid JSON"));
     let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", r#"{"model":"nope"}"#.into()).await;
     assert_eq!(status, 404);
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     assert_eq!(
         sample(
             &m,
@@ -321,8 +315,7 @@ async fn h2c_clients_are_proxied_and_measured() {
     assert_eq!(response.version(), http::Version::HTTP_2);
     let body = response.into_body().collect().await.unwrap().to_bytes();
     assert!(body.ends_with(b"data: [DONE]\n\n"));
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     let ttft = sample(&m, "gen_ai_server_time_to_first_token_seconds_sum", &[("model", "sim")]);
     assert!((ttft - 0.040).abs() < 0.001, "{ttft}");
     assert_eq!(sample(&m, "llmslo_output_tokens_total", &[("model", "sim")]), 5.0);
@@ -430,8 +423,7 @@ async fn captured_vllm_error_answers_are_client_errors() {
         .await;
         assert!(status == 400 || status == 404, "{name}: {status}");
         assert_eq!(received, Bytes::from(body), "{name}");
-        settle(&sidecar).await;
-        let m = sidecar.metrics.encode();
+        let m = settled(&sidecar).await;
         assert_eq!(
             sample(&m, "llmslo_requests_total", &[("outcome", "client_error")]),
             1.0,
@@ -451,7 +443,10 @@ async fn oversized_request_head_is_refused_and_the_proxy_keeps_serving() {
     let mut answer = Vec::new();
     let _ = stream.read_to_end(&mut answer).await;
     let answer = String::from_utf8_lossy(&answer);
-    assert!(answer.is_empty() || answer.starts_with("HTTP/1.1 431"), "{answer}");
+    assert!(
+        answer.starts_with("HTTP/1.1 431 Request Header Fields Too Large"),
+        "{answer}"
+    );
     let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(2, true, false)).await;
     assert_eq!(status, 200, "other clients are unaffected");
 }
@@ -497,8 +492,7 @@ async fn client_leaving_before_the_response_head_is_client_cancelled() {
     }
     assert_eq!(sample(&sidecar.metrics.encode(), "llmslo_requests_in_flight", &[]), 1.0);
     drop(stream);
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     assert_eq!(
         sample(&m, "llmslo_requests_total", &[("outcome", "client_cancelled")]),
         1.0
@@ -548,8 +542,7 @@ async fn injected_usage_request_is_answered_and_hidden_byte_for_byte() {
             .contains(&format!("content-length: {}\r\n", body.len() + 40)),
         "{sent}"
     );
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     assert_eq!(
         sample(&m, "llmslo_output_tokens_total", &[("model", "tiny")]),
         16.0,
@@ -578,8 +571,7 @@ async fn usage_the_client_asked_for_is_left_alone_and_injection_can_be_turned_of
     let (_, got) = post_collect(off.proxy_addr, "/v1/chat/completions", body.into()).await;
     assert_eq!(got, Bytes::from(capture_with_and_without_usage().1));
     assert!(request_to(&received, "POST ").ends_with(body), "forwarded untouched");
-    settle(&off).await;
-    let m = off.metrics.encode();
+    let m = settled(&off).await;
     assert_eq!(
         sample(&m, "llmslo_output_tokens_total", &[("model", "tiny")]),
         16.0,

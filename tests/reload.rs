@@ -125,11 +125,6 @@ async fn slos_reload_on_change_and_sighup_and_bad_files_are_refused() {
     assert_eq!(sample(&text, "llmslo_slo_events_total", &[("slo", "first")]), 1.0);
     assert_eq!(sample(&text, "llmslo_slo_bad_events_total", &[("slo", "second")]), 1.0);
 
-    assert!(Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap()
-        .success());
-    assert!(child.wait().unwrap().success());
+    terminate(&mut child);
     std::fs::remove_file(path).unwrap();
 }

@@ -22,8 +22,7 @@ async fn ttft_tpot_and_inter_chunk_match_the_scripted_timings() {
     let (status, body) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(10, true, false)).await;
     assert_eq!(status, 200);
     assert!(body.ends_with(b"data: [DONE]\n\n"));
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
 
     // The role-only chunk went out at once; the first token only after 250 ms.
     let ttft = sample(&m, "gen_ai_server_time_to_first_token_seconds_sum", CHAT);
@@ -56,8 +55,7 @@ async fn several_tokens_per_chunk_with_usage_give_the_right_n_and_tpot() {
     let sidecar = start_sidecar(engine, "").await;
     let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(16, true, true)).await;
     assert_eq!(status, 200);
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     // 4 chunks of 4 tokens, 40 ms apart: N = 16 from usage, TPOT = 3 × 40 ms / 15.
     assert_eq!(sample(&m, "llmslo_output_tokens_total", CHAT), 16.0);
     assert_eq!(sample(&m, "llmslo_input_tokens_total", CHAT), 2.0);
@@ -74,8 +72,7 @@ async fn completions_are_measured_as_text_completion() {
     let body = serde_json::json!({"model": "sim", "prompt": "a b c", "max_tokens": 5, "stream": true}).to_string();
     let (status, _) = post_collect(sidecar.proxy_addr, "/v1/completions", body).await;
     assert_eq!(status, 200);
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     let labels = [("model", "sim"), ("operation", "text_completion")];
     let ttft = sample(&m, "gen_ai_server_time_to_first_token_seconds_sum", &labels);
     assert!((ttft - 0.050).abs() < 0.001, "ttft {ttft}");
@@ -93,8 +90,7 @@ async fn mid_stream_error_payload_is_an_upstream_error() {
     let (status, body) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(8, true, false)).await;
     assert_eq!(status, 200, "the engine said 200 before failing");
     assert!(String::from_utf8_lossy(&body).contains("\"error\""));
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     assert_eq!(
         sample(&m, "llmslo_requests_total", &with_outcome("upstream_error")),
         1.0
@@ -116,8 +112,7 @@ async fn upstream_closing_mid_stream_is_an_upstream_error() {
         response.into_body().collect().await.is_err(),
         "the client sees the cut too"
     );
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     assert_eq!(
         sample(&m, "llmslo_requests_total", &with_outcome("upstream_error")),
         1.0
@@ -136,8 +131,7 @@ async fn http_500_from_the_engine_is_an_upstream_error() {
     let sidecar = start_sidecar(engine, "").await;
     let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(8, true, false)).await;
     assert_eq!(status, 500);
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     assert_eq!(
         sample(&m, "llmslo_requests_total", &with_outcome("upstream_error")),
         1.0
@@ -157,8 +151,7 @@ async fn client_disconnecting_mid_stream_is_client_cancelled() {
     }
     assert_eq!(sample(&sidecar.metrics.encode(), "llmslo_requests_in_flight", &[]), 1.0);
     drop(body);
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     assert_eq!(sample(&m, "llmslo_requests_in_flight", &[]), 0.0);
     assert_eq!(
         sample(&m, "llmslo_requests_total", &with_outcome("client_cancelled")),
@@ -175,8 +168,7 @@ async fn non_streaming_requests_get_e2e_and_tokens_from_usage() {
     assert_eq!(status, 200);
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(json["usage"]["completion_tokens"], 11);
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     assert_eq!(sample(&m, "llmslo_output_tokens_total", CHAT), 11.0);
     assert_eq!(sample(&m, "llmslo_input_tokens_total", CHAT), 2.0);
     assert_eq!(sample(&m, "gen_ai_server_time_to_first_token_seconds_count", CHAT), 0.0);
@@ -211,8 +203,7 @@ async fn histogram_counts_equal_request_counts() {
     for task in tasks {
         assert_eq!(task.await.unwrap().0, 200);
     }
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     assert_eq!(sample(&m, "llmslo_requests_total", &[]), 30.0);
     assert_eq!(sample(&m, "gen_ai_server_request_duration_seconds_count", &[]), 30.0);
     // Streamed requests (20 of 30) each have one TTFT and one TPOT.
@@ -239,8 +230,7 @@ async fn two_hundred_concurrent_streams_are_all_counted() {
         assert_eq!(status, 200);
         assert!(body.ends_with(b"data: [DONE]\n\n"));
     }
-    settle(&sidecar).await;
-    let m = sidecar.metrics.encode();
+    let m = settled(&sidecar).await;
     assert_eq!(sample(&m, "llmslo_requests_total", &with_outcome("success")), 250.0);
     assert_eq!(
         sample(&m, "gen_ai_server_time_to_first_token_seconds_count", CHAT),

@@ -136,6 +136,34 @@ pub async fn settle(sidecar: &Sidecar) {
     panic!("requests still in flight:\n{}", sidecar.metrics.encode());
 }
 
+/// Waits until nothing is in flight, then returns the sidecar's metrics text.
+pub async fn settled(sidecar: &Sidecar) -> String {
+    settle(sidecar).await;
+    sidecar.metrics.encode()
+}
+
+/// Sends SIGTERM to `child` and requires it to exit 0 within 20 seconds.
+pub fn terminate(child: &mut std::process::Child) {
+    let sent = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -TERM failed");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let exit = loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            break exit;
+        }
+        if std::time::Instant::now() > deadline {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            panic!("did not exit within 20 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(exit.code(), Some(0), "exit status after SIGTERM");
+}
+
 /// One scripted response: a raw head, then body pieces written as HTTP chunks after delays.
 #[derive(Clone, Debug)]
 pub struct Script {
