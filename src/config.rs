@@ -176,6 +176,7 @@ struct GpuFile {
     interval: Option<Duration>,
     library_path: Option<String>,
     processes: Option<bool>,
+    simulated: Option<bool>,
 }
 
 /// GPU sampling settings.
@@ -189,6 +190,8 @@ pub struct GpuSettings {
     pub library_path: String,
     /// `gpu.processes`: export per-process GPU memory.
     pub processes: bool,
+    /// `gpu.simulated`: export one simulated GPU instead of reading NVML (demos, dashboards).
+    pub simulated: bool,
 }
 
 /// The effective, validated configuration.
@@ -334,6 +337,7 @@ impl Config {
                         .library_path
                         .unwrap_or_else(|| crate::gpu::nvml::DEFAULT_LIBRARY.to_string()),
                     processes: g.processes.unwrap_or(false),
+                    simulated: g.simulated.unwrap_or(false),
                 }
             },
             file: None,
@@ -452,6 +456,7 @@ impl Config {
                 "interval": human(self.gpu.interval),
                 "library_path": self.gpu.library_path,
                 "processes": self.gpu.processes,
+                "simulated": self.gpu.simulated,
             },
         });
         let mut mapping: serde_yaml::Mapping = serde_json::from_value(value).expect("plain JSON maps to YAML");

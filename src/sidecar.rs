@@ -3,7 +3,8 @@
 
 use crate::config::Config;
 use crate::gpu::nvml::NvmlSource;
-use crate::gpu::{run_sampler, GpuState};
+use crate::gpu::simulated::SimulatedSource;
+use crate::gpu::{run_sampler, DeviceSource, GpuState};
 use crate::health::{self, Readiness};
 use crate::metrics::{server as metrics_server, Metrics, MetricsConfig};
 use crate::proxy::client::UpstreamClient;
@@ -90,20 +91,24 @@ impl Sidecar {
             shutdown.clone(),
         ));
         if let Some(state) = gpu {
-            match NvmlSource::open(&config.gpu.library_path) {
-                Ok(source) => {
-                    tasks.spawn(run_sampler(
-                        Box::new(source),
-                        config.gpu.processes,
-                        state,
-                        shutdown.clone(),
-                    ));
+            let source: Option<Box<dyn DeviceSource>> = if config.gpu.simulated {
+                info!("gpu.simulated: exporting one simulated GPU, not reading NVML");
+                Some(Box::new(SimulatedSource::new()))
+            } else {
+                match NvmlSource::open(&config.gpu.library_path) {
+                    Ok(source) => Some(Box::new(source)),
+                    Err(error) => {
+                        warn!(
+                            %error,
+                            library = %config.gpu.library_path,
+                            "NVML is not available: no GPU series (llmslo_gpu_up 0); everything else works"
+                        );
+                        None
+                    }
                 }
-                Err(error) => warn!(
-                    %error,
-                    library = %config.gpu.library_path,
-                    "NVML is not available: no GPU series (llmslo_gpu_up 0); everything else works"
-                ),
+            };
+            if let Some(source) = source {
+                tasks.spawn(run_sampler(source, config.gpu.processes, state, shutdown.clone()));
             }
         }
         if config.file.is_some() {

@@ -30,3 +30,33 @@ async fn gpu_disabled_exports_nothing_about_gpus() {
     let sidecar = start_sidecar(engine, "gpu: {enabled: false}\n").await;
     assert!(!sidecar.metrics.encode().contains("llmslo_gpu_"));
 }
+
+#[tokio::test]
+async fn simulated_gpu_exports_every_series_without_nvml() {
+    let (engine, _stop) = start_engine(timed_engine(1, 1)).await;
+    let sidecar = start_sidecar(
+        engine,
+        "gpu: {simulated: true, interval: 100ms, library_path: /nonexistent/libnvidia-ml.so}\n",
+    )
+    .await;
+    let mut text = String::new();
+    for _ in 0..50 {
+        text = sidecar.metrics.encode();
+        if sample(&text, "llmslo_gpu_up", &[]) == 1.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(sample(&text, "llmslo_gpu_up", &[]), 1.0, "{text}");
+    let labels = [("gpu", "0"), ("gpu_model", "llmslo simulated GPU")];
+    let utilization = sample(&text, "llmslo_gpu_utilization_ratio", &labels);
+    assert!((0.3..=0.9).contains(&utilization), "{utilization}");
+    let watts = sample(&text, "llmslo_gpu_power_watts", &labels);
+    assert!((70.0..=700.0).contains(&watts), "{watts}");
+    assert_eq!(
+        sample(&text, "llmslo_gpu_memory_total_bytes", &labels),
+        80.0 * 1024.0 * 1024.0 * 1024.0
+    );
+    assert!(text.contains("llmslo_gpu_energy_joules_total{"));
+    sidecar.shutdown().await;
+}

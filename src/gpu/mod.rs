@@ -3,6 +3,7 @@
 //! collector encodes that snapshot at scrape time and never touches NVML itself.
 
 pub mod nvml;
+pub mod simulated;
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
@@ -77,7 +78,7 @@ pub struct RawReading {
     pub processes: Option<Field<Vec<(u32, u64)>>>,
 }
 
-/// Where GPU readings come from: NVML, or a fake in tests.
+/// Where GPU readings come from: NVML, the simulated GPU, or a fake in tests.
 pub trait DeviceSource: Send + 'static {
     /// How many devices are visible.
     fn device_count(&mut self) -> Result<u32, GpuError>;
