@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -216,8 +217,8 @@ impl Cli {
                     self.log.as_deref().unwrap_or("info"),
                     self.log_format.unwrap_or(LogFormat::Text),
                 );
-                let acceptor = match webhook::tls_acceptor(&args.tls_cert, &args.tls_key) {
-                    Ok(acceptor) => acceptor,
+                let tls = match webhook::TlsFiles::load(&args.tls_cert, &args.tls_key) {
+                    Ok(tls) => Arc::new(tls),
                     Err(e) => {
                         eprintln!("llmslo: {e}");
                         return ExitCode::from(EXIT_CONFIG);
@@ -238,7 +239,7 @@ impl Cli {
                     termination_signal().await;
                     stop.cancel();
                 });
-                webhook::serve(listener, acceptor, options, shutdown).await;
+                webhook::serve(listener, tls, options, shutdown).await;
                 ExitCode::SUCCESS
             }
             Command::Inject(args) => {

@@ -170,6 +170,9 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
     let port_entry = &mut spec.get_mut("containers").expect("found above")[engine_index]["ports"][port_index];
     port_entry["name"] = json!(ENGINE_PORT_NAME);
 
+    if let Some(name) = &service_name {
+        keep_probes_on_the_engine(spec, name);
+    }
     let facing = service_name.clone().unwrap_or_else(|| "llmslo-http".to_string());
     let sidecar_ports = json!([
         {"name": facing, "containerPort": listen, "protocol": "TCP"},
@@ -225,6 +228,25 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
         );
     }
     Ok(true)
+}
+
+/// Points the containers' probes that name the engine's port (now llmslo's) at the renamed
+/// engine port, so the engine's health never depends on the sidecar's.
+fn keep_probes_on_the_engine(spec: &mut Map<String, Value>, port_name: &str) {
+    let containers = spec.get_mut("containers").and_then(Value::as_array_mut);
+    for container in containers.into_iter().flatten() {
+        for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
+            for action in ["httpGet", "tcpSocket"] {
+                let port = container
+                    .get_mut(probe)
+                    .and_then(|p| p.get_mut(action))
+                    .and_then(|a| a.get_mut("port"));
+                if let Some(port) = port.filter(|port| port.as_str() == Some(port_name)) {
+                    *port = json!(ENGINE_PORT_NAME);
+                }
+            }
+        }
+    }
 }
 
 /// The container and port index of the engine's port: the annotated one (name or number),

@@ -12,18 +12,19 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{json, Value};
 use std::convert::Infallible;
-use std::path::Path;
-use std::sync::Arc;
-use std::time::Duration;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
 
 /// Largest AdmissionReview accepted (the API server sends far less).
 const MAX_REVIEW_BYTES: usize = 4 << 20;
 
 /// Loads a PEM certificate chain and private key into a TLS acceptor.
-pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, String> {
+fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, String> {
     let chain = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
         .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
@@ -41,13 +42,65 @@ pub fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, String> {
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
+/// The certificate and key files, re-read when they change (cert-manager renews them in place),
+/// so a renewed certificate is served without a restart.
+pub struct TlsFiles {
+    cert: PathBuf,
+    key: PathBuf,
+    current: Mutex<(Option<SystemTime>, TlsAcceptor)>,
+}
+
+impl std::fmt::Debug for TlsFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsFiles")
+            .field("cert", &self.cert)
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+impl TlsFiles {
+    /// Loads both files; an error names the flag and the file.
+    pub fn load(cert: &Path, key: &Path) -> Result<Self, String> {
+        let acceptor = tls_acceptor(cert, key)?;
+        Ok(Self {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            current: Mutex::new((modified(cert, key), acceptor)),
+        })
+    }
+
+    /// The acceptor for a new connection: reloaded first when either file changed. A changed
+    /// pair that does not load (caught mid-update) is logged and the previous one kept.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        let stamp = modified(&self.cert, &self.key);
+        let mut current = self.current.lock().expect("tls lock");
+        if stamp.is_some() && stamp != current.0 {
+            match tls_acceptor(&self.cert, &self.key) {
+                Ok(acceptor) => {
+                    info!(cert = %self.cert.display(), "TLS certificate reloaded");
+                    *current = (stamp, acceptor);
+                }
+                Err(error) => warn!(%error, "the changed TLS files do not load yet; serving the previous certificate"),
+            }
+        }
+        current.1.clone()
+    }
+}
+
+/// The later modification time of the two files (through symlinks, as Secret volumes use).
+fn modified(cert: &Path, key: &Path) -> Option<SystemTime> {
+    let time = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    Some(time(cert)?.max(time(key)?))
+}
+
 /// Serves the webhook over TLS on `listener` until `shutdown`.
-pub async fn serve(listener: TcpListener, acceptor: TlsAcceptor, options: InjectOptions, shutdown: CancellationToken) {
+pub async fn serve(listener: TcpListener, tls: Arc<TlsFiles>, options: InjectOptions, shutdown: CancellationToken) {
     let options = Arc::new(options);
     crate::serve::serve_with(
         listener,
         move |stream| {
-            let acceptor = acceptor.clone();
+            let acceptor = tls.acceptor();
             async move { acceptor.accept(stream).await }
         },
         move |request, _peer| handle(request, options.clone()),

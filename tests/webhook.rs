@@ -56,6 +56,20 @@ async fn post_review(addr: std::net::SocketAddr, roots: rustls::RootCertStore, r
     (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
 }
 
+async fn try_handshake(addr: std::net::SocketAddr, roots: rustls::RootCertStore) -> std::io::Result<()> {
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let tcp = TcpStream::connect(addr).await?;
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
+    connector
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .map(drop)
+}
+
 fn pod() -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
@@ -73,13 +87,13 @@ async fn admission_review_over_tls_returns_a_patch_that_injects_the_pod() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("tls.crt"), &tls.cert_pem).unwrap();
     std::fs::write(dir.join("tls.key"), &tls.key_pem).unwrap();
-    let acceptor = llmslo::webhook::tls_acceptor(&dir.join("tls.crt"), &dir.join("tls.key")).unwrap();
+    let tls_files = Arc::new(llmslo::webhook::TlsFiles::load(&dir.join("tls.crt"), &dir.join("tls.key")).unwrap());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
     let server = tokio::spawn(llmslo::webhook::serve(
         listener,
-        acceptor,
+        tls_files,
         InjectOptions::default(),
         shutdown.clone(),
     ));
@@ -127,7 +141,29 @@ async fn admission_review_over_tls_returns_a_patch_that_injects_the_pod() {
     assert!(!String::from_utf8_lossy(&buf).contains("200 OK"));
     let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                         "request": {"uid": "d3", "kind": {"kind": "Pod"}, "operation": "CREATE", "object": pod()}});
-    assert_eq!(post_review(addr, tls.roots, review).await.0, 200);
+    assert_eq!(post_review(addr, tls.roots.clone(), review.clone()).await.0, 200);
+
+    // A renewed certificate (cert-manager rewrites the Secret) is served without a restart;
+    // a half-written pair keeps the previous one in service.
+    std::fs::write(dir.join("tls.key"), "-----BEGIN PRIVATE KEY-----\n").unwrap();
+    assert_eq!(post_review(addr, tls.roots.clone(), review.clone()).await.0, 200);
+    let renewed = self_signed();
+    std::fs::write(dir.join("tls.crt"), &renewed.cert_pem).unwrap();
+    std::fs::write(dir.join("tls.key"), &renewed.key_pem).unwrap();
+    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
+    for file in ["tls.crt", "tls.key"] {
+        std::fs::File::options()
+            .write(true)
+            .open(dir.join(file))
+            .unwrap()
+            .set_modified(later)
+            .unwrap();
+    }
+    assert_eq!(post_review(addr, renewed.roots, review.clone()).await.0, 200);
+    assert!(
+        try_handshake(addr, tls.roots).await.is_err(),
+        "the old certificate is gone"
+    );
 
     shutdown.cancel();
     server.await.unwrap();

@@ -220,3 +220,28 @@ fn bad_annotations_and_portless_pods_are_clear_errors() {
         .message
         .contains("YAML"));
 }
+
+#[test]
+fn engine_probes_on_the_taken_over_port_keep_probing_the_engine() {
+    let with_probes = DEPLOYMENT.replace(
+        "          ports: [{name: http, containerPort: 8000}]\n",
+        "          ports: [{name: http, containerPort: 8000}]
+          readinessProbe: {httpGet: {path: /health, port: http}}
+          livenessProbe: {tcpSocket: {port: 8000}}
+          startupProbe: {httpGet: {path: /health, port: http}, failureThreshold: 60}
+",
+    );
+    let d = inject(&with_probes, SidecarMode::Native);
+    let engine = &d["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        engine["readinessProbe"],
+        json!({"httpGet": {"path": "/health", "port": "llmslo-engine"}})
+    );
+    assert_eq!(
+        engine["livenessProbe"],
+        json!({"tcpSocket": {"port": 8000}}),
+        "a number already names the engine"
+    );
+    assert_eq!(engine["startupProbe"]["httpGet"]["port"], "llmslo-engine");
+    assert_eq!(engine["startupProbe"]["failureThreshold"], 60);
+}
