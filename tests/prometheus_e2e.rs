@@ -5,54 +5,17 @@
 
 mod common;
 
-use bytes::Bytes;
 use common::*;
-use http_body_util::{BodyExt, Full};
 use llmslo::config::Config;
 use llmslo::sidecar::Sidecar;
 use llmslo::simulate::SimOptions;
 use llmslo::slo::rules::{self, RulesFormat};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// Agreement asked of the two error ratios: Prometheus's comes from rate() over the few
 /// scrapes it has, the sidecar's from its exact window; both see the same 30% failure rate.
 const TOLERANCE: f64 = 0.05;
-
-/// Kills the Prometheus process (by PID) when the test ends, however it ends.
-struct Killed(Child);
-
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn api(port: u16, path: &str) -> serde_json::Value {
-    let request = http::Request::get(format!("http://127.0.0.1:{port}{path}"))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    match client().request(request).await {
-        Ok(response) => serde_json::from_slice(&response.into_body().collect().await.unwrap().to_bytes()).unwrap(),
-        Err(_) => serde_json::Value::Null,
-    }
-}
-
-async fn query(port: u16, expr: &str) -> Vec<serde_json::Value> {
-    let encoded: String = form_urlencoded::byte_serialize(expr.as_bytes()).collect();
-    let answer = api(port, &format!("/api/v1/query?query={encoded}")).await;
-    answer["data"]["result"].as_array().cloned().unwrap_or_default()
-}
 
 fn gauge(sidecar: &Sidecar, slo: &str, window: &str) -> f64 {
     sample(
@@ -64,14 +27,8 @@ fn gauge(sidecar: &Sidecar, slo: &str, window: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_rules_agree_with_the_sidecar_and_the_page_fires() {
-    let Some(prometheus) = which("prometheus") else {
-        // CI installs it (.ci/run) and must never skip this; a developer's machine may lack it.
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "`prometheus` is not installed: .ci/run installs it"
-        );
-        eprintln!("SKIPPED: `prometheus` is not on PATH (apt-get install prometheus)");
-        return;
+    let Some(binary) = prometheus::binary() else {
+        return; // only outside CI, which installs it (.ci/run)
     };
     let (engine, _stop) = start_engine(SimOptions {
         error_rate: 0.3,
@@ -87,31 +44,12 @@ async fn prometheus_rules_agree_with_the_sidecar_and_the_page_fires() {
     let sidecar = Sidecar::start(&config).await.unwrap();
 
     let dir = std::env::temp_dir().join(format!("llmslo-prometheus-{}", std::process::id()));
-    std::fs::create_dir_all(dir.join("data")).unwrap();
-    std::fs::write(
-        dir.join("rules.yaml"),
-        rules::render(&config.slos, RulesFormat::Prometheus),
-    )
-    .unwrap();
-    std::fs::write(
-        dir.join("prometheus.yaml"),
-        format!(
-            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: [rules.yaml]\n\
-             scrape_configs:\n  - job_name: llmslo\n    static_configs: [{{targets: ['{}']}}]\n",
-            sidecar.metrics_addr
-        ),
-    )
-    .unwrap();
-    let port = free_port();
-    let _prometheus = Killed(
-        Command::new(prometheus)
-            .arg(format!("--config.file={}", dir.join("prometheus.yaml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
+    let server = prometheus::start(
+        &binary,
+        &dir,
+        sidecar.metrics_addr,
+        &rules::render(&config.slos, RulesFormat::Prometheus),
+        "",
     );
 
     // Steady traffic: eight clients back to back, 30% of requests failing.
@@ -131,7 +69,9 @@ async fn prometheus_rules_agree_with_the_sidecar_and_the_page_fires() {
     let mut alert_state = None;
     while Instant::now() < deadline && (agreed.is_none() || alert_state.is_none()) {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let recorded = query(port, "slo:sli_error:ratio_rate5m{sloth_slo=\"availability\"}").await;
+        let recorded = server
+            .query("slo:sli_error:ratio_rate5m{sloth_slo=\"availability\"}")
+            .await;
         if let Some(value) = recorded
             .first()
             .and_then(|r| r["value"][1].as_str())
@@ -142,7 +82,7 @@ async fn prometheus_rules_agree_with_the_sidecar_and_the_page_fires() {
                 agreed = Some((value, own));
             }
         }
-        let alerts = api(port, "/api/v1/alerts").await;
+        let alerts = server.api("/api/v1/alerts").await;
         alert_state = alerts["data"]["alerts"]
             .as_array()
             .into_iter()
@@ -164,17 +104,8 @@ async fn prometheus_rules_agree_with_the_sidecar_and_the_page_fires() {
     let state = alert_state.expect("LLMSLOErrorBudgetBurnFast never appeared");
     assert!(state == "pending" || state == "firing", "{state}");
     // The TTFT SLO is met (2 ms): no alert for it.
-    let alerts = api(port, "/api/v1/alerts").await;
+    let alerts = server.api("/api/v1/alerts").await;
     assert!(!alerts.to_string().contains("\"slo\":\"ttft-500ms\""), "{alerts}");
     sidecar.shutdown().await;
     std::fs::remove_dir_all(dir).unwrap();
-}
-
-/// The path of `program` on PATH.
-fn which(program: &str) -> Option<std::path::PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|dir| std::path::Path::new(dir).join(program))
-        .find(|path| path.is_file())
 }

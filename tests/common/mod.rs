@@ -1,6 +1,8 @@
 //! Shared harness for the integration tests: real servers on 127.0.0.1:0.
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
+pub mod prometheus;
+
 use bytes::Bytes;
 use http::{header, Request, Response};
 use http_body_util::{BodyExt, Full};

@@ -1,0 +1,227 @@
+//! Every query in the Grafana dashboards, run against a real Prometheus that scrapes a live
+//! sidecar under traffic (and evaluates the rules `llmslo rules` generates): each must parse,
+//! name only metrics llmslo exports or rules it records, and return data, with the dashboard
+//! variables substituted the way Grafana would.
+
+mod common;
+
+use common::*;
+use llmslo::config::Config;
+use llmslo::sidecar::Sidecar;
+use llmslo::simulate::SimOptions;
+use llmslo::slo::rules::{self, RulesFormat};
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// One query of one panel.
+struct PanelQuery {
+    at: String,
+    expr: String,
+}
+
+/// Every panel query and every variable query in dashboards/.
+fn dashboard_queries() -> (Vec<PanelQuery>, Vec<PanelQuery>) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards");
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    let (mut panels, mut variables) = (Vec::new(), Vec::new());
+    for file in files.iter().filter(|f| f.extension().is_some_and(|e| e == "json")) {
+        let dashboard: Value = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(
+            dashboard["schemaVersion"].as_u64().unwrap() >= 41,
+            "{name}: not a current schemaVersion"
+        );
+        for panel in dashboard["panels"].as_array().unwrap() {
+            for target in panel["targets"].as_array().into_iter().flatten() {
+                panels.push(PanelQuery {
+                    at: format!("{name} / {} / {}", panel["title"], target["refId"]),
+                    expr: target["expr"].as_str().unwrap().to_string(),
+                });
+            }
+        }
+        let names: BTreeSet<_> = dashboard["templating"]["list"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v["name"].as_str().unwrap().to_string())
+            .collect();
+        for wanted in ["datasource", "namespace", "pod", "model"] {
+            assert!(names.contains(wanted), "{name}: no `{wanted}` variable");
+        }
+        for variable in dashboard["templating"]["list"].as_array().unwrap() {
+            if variable["type"] == "query" {
+                variables.push(PanelQuery {
+                    at: format!("{name} / variable {}", variable["name"]),
+                    expr: variable["query"]["query"].as_str().unwrap().to_string(),
+                });
+            }
+        }
+    }
+    assert!(panels.len() >= 40, "only {} panel queries", panels.len());
+    (panels, variables)
+}
+
+/// The expression with Grafana's variables replaced: one concrete value each, or "All" (`.*`).
+fn substitute(expr: &str, all: bool) -> String {
+    let value = |concrete: &'static str| if all { ".*" } else { concrete };
+    expr.replace("$__rate_interval", "1m")
+        .replace("$namespace", value("llm"))
+        .replace("$pod", value("vllm-0"))
+        .replace("$model", value("sim"))
+        .replace("$service", value("chat"))
+}
+
+/// `label_values(selector, label)` as a PromQL query whose result carries the label.
+fn variable_as_promql(query: &str) -> (String, String) {
+    let inner = query
+        .strip_prefix("label_values(")
+        .and_then(|q| q.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("variable query `{query}` is not label_values(selector, label)"));
+    let (selector, label) = inner.rsplit_once(',').unwrap();
+    (
+        format!("count by ({0}) ({1})", label.trim(), selector.trim()),
+        label.trim().to_string(),
+    )
+}
+
+/// The metric names a query selects (every selector in llmslo's dashboards has braces).
+fn metric_names(expr: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let bytes = expr.as_bytes();
+    for (i, _) in expr.match_indices('{') {
+        let start = bytes[..i]
+            .iter()
+            .rposition(|b| !(b.is_ascii_alphanumeric() || *b == b'_' || *b == b':'))
+            .map_or(0, |p| p + 1);
+        if start < i && !expr[..start].ends_with('$') && !expr[..start].ends_with("{{") {
+            names.push(expr[start..i].to_string());
+        }
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
+    let (panels, variables) = dashboard_queries();
+    let Some(binary) = prometheus::binary() else {
+        return; // only outside CI, which installs it (.ci/run)
+    };
+    // 30% engine errors, so the error panels and the page alert have something to show.
+    let (engine, _stop) = start_engine(SimOptions {
+        error_rate: 0.3,
+        ..timed_engine(3, 2)
+    })
+    .await;
+    let yaml = format!(
+        "upstream: http://{engine}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nengine: vllm\nhealth_interval: 1s\n\
+         service: chat\nmin_events: 5\nslos:\n  - {{name: availability, objective: 99.9, availability: true}}\n  \
+         - {{name: ttft-500ms, objective: 99, ttft: 500ms}}\n  - {{name: tpot-50ms, objective: 99, tpot: 50ms}}\n\
+         goodput: {{require: [ttft-500ms, tpot-50ms]}}\ngpu: {{simulated: true, interval: 200ms}}\n"
+    );
+    let config = Config::from_yaml(&yaml).unwrap();
+    let sidecar = Sidecar::start(&config).await.unwrap();
+    let rule_file = rules::render(&config.slos, RulesFormat::Prometheus);
+
+    // Every metric a query names is one the sidecar exports or a rule records.
+    let exported = sidecar.metrics.encode();
+    let mut known: BTreeSet<String> = ["ALERTS".to_string()].into();
+    for line in exported.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+        let family = line.split(' ').next().unwrap();
+        for suffix in ["", "_total", "_bucket", "_count", "_sum"] {
+            known.insert(format!("{family}{suffix}"));
+        }
+    }
+    for line in rule_file.lines().filter_map(|l| l.trim().strip_prefix("- record: ")) {
+        known.insert(line.trim().to_string());
+    }
+    for query in panels.iter().chain(&variables) {
+        for name in metric_names(&query.expr) {
+            assert!(
+                known.contains(&name),
+                "{}: `{name}` is neither exported nor recorded",
+                query.at
+            );
+        }
+    }
+
+    let dir = std::env::temp_dir().join(format!("llmslo-dashboards-{}", std::process::id()));
+    let server = prometheus::start(
+        &binary,
+        &dir,
+        sidecar.metrics_addr,
+        &rule_file,
+        "namespace: llm, pod: vllm-0",
+    );
+    let stop = CancellationToken::new();
+    let mut load = Vec::new();
+    for _ in 0..8 {
+        let (addr, stop) = (sidecar.proxy_addr, stop.clone());
+        load.push(tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                post_collect(addr, "/v1/chat/completions", chat_body(6, true, true)).await;
+            }
+        }));
+    }
+
+    // Queries leave the list once they return data; a parse error fails at once.
+    let mut waiting: Vec<(&PanelQuery, bool)> = panels.iter().flat_map(|q| [(q, false), (q, true)]).collect();
+    let mut variables_waiting: Vec<&PanelQuery> = variables.iter().collect();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while Instant::now() < deadline && !(waiting.is_empty() && variables_waiting.is_empty()) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let mut still = Vec::new();
+        for (query, all) in waiting {
+            let answer = server.query_answer(&substitute(&query.expr, all)).await;
+            if answer.is_null() {
+                still.push((query, all));
+                continue;
+            }
+            assert_eq!(
+                answer["status"], "success",
+                "{}: {}\n{}",
+                query.at, answer["error"], query.expr
+            );
+            if answer["data"]["result"].as_array().is_none_or(|r| r.is_empty()) {
+                still.push((query, all));
+            }
+        }
+        waiting = still;
+        let mut still = Vec::new();
+        for query in variables_waiting {
+            let (promql, label) = variable_as_promql(&substitute(&query.expr, false));
+            let result = server.query(&promql).await;
+            if !result
+                .iter()
+                .any(|r| r["metric"][&label].as_str().is_some_and(|v| !v.is_empty()))
+            {
+                still.push(query);
+            }
+        }
+        variables_waiting = still;
+    }
+    stop.cancel();
+    for task in load {
+        task.await.unwrap();
+    }
+    let empty: Vec<String> = waiting
+        .iter()
+        .map(|(q, all)| format!("{} ({}): {}", q.at, if *all { "All" } else { "one value" }, q.expr))
+        .chain(variables_waiting.iter().map(|q| format!("{}: {}", q.at, q.expr)))
+        .collect();
+    assert!(
+        empty.is_empty(),
+        "queries still empty after 120 s:\n{}",
+        empty.join("\n")
+    );
+    eprintln!(
+        "{} panel queries (each with one value and with All) and {} variable queries returned data",
+        panels.len(),
+        variables.len()
+    );
+    sidecar.shutdown().await;
+    drop(server);
+    std::fs::remove_dir_all(dir).unwrap();
+}
