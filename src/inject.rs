@@ -38,6 +38,9 @@ pub mod annotations {
     pub const SIDECAR: &str = "llmslo.io/sidecar";
     /// The sidecar image.
     pub const IMAGE: &str = "llmslo.io/image";
+    /// `all`: let the sidecar see the node's GPUs through the NVIDIA runtime, so it can sample
+    /// them (exact when the engine has the whole node; otherwise it sees its neighbours' too).
+    pub const GPUS: &str = "llmslo.io/gpus";
     /// Set by the injector: the llmslo version injected.
     pub const INJECTED: &str = "llmslo.io/injected";
 }
@@ -313,6 +316,11 @@ fn sidecar_container(
         json!({"name": "LLMSLO_LOG_FORMAT", "value": "json"}),
         json!({"name": "LLMSLO_ENGINE", "value": engine}),
     ];
+    match annotation(annotations::GPUS).as_deref() {
+        None => {}
+        Some("all") => env.push(json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})),
+        Some(other) => return Err(format!("annotation {}: `{other}` is not `all`", annotations::GPUS)),
+    }
     let mut mounts = Vec::new();
     if annotation(annotations::CONFIG_MAP).is_some() {
         env.push(json!({"name": "LLMSLO_CONFIG", "value": "/etc/llmslo/llmslo.yaml"}));

@@ -215,6 +215,14 @@ fn bad_annotations_and_portless_pods_are_clear_errors() {
         .unwrap_err()
         .message
         .contains("triton"));
+    let gpus = DEPLOYMENT.replace(
+        "labels: {app: vllm, llmslo.io/inject: \"true\"}",
+        "labels: {app: vllm, llmslo.io/inject: \"true\"}\n      annotations: {llmslo.io/gpus: \"0,1\"}",
+    );
+    assert_eq!(
+        inject_yaml(&gpus, &InjectOptions::default()).unwrap_err().message,
+        "annotation llmslo.io/gpus: `0,1` is not `all`"
+    );
     assert!(inject_yaml("kind: [", &InjectOptions::default())
         .unwrap_err()
         .message
@@ -244,4 +252,20 @@ fn engine_probes_on_the_taken_over_port_keep_probing_the_engine() {
     );
     assert_eq!(engine["startupProbe"]["httpGet"]["port"], "llmslo-engine");
     assert_eq!(engine["startupProbe"]["failureThreshold"], 60);
+}
+
+#[test]
+fn gpus_all_lets_the_sidecar_see_the_nodes_gpus() {
+    let plain = inject(DEPLOYMENT, SidecarMode::Native);
+    let env = |d: &Value| d["spec"]["template"]["spec"]["initContainers"][0]["env"].clone();
+    assert!(!env(&plain).to_string().contains("NVIDIA_VISIBLE_DEVICES"));
+    let annotated = DEPLOYMENT.replace(
+        "labels: {app: vllm, llmslo.io/inject: \"true\"}",
+        "labels: {app: vllm, llmslo.io/inject: \"true\"}\n      annotations: {llmslo.io/gpus: all}",
+    );
+    let d = inject(&annotated, SidecarMode::Native);
+    assert!(env(&d)
+        .as_array()
+        .unwrap()
+        .contains(&json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})));
 }
