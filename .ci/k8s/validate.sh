@@ -71,10 +71,16 @@ for v in "${versions[@]}"; do
         exit 1
     fi
 done
-if "$helm" template llmslo helm/llmslo --set certificates.source=none > /dev/null 2>&1; then
-    echo "an unknown certificates.source rendered" >&2
-    exit 1
-fi
+# Bad values are refused by values.schema.json with the key named, not silently ignored.
+for bad in certificates.source=none injector.sidecarmode=classic webhook.timeoutSeconds=60 \
+           injector.sidecarMode=sidecar podMonitor.interval=soon; do
+    if error=$("$helm" template llmslo helm/llmslo --set "$bad" 2>&1 >/dev/null); then
+        echo "helm template accepted --set $bad" >&2
+        exit 1
+    fi
+    key=${bad%%=*}
+    grep -q "${key##*.}" <<<"$error" || { echo "the error for --set $bad does not name the key: $error" >&2; exit 1; }
+done
 
 echo "== plain manifests in deploy/, validated"
 target/debug/llmslo inject -f deploy/source/vllm.yaml --sidecar classic > "$out/vllm-classic.yaml" 2>/dev/null
