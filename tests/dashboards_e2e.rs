@@ -6,14 +6,10 @@
 mod common;
 
 use common::*;
-use llmslo::config::Config;
-use llmslo::sidecar::Sidecar;
-use llmslo::simulate::SimOptions;
 use llmslo::slo::rules::{self, RulesFormat};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 
 /// One query of one panel.
 struct PanelQuery {
@@ -109,20 +105,12 @@ async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
     let Some(binary) = prometheus::binary() else {
         return; // only outside CI, which installs it (.ci/run)
     };
-    // 30% engine errors, so the error panels and the page alert have something to show.
-    let (engine, _stop) = start_engine(SimOptions {
-        error_rate: 0.3,
-        ..timed_engine(3, 2)
-    })
+    let (sidecar, config, _engine) = prometheus::failing_engine_and_sidecar(
+        2,
+        "  - {name: tpot-50ms, objective: 99, tpot: 50ms}\n\
+         goodput: {require: [ttft-500ms, tpot-50ms]}\ngpu: {simulated: true, interval: 200ms}\n",
+    )
     .await;
-    let yaml = format!(
-        "upstream: http://{engine}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nengine: vllm\nhealth_interval: 1s\n\
-         service: chat\nmin_events: 5\nslos:\n  - {{name: availability, objective: 99.9, availability: true}}\n  \
-         - {{name: ttft-500ms, objective: 99, ttft: 500ms}}\n  - {{name: tpot-50ms, objective: 99, tpot: 50ms}}\n\
-         goodput: {{require: [ttft-500ms, tpot-50ms]}}\ngpu: {{simulated: true, interval: 200ms}}\n"
-    );
-    let config = Config::from_yaml(&yaml).unwrap();
-    let sidecar = Sidecar::start(&config).await.unwrap();
     let rule_file = rules::render(&config.slos, RulesFormat::Prometheus);
 
     // Every metric a query names is one the sidecar exports or a rule records.
@@ -155,16 +143,7 @@ async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
         &rule_file,
         "namespace: llm, pod: vllm-0",
     );
-    let stop = CancellationToken::new();
-    let mut load = Vec::new();
-    for _ in 0..8 {
-        let (addr, stop) = (sidecar.proxy_addr, stop.clone());
-        load.push(tokio::spawn(async move {
-            while !stop.is_cancelled() {
-                post_collect(addr, "/v1/chat/completions", chat_body(6, true, true)).await;
-            }
-        }));
-    }
+    let load = prometheus::Load::start(sidecar.proxy_addr, chat_body(6, true, true));
 
     // Queries leave the list once they return data; a parse error fails at once.
     let mut waiting: Vec<(&PanelQuery, bool)> = panels.iter().flat_map(|q| [(q, false), (q, true)]).collect();
@@ -202,10 +181,7 @@ async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
         }
         variables_waiting = still;
     }
-    stop.cancel();
-    for task in load {
-        task.await.unwrap();
-    }
+    load.stop().await;
     let empty: Vec<String> = waiting
         .iter()
         .map(|(q, all)| format!("{} ({}): {}", q.at, if *all { "All" } else { "one value" }, q.expr))

@@ -6,12 +6,9 @@
 mod common;
 
 use common::*;
-use llmslo::config::Config;
 use llmslo::sidecar::Sidecar;
-use llmslo::simulate::SimOptions;
 use llmslo::slo::rules::{self, RulesFormat};
 use std::time::{Duration, Instant};
-use tokio_util::sync::CancellationToken;
 
 /// Agreement asked of the two error ratios: Prometheus's comes from rate() over the few
 /// scrapes it has, the sidecar's from its exact window; both see the same 30% failure rate.
@@ -30,18 +27,7 @@ async fn prometheus_rules_agree_with_the_sidecar_and_the_page_fires() {
     let Some(binary) = prometheus::binary() else {
         return; // only outside CI, which installs it (.ci/run)
     };
-    let (engine, _stop) = start_engine(SimOptions {
-        error_rate: 0.3,
-        ..timed_engine(2, 1)
-    })
-    .await;
-    let yaml = format!(
-        "upstream: http://{engine}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nengine: vllm\nhealth_interval: 1s\n\
-         service: chat\nmin_events: 5\nslos:\n  - {{name: availability, objective: 99.9, availability: true}}\n  \
-         - {{name: ttft-500ms, objective: 99, ttft: 500ms}}\n"
-    );
-    let config = Config::from_yaml(&yaml).unwrap();
-    let sidecar = Sidecar::start(&config).await.unwrap();
+    let (sidecar, config, _engine) = prometheus::failing_engine_and_sidecar(1, "").await;
 
     let dir = std::env::temp_dir().join(format!("llmslo-prometheus-{}", std::process::id()));
     let server = prometheus::start(
@@ -53,16 +39,7 @@ async fn prometheus_rules_agree_with_the_sidecar_and_the_page_fires() {
     );
 
     // Steady traffic: eight clients back to back, 30% of requests failing.
-    let stop = CancellationToken::new();
-    let mut load = Vec::new();
-    for _ in 0..8 {
-        let (addr, stop) = (sidecar.proxy_addr, stop.clone());
-        load.push(tokio::spawn(async move {
-            while !stop.is_cancelled() {
-                post_collect(addr, "/v1/chat/completions", chat_body(4, true, false)).await;
-            }
-        }));
-    }
+    let load = prometheus::Load::start(sidecar.proxy_addr, chat_body(4, true, false));
 
     let deadline = Instant::now() + Duration::from_secs(90);
     let mut agreed = None;
@@ -90,10 +67,7 @@ async fn prometheus_rules_agree_with_the_sidecar_and_the_page_fires() {
             .find(|a| a["labels"]["alertname"] == "LLMSLOErrorBudgetBurnFast" && a["labels"]["slo"] == "availability")
             .map(|a| a["state"].as_str().unwrap_or_default().to_string());
     }
-    stop.cancel();
-    for task in load {
-        task.await.unwrap();
-    }
+    load.stop().await;
 
     let (recorded, own) = agreed.expect("the recording rule never agreed with the sidecar's gauge");
     assert!(

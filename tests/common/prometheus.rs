@@ -94,3 +94,61 @@ impl Prometheus {
         answer["data"]["result"].as_array().cloned().unwrap_or_default()
     }
 }
+
+/// The simulated engine failing 30% of requests (so error panels and page alerts have
+/// something to show) and a sidecar in front of it with the availability and TTFT SLOs, then
+/// `extra_yaml`. Keep the token alive as long as the engine is needed.
+pub async fn failing_engine_and_sidecar(
+    tpot_ms: u64,
+    extra_yaml: &str,
+) -> (
+    llmslo::sidecar::Sidecar,
+    llmslo::config::Config,
+    tokio_util::sync::CancellationToken,
+) {
+    let (engine, stop) = super::start_engine(llmslo::simulate::SimOptions {
+        error_rate: 0.3,
+        ..super::timed_engine(tpot_ms + 1, tpot_ms)
+    })
+    .await;
+    let yaml = format!(
+        "upstream: http://{engine}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nengine: vllm\nhealth_interval: 1s\n\
+         service: chat\nmin_events: 5\nslos:\n  - {{name: availability, objective: 99.9, availability: true}}\n  \
+         - {{name: ttft-500ms, objective: 99, ttft: 500ms}}\n{extra_yaml}"
+    );
+    let config = llmslo::config::Config::from_yaml(&yaml).unwrap();
+    let sidecar = llmslo::sidecar::Sidecar::start(&config).await.unwrap();
+    (sidecar, config, stop)
+}
+
+/// Eight clients sending `body` back to back until stopped.
+pub struct Load {
+    stop: tokio_util::sync::CancellationToken,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Load {
+    /// Starts the clients against `addr`.
+    pub fn start(addr: std::net::SocketAddr, body: String) -> Self {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let tasks = (0..8)
+            .map(|_| {
+                let (stop, body) = (stop.clone(), body.clone());
+                tokio::spawn(async move {
+                    while !stop.is_cancelled() {
+                        super::post_collect(addr, "/v1/chat/completions", body.clone()).await;
+                    }
+                })
+            })
+            .collect();
+        Self { stop, tasks }
+    }
+
+    /// Stops the clients and waits for them.
+    pub async fn stop(self) {
+        self.stop.cancel();
+        for task in self.tasks {
+            task.await.unwrap();
+        }
+    }
+}
