@@ -71,6 +71,11 @@ for v in "${versions[@]}"; do
         exit 1
     fi
 done
+# Native sidecars from 1.29 on, classic before, unless set.
+for want in 1.28.0=classic 1.29.0=native; do
+    "$helm" template llmslo helm/llmslo --kube-version "${want%%=*}" | grep -q -- "--sidecar=${want##*=}" ||
+        { echo "the chart does not pick ${want##*=} sidecars at Kubernetes ${want%%=*}" >&2; exit 1; }
+done
 # Bad values are refused by values.schema.json with the key named, not silently ignored.
 for bad in certificates.source=none injector.sidecarmode=classic webhook.timeoutSeconds=60 \
            injector.sidecarMode=sidecar podMonitor.interval=soon; do

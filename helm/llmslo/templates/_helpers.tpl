@@ -49,3 +49,12 @@ app.kubernetes.io/component: injector
 {{- define "llmslo.hasOperator" -}}
 {{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
 {{- end }}
+
+{{/* The sidecar mode: native sidecars need Kubernetes 1.29 (beta, on by default). */}}
+{{- define "llmslo.sidecarMode" -}}
+{{- if ne .Values.injector.sidecarMode "auto" }}
+{{- .Values.injector.sidecarMode }}
+{{- else if semverCompare ">=1.29-0" .Capabilities.KubeVersion.Version }}native
+{{- else }}classic
+{{- end }}
+{{- end }}
