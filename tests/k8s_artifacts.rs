@@ -1,7 +1,11 @@
 //! The generated Kubernetes artifacts never drift from their generators: the injected example
 //! Deployment, the SLO ConfigMap, the PrometheusRule and the Helm chart's copies of the SLO
-//! file and its rules. `LLMSLO_BLESS=1 cargo test --test k8s_artifacts` rewrites them.
+//! file and its rules. `LLMSLO_BLESS=1 cargo test --test k8s_artifacts` rewrites them. And the
+//! injected sidecar, run exactly as declared, works.
 
+mod common;
+
+use common::*;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -103,4 +107,105 @@ fn chart_version_follows_the_crate() {
     assert_eq!(chart["appVersion"].as_str(), Some(env!("CARGO_PKG_VERSION")));
     let values: serde_yaml::Value = serde_yaml::from_str(&read("helm/llmslo/values.yaml")).unwrap();
     assert_eq!(values["image"]["repository"].as_str(), Some("ghcr.io/llmslo/llmslo"));
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The sidecar exactly as deploy/vllm.yaml declares it (arguments, environment, the mounted SLO
+/// ConfigMap), with only its addresses moved to free loopback ports, in front of a simulated
+/// engine: it becomes ready, proxies, and exports the ConfigMap's SLOs under the engine kind
+/// the annotation chose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_injected_sidecar_runs_as_declared() {
+    let (engine, _stop) = start_engine(timed_engine(1, 1)).await;
+    let documents: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&read("deploy/vllm.yaml"))
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    let sidecar = &documents[0]["spec"]["template"]["spec"]["initContainers"][0];
+    let (listen, metrics) = (free_port(), free_port());
+    let args: Vec<String> = sidecar["args"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            a.as_str()
+                .unwrap()
+                .replace("127.0.0.1:8000", &engine.to_string())
+                .replace("0.0.0.0:8080", &format!("127.0.0.1:{listen}"))
+                .replace("0.0.0.0:9464", &format!("127.0.0.1:{metrics}"))
+        })
+        .collect();
+    let config_map: serde_yaml::Value = serde_yaml::from_str(&read("deploy/slo-configmap.yaml")).unwrap();
+    let dir = std::env::temp_dir().join(format!("llmslo-injected-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config_file = dir.join("llmslo.yaml");
+    std::fs::write(&config_file, config_map["data"]["llmslo.yaml"].as_str().unwrap()).unwrap();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_llmslo"));
+    command
+        .args(&args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    for variable in sidecar["env"].as_sequence().unwrap() {
+        let value = variable["value"].as_str().unwrap();
+        let value = if value == "/etc/llmslo/llmslo.yaml" {
+            config_file.to_str().unwrap()
+        } else {
+            value
+        };
+        command.env(variable["name"].as_str().unwrap(), value);
+    }
+    let mut child = command.spawn().unwrap();
+
+    let metrics_addr: std::net::SocketAddr = format!("127.0.0.1:{metrics}").parse().unwrap();
+    let readiness = sidecar["readinessProbe"]["httpGet"]["path"].as_str().unwrap();
+    let mut ready = false;
+    for _ in 0..100 {
+        let request = http::Request::get(format!("http://{metrics_addr}{readiness}"))
+            .body(Default::default())
+            .unwrap();
+        if let Ok(response) = client().request(request).await {
+            if response.status() == 200 {
+                ready = true;
+                break;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(ready, "the injected sidecar never became ready");
+    let proxy = format!("127.0.0.1:{listen}").parse().unwrap();
+    let (status, _) = post_collect(proxy, "/v1/chat/completions", chat_body(3, true, false)).await;
+    assert_eq!(status, 200);
+    let request = http::Request::get(format!("http://{metrics_addr}/metrics"))
+        .body(Default::default())
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    let text = String::from_utf8(
+        http_body_util::BodyExt::collect(response.into_body())
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec(),
+    )
+    .unwrap();
+    assert_eq!(
+        sample(&text, "llmslo_slo_events_total", &[("slo", "ttft-500ms")]),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(
+        sample(
+            &text,
+            "llmslo_requests_total",
+            &[("provider", "vllm"), ("outcome", "success")]
+        ),
+        1.0
+    );
+    terminate(&mut child);
+    std::fs::remove_dir_all(dir).unwrap();
 }
