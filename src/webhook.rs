@@ -81,7 +81,10 @@ impl TlsFiles {
                     info!(cert = %self.cert.display(), "TLS certificate reloaded");
                     *current = (stamp, acceptor);
                 }
-                Err(error) => warn!(%error, "the changed TLS files do not load yet; serving the previous certificate"),
+                Err(error) => {
+                    warn!(%error, "the changed TLS files do not load; serving the previous certificate");
+                    current.0 = stamp; // retried when the files change again, not per connection
+                }
             }
         }
         current.1.clone()
