@@ -1,5 +1,6 @@
 //! The command line: `run`, `simulate` and `demo`.
 
+use crate::bench;
 use crate::config::{Config, EngineSetting, LogFormat, Overrides};
 use crate::demo::{self, DemoOptions};
 use crate::inject::{self, InjectOptions, SidecarMode};
@@ -52,6 +53,37 @@ enum Command {
     Inject(InjectArgs),
     /// Serve the MutatingAdmissionWebhook that injects the sidecar into labelled Pods.
     Webhook(WebhookArgs),
+    /// Measure the proxy's overhead against no proxy and nginx, side by side (DESIGN §8).
+    Bench(BenchArgs),
+}
+
+#[derive(Debug, Args)]
+struct BenchArgs {
+    /// Concurrent streams, one measurement each (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "1,100,1000",
+          value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    streams: Vec<u64>,
+    /// How long each target streams at each concurrency, after the warm-up.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Unrecorded streaming before each measurement, to open connections.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    warmup: Duration,
+    /// Output tokens per request.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=4096))]
+    tokens: u32,
+    /// The engine's time to first token.
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    ttft: Duration,
+    /// The engine's time per output token.
+    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
+    tpot: Duration,
+    /// The nginx binary (default: `nginx` on PATH, or /usr/sbin/nginx).
+    #[arg(long, conflicts_with = "without_nginx")]
+    nginx: Option<PathBuf>,
+    /// Leave nginx out.
+    #[arg(long)]
+    without_nginx: bool,
 }
 
 #[derive(Debug, Args)]
@@ -348,6 +380,43 @@ impl Cli {
                 engine.serve(listener, shutdown).await;
                 ExitCode::SUCCESS
             }
+            Command::Bench(args) => {
+                init_logging(
+                    self.log.as_deref().unwrap_or("warn"),
+                    self.log_format.unwrap_or(LogFormat::Text),
+                );
+                let nginx = match (args.without_nginx, args.nginx) {
+                    (true, _) => None,
+                    (false, Some(path)) if path.is_file() => Some(path),
+                    (false, Some(path)) => {
+                        eprintln!("llmslo bench: --nginx {}: no such file", path.display());
+                        return ExitCode::from(EXIT_CONFIG);
+                    }
+                    (false, None) => find_nginx(),
+                };
+                if nginx.is_none() && !args.without_nginx {
+                    println!("nginx not found (apt-get install nginx, or --nginx PATH): measuring without it\n");
+                }
+                let options = bench::BenchOptions {
+                    streams: args.streams.iter().map(|&s| s as usize).collect(),
+                    warmup: args.warmup,
+                    duration: args.duration,
+                    tokens: args.tokens,
+                    ttft: args.ttft,
+                    tpot: args.tpot,
+                    nginx,
+                };
+                match bench::run(&options).await {
+                    Ok(rows) => {
+                        print!("{}", bench::render(&rows));
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("llmslo bench: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
             Command::Demo(args) => {
                 init_logging(
                     self.log.as_deref().unwrap_or("warn"),
@@ -391,4 +460,13 @@ fn init_logging(filter: &str, format: LogFormat) {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
+}
+
+/// `nginx` on PATH, else Debian's /usr/sbin/nginx (sbin is often not on a user's PATH).
+fn find_nginx() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join("nginx"));
+    on_path.chain([PathBuf::from("/usr/sbin/nginx")]).find(|p| p.is_file())
 }

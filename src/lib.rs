@@ -2,6 +2,7 @@
 //! (TTFT, TPOT, inter-chunk latency, tokens) from the streamed responses and exports it to
 //! Prometheus. `main.rs` is a thin CLI over this library so tests drive the whole app.
 
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod demo;

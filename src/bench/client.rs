@@ -1,0 +1,184 @@
+//! The benchmark's clients: streams chat completions back to back and stamps, as a client on
+//! the same host sees them, the first token and the gaps between the frames that follow.
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+
+/// What the clients of one measurement saw.
+#[derive(Debug, Clone, Default)]
+pub struct Samples {
+    /// Requests that finished.
+    pub requests: u64,
+    /// Requests that failed (not a 200, or the stream broke).
+    pub failed: u64,
+    /// Output tokens of the requests that finished.
+    pub output_tokens: u64,
+    /// Output tokens streamed during the warm-up (the proxy's CPU time covers them too).
+    pub warmup_output_tokens: u64,
+    /// Seconds from sending to the first token, sorted.
+    ttft: Vec<f64>,
+    /// Seconds between body frames after the first token, sorted.
+    gaps: Vec<f64>,
+}
+
+impl Samples {
+    /// 99th percentile TTFT, seconds (NaN without samples).
+    pub fn ttft_p99(&self) -> f64 {
+        p99(&self.ttft)
+    }
+
+    /// 99th percentile gap between frames, seconds (NaN without samples).
+    pub fn gap_p99(&self) -> f64 {
+        p99(&self.gaps)
+    }
+
+    fn merge(&mut self, other: Samples) {
+        self.requests += other.requests;
+        self.failed += other.failed;
+        self.output_tokens += other.output_tokens;
+        self.warmup_output_tokens += other.warmup_output_tokens;
+        self.ttft.extend(other.ttft);
+        self.gaps.extend(other.gaps);
+    }
+}
+
+/// The nearest-rank 99th percentile of sorted values.
+fn p99(sorted: &[f64]) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (sorted.len() as f64 * 0.99).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// `streams` clients against `target`, each asking for `tokens` per request: `warmup` to open
+/// connections and fill pools unrecorded, then `duration` recorded (requests sent after the
+/// warm-up).
+pub async fn run_streams(
+    target: SocketAddr,
+    streams: usize,
+    warmup: Duration,
+    duration: Duration,
+    tokens: u32,
+) -> Samples {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    let client = Client::builder(TokioExecutor::new()).build(connector);
+    let body = Bytes::from(
+        serde_json::json!({
+            "model": "sim",
+            "messages": [{"role": "user", "content": "How fast is this?"}],
+            "max_tokens": tokens,
+            "stream": true,
+        })
+        .to_string(),
+    );
+    let record_from = Instant::now() + warmup;
+    let deadline = record_from + duration;
+    let mut tasks = JoinSet::new();
+    for _ in 0..streams {
+        let (client, body) = (client.clone(), body.clone());
+        tasks.spawn(async move {
+            let mut samples = Samples::default();
+            let mut unrecorded = Samples::default();
+            while Instant::now() < deadline {
+                let into = if Instant::now() < record_from {
+                    &mut unrecorded
+                } else {
+                    &mut samples
+                };
+                stream_once(&client, target, body.clone(), tokens, into).await;
+            }
+            samples.warmup_output_tokens = unrecorded.output_tokens;
+            samples
+        });
+    }
+    let mut all = Samples::default();
+    while let Some(done) = tasks.join_next().await {
+        all.merge(done.expect("a client task panicked"));
+    }
+    all.ttft.sort_by(f64::total_cmp);
+    all.gaps.sort_by(f64::total_cmp);
+    all
+}
+
+async fn stream_once(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    target: SocketAddr,
+    body: Bytes,
+    tokens: u32,
+    samples: &mut Samples,
+) {
+    let request = http::Request::post(format!("http://{target}/v1/chat/completions"))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(body))
+        .expect("a valid request");
+    let sent = Instant::now();
+    let Ok(response) = client.request(request).await else {
+        samples.failed += 1;
+        return;
+    };
+    if response.status() != http::StatusCode::OK {
+        samples.failed += 1;
+        return;
+    }
+    let mut body = response.into_body();
+    let mut last_frame: Option<Instant> = None;
+    let (mut ttft, mut gaps) = (None, Vec::new());
+    while let Some(frame) = body.frame().await {
+        let Ok(frame) = frame else {
+            samples.failed += 1;
+            return;
+        };
+        let Some(data) = frame.data_ref() else { continue };
+        let now = Instant::now();
+        match last_frame {
+            Some(previous) => gaps.push(now.duration_since(previous).as_secs_f64()),
+            None if carries_token(data) => ttft = Some(now.duration_since(sent).as_secs_f64()),
+            None => continue,
+        }
+        last_frame = Some(now);
+    }
+    samples.requests += 1;
+    samples.output_tokens += u64::from(tokens);
+    samples.ttft.extend(ttft);
+    samples.gaps.extend(gaps);
+}
+
+/// Whether a frame holds a non-empty `content` delta (vLLM's first chunk carries only the role).
+fn carries_token(data: &[u8]) -> bool {
+    let needle = b"\"content\":\"";
+    data.windows(needle.len() + 1)
+        .any(|w| w.starts_with(needle) && w[needle.len()] != b'"')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nearest_rank_p99() {
+        assert!(p99(&[]).is_nan());
+        assert_eq!(p99(&[5.0]), 5.0);
+        let hundred: Vec<f64> = (1..=100).map(f64::from).collect();
+        assert_eq!(p99(&hundred), 99.0);
+        let thousand: Vec<f64> = (1..=1000).map(f64::from).collect();
+        assert_eq!(p99(&thousand), 990.0);
+    }
+
+    #[test]
+    fn the_role_only_chunk_carries_no_token() {
+        assert!(!carries_token(
+            br#"data: {"choices":[{"delta":{"role":"assistant","content":""}}]}"#
+        ));
+        assert!(carries_token(br#"data: {"choices":[{"delta":{"content":"Hi"}}]}"#));
+        assert!(!carries_token(b"data: [DONE]"));
+    }
+}

@@ -1,0 +1,219 @@
+//! `llmslo bench`: the proxy's overhead (DESIGN §8), side by side in one run. The built-in
+//! engine streams with fixed timing; clients stream through no proxy (the baseline), through
+//! an `llmslo run` process with SLOs configured, and through nginx (`proxy_buffering off`)
+//! when it is installed. Per target and concurrency it reports client-side TTFT and
+//! inter-chunk p99 and what the proxy added to them, the proxy's CPU seconds per 1000 output
+//! tokens and its resident memory per concurrent stream.
+
+mod client;
+mod process;
+
+use crate::simulate::delay::Delay;
+use crate::simulate::{SimEngine, SimOptions};
+use client::{run_streams, Samples};
+use process::{free_port, nginx_config, Proxy};
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// What to measure.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// Concurrent streams, one measurement each.
+    pub streams: Vec<usize>,
+    /// Unrecorded streaming before each measurement (connections opened, pools filled).
+    pub warmup: Duration,
+    /// How long each measurement streams.
+    pub duration: Duration,
+    /// Output tokens per request.
+    pub tokens: u32,
+    /// The engine's time to first token.
+    pub ttft: Duration,
+    /// The engine's time per output token.
+    pub tpot: Duration,
+    /// The nginx binary, or `None` to leave nginx out.
+    pub nginx: Option<PathBuf>,
+}
+
+/// One target at one concurrency.
+#[derive(Debug, Clone)]
+pub struct Row {
+    /// Concurrent streams.
+    pub streams: usize,
+    /// `direct`, `llmslo` or `nginx`.
+    pub target: &'static str,
+    /// What the clients saw.
+    pub samples: Samples,
+    /// Proxy CPU seconds per 1000 output tokens (none for `direct`).
+    pub cpu_per_1k_tokens: Option<f64>,
+    /// Proxy resident memory added per concurrent stream, bytes (none for `direct`).
+    pub rss_per_stream: Option<f64>,
+}
+
+/// The SLO config the measured sidecar runs with, so it does all its usual work.
+const SIDECAR_CONFIG: &str = "engine: vllm
+service: bench
+slos:
+  - {name: ttft-500ms, objective: 99, ttft: 500ms}
+  - {name: tpot-50ms, objective: 99, tpot: 50ms}
+  - {name: availability, objective: 99.9, availability: true}
+goodput: {require: [ttft-500ms, tpot-50ms]}
+gpu: {enabled: false}
+";
+
+/// Runs every measurement and returns the rows, baseline first at each concurrency.
+pub async fn run(options: &BenchOptions) -> Result<Vec<Row>, String> {
+    let shutdown = CancellationToken::new();
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| format!("engine: {e}"))?;
+    let engine_addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let engine = SimEngine::new(SimOptions {
+        ttft: Delay::Fixed(options.ttft),
+        tpot: Delay::Fixed(options.tpot),
+        default_max_tokens: options.tokens,
+        ..SimOptions::default()
+    });
+    tokio::spawn(engine.serve(listener, shutdown.clone()));
+
+    let dir = std::env::temp_dir().join(format!("llmslo-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let result = measure(options, engine_addr, &dir).await;
+    shutdown.cancel();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+async fn measure(options: &BenchOptions, engine: SocketAddr, dir: &std::path::Path) -> Result<Vec<Row>, String> {
+    let config = dir.join("llmslo.yaml");
+    std::fs::write(&config, SIDECAR_CONFIG).map_err(|e| e.to_string())?;
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let llmslo_port = free_port()?;
+    let metrics_port = free_port()?;
+    let mut proxies = vec![
+        Proxy::start(
+            "llmslo",
+            exe.as_os_str(),
+            &[
+                "run".into(),
+                "--config".into(),
+                config.into_os_string(),
+                "--upstream".into(),
+                format!("http://{engine}").into(),
+                "--listen".into(),
+                format!("127.0.0.1:{llmslo_port}").into(),
+                "--metrics-listen".into(),
+                format!("127.0.0.1:{metrics_port}").into(),
+                "--log".into(),
+                "warn".into(),
+            ],
+            llmslo_port,
+        )
+        .await?,
+    ];
+    if let Some(nginx) = &options.nginx {
+        let port = free_port()?;
+        let conf = dir.join("nginx.conf");
+        std::fs::write(&conf, nginx_config(engine, port, dir)).map_err(|e| e.to_string())?;
+        proxies.push(
+            Proxy::start(
+                "nginx",
+                nginx.as_os_str(),
+                &["-p".into(), dir.into(), "-c".into(), conf.into_os_string()],
+                port,
+            )
+            .await?,
+        );
+    }
+
+    let mut rows = Vec::new();
+    for &streams in &options.streams {
+        let samples = run_streams(engine, streams, options.warmup, options.duration, options.tokens).await;
+        rows.push(Row {
+            streams,
+            target: "direct",
+            samples,
+            cpu_per_1k_tokens: None,
+            rss_per_stream: None,
+        });
+        for proxy in &mut proxies {
+            let idle_rss = proxy.rss_bytes();
+            let cpu_before = proxy.cpu_seconds();
+            let (samples, peak_rss) = proxy
+                .while_sampling_rss(run_streams(
+                    proxy.addr,
+                    streams,
+                    options.warmup,
+                    options.duration,
+                    options.tokens,
+                ))
+                .await;
+            let cpu = proxy.cpu_seconds() - cpu_before;
+            let tokens = (samples.output_tokens + samples.warmup_output_tokens) as f64;
+            rows.push(Row {
+                streams,
+                target: proxy.name,
+                cpu_per_1k_tokens: (tokens > 0.0).then(|| cpu / tokens * 1000.0),
+                rss_per_stream: Some(peak_rss.saturating_sub(idle_rss) as f64 / streams as f64),
+                samples,
+            });
+        }
+    }
+    for proxy in proxies {
+        proxy.stop();
+    }
+    Ok(rows)
+}
+
+/// The rows as a table, with each proxy's additions over the baseline at the same concurrency.
+pub fn render(rows: &[Row]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{:>7}  {:<7} {:>8} {:>6} {:>10} {:>10} {:>10} {:>10} {:>13} {:>11}",
+        "streams",
+        "target",
+        "requests",
+        "failed",
+        "TTFT p99",
+        "+TTFT p99",
+        "gap p99",
+        "+gap p99",
+        "CPU s/1k tok",
+        "RSS/stream"
+    );
+    let ms = |s: f64| format!("{:.2}ms", s * 1000.0);
+    for row in rows {
+        let base = rows
+            .iter()
+            .find(|r| r.streams == row.streams && r.target == "direct")
+            .expect("the baseline comes first");
+        let added = |value: f64, baseline: f64| {
+            if row.target == "direct" {
+                "-".to_string()
+            } else {
+                ms(value - baseline)
+            }
+        };
+        let s = &row.samples;
+        let _ = writeln!(
+            out,
+            "{:>7}  {:<7} {:>8} {:>6} {:>10} {:>10} {:>10} {:>10} {:>13} {:>11}",
+            row.streams,
+            row.target,
+            s.requests,
+            s.failed,
+            ms(s.ttft_p99()),
+            added(s.ttft_p99(), base.samples.ttft_p99()),
+            ms(s.gap_p99()),
+            added(s.gap_p99(), base.samples.gap_p99()),
+            row.cpu_per_1k_tokens.map_or("-".into(), |c| format!("{c:.4}")),
+            row.rss_per_stream
+                .map_or("-".into(), |b| format!("{:.1} KiB", b / 1024.0)),
+        );
+    }
+    out
+}

@@ -1,0 +1,169 @@
+//! The proxies under test as child processes: started, waited for, measured through /proc
+//! (CPU time and resident memory, children included, as nginx's workers are), and stopped.
+
+use std::ffi::{OsStr, OsString};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// Clock ticks per second in /proc/<pid>/stat (USER_HZ, 100 on Linux).
+const USER_HZ: f64 = 100.0;
+
+/// A proxy process listening on 127.0.0.1.
+#[derive(Debug)]
+pub struct Proxy {
+    /// What the rows call it.
+    pub name: &'static str,
+    /// Where clients connect.
+    pub addr: SocketAddr,
+    child: Child,
+}
+
+/// A port that was free a moment ago.
+pub fn free_port() -> Result<u16, String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| e.to_string())?;
+    Ok(listener.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+impl Proxy {
+    /// Starts `program` and waits until it accepts connections on `port`.
+    pub async fn start(name: &'static str, program: &OsStr, args: &[OsString], port: u16) -> Result<Self, String> {
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("{name}: cannot start {}: {e}", program.to_string_lossy()))?;
+        let mut proxy = Self {
+            name,
+            addr: SocketAddr::from(([127, 0, 0, 1], port)),
+            child,
+        };
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(proxy.addr).await.is_ok() {
+                return Ok(proxy);
+            }
+            if let Ok(Some(status)) = proxy.child.try_wait() {
+                return Err(format!("{name} exited at start ({status})"));
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        proxy.stop();
+        Err(format!("{name} did not listen on {port} within 10 s"))
+    }
+
+    /// The process and its children.
+    fn pids(&self) -> Vec<u32> {
+        let root = self.child.id();
+        let mut pids = vec![root];
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            if stat_fields(pid).and_then(|f| f.get(1).and_then(|p| p.parse::<u32>().ok())) == Some(root) {
+                pids.push(pid);
+            }
+        }
+        pids
+    }
+
+    /// User plus system CPU seconds used so far.
+    pub fn cpu_seconds(&self) -> f64 {
+        let ticks: u64 = self
+            .pids()
+            .into_iter()
+            .filter_map(stat_fields)
+            .map(|f| f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0))
+            .sum();
+        ticks as f64 / USER_HZ
+    }
+
+    /// Resident memory now, bytes.
+    pub fn rss_bytes(&self) -> u64 {
+        self.pids().into_iter().map(rss_of).sum()
+    }
+
+    /// Runs `work` while sampling resident memory every 50 ms; returns its output and the peak.
+    pub async fn while_sampling_rss<T>(&self, work: impl Future<Output = T>) -> (T, u64) {
+        tokio::pin!(work);
+        let mut peak = self.rss_bytes();
+        let mut ticker = tokio::time::interval(Duration::from_millis(50));
+        loop {
+            tokio::select! {
+                output = &mut work => return (output, peak.max(self.rss_bytes())),
+                _ = ticker.tick() => peak = peak.max(self.rss_bytes()),
+            }
+        }
+    }
+
+    /// Stops it (SIGTERM, so nginx takes its workers along) and reaps it.
+    pub fn stop(mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        for _ in 0..100 {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// /proc/<pid>/stat after the command name: field 0 is the state, 1 the parent, 11 and 12
+/// utime and stime.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(')')?;
+    Some(rest.split_whitespace().map(str::to_string).collect())
+}
+
+fn rss_of(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// nginx as a streaming reverse proxy in front of `engine`: one worker, no buffering, pooled
+/// HTTP/1.1 upstream connections, every path under `dir`.
+pub fn nginx_config(engine: SocketAddr, port: u16, dir: &Path) -> String {
+    let dir = dir.display();
+    format!(
+        "daemon off;\nworker_processes 1;\npid {dir}/nginx.pid;\nerror_log {dir}/nginx-error.log warn;\n\
+         events {{ worker_connections 8192; }}\n\
+         http {{\n  access_log off;\n  client_body_temp_path {dir}/client_body;\n  proxy_temp_path {dir}/proxy;\n\
+         \x20 fastcgi_temp_path {dir}/fastcgi;\n  uwsgi_temp_path {dir}/uwsgi;\n  scgi_temp_path {dir}/scgi;\n\
+         \x20 upstream engine {{ server {engine}; keepalive 1024; }}\n\
+         \x20 server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://engine;\n\
+         \x20     proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n\
+         \x20   }}\n  }}\n}}\n"
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_has_cpu_time_and_memory() {
+        let own = std::process::id();
+        let fields = stat_fields(own).unwrap();
+        assert!(fields[11].parse::<u64>().is_ok() && fields[12].parse::<u64>().is_ok());
+        assert!(rss_of(own) > 1024 * 1024);
+    }
+
+    #[test]
+    fn nginx_config_streams_without_buffering() {
+        let conf = nginx_config("127.0.0.1:9000".parse().unwrap(), 9100, Path::new("/tmp/b"));
+        assert!(conf.contains("proxy_buffering off;") && conf.contains("listen 127.0.0.1:9100;"));
+        assert!(conf.contains("server 127.0.0.1:9000;") && conf.contains("pid /tmp/b/nginx.pid;"));
+    }
+}
