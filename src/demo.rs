@@ -38,17 +38,12 @@ const MODELS: [&str; 2] = ["llama-sim-8b", "qwen-sim-1.5b"];
 
 type DemoClient = Client<HttpConnector, Full<Bytes>>;
 
-/// The demo's sidecar settings: the example SLOs and a simulated GPU, so every dashboard
-/// panel has data.
-const DEMO_CONFIG: &str = "engine: vllm
-health_interval: 1s
-service: chat
-slos:
+/// The SLOs of the demo and the benchmark: TTFT, TPOT and availability, with goodput.
+pub(crate) const EXAMPLE_SLOS: &str = "slos:
   - {name: ttft-500ms, objective: 99, ttft: 500ms}
   - {name: tpot-50ms, objective: 99, tpot: 50ms}
   - {name: availability, objective: 99.9, availability: true}
 goodput: {require: [ttft-500ms, tpot-50ms]}
-gpu: {simulated: true}
 ";
 
 /// Runs the demo until Ctrl-C or the configured duration.
@@ -66,7 +61,10 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
     });
     let engine_task = tokio::spawn(engine.serve(engine_listener, shutdown.clone()));
 
-    let mut config = Config::from_yaml(&format!("upstream: http://{engine_addr}\n{DEMO_CONFIG}"))?;
+    // The example SLOs and a simulated GPU, so every dashboard panel has data.
+    let mut config = Config::from_yaml(&format!(
+        "upstream: http://{engine_addr}\nengine: vllm\nhealth_interval: 1s\nservice: chat\n{EXAMPLE_SLOS}gpu: {{simulated: true}}\n"
+    ))?;
     config.listen = options.listen;
     config.metrics_listen = options.metrics_listen;
     let sidecar = Sidecar::start(&config).await?;

@@ -8,6 +8,7 @@
 mod client;
 mod process;
 
+use crate::demo::EXAMPLE_SLOS;
 use crate::simulate::delay::Delay;
 use crate::simulate::{SimEngine, SimOptions};
 use client::{run_streams, Samples};
@@ -53,17 +54,6 @@ pub struct Row {
     pub rss_per_stream: Option<f64>,
 }
 
-/// The SLO config the measured sidecar runs with, so it does all its usual work.
-const SIDECAR_CONFIG: &str = "engine: vllm
-service: bench
-slos:
-  - {name: ttft-500ms, objective: 99, ttft: 500ms}
-  - {name: tpot-50ms, objective: 99, tpot: 50ms}
-  - {name: availability, objective: 99.9, availability: true}
-goodput: {require: [ttft-500ms, tpot-50ms]}
-gpu: {enabled: false}
-";
-
 /// Runs every measurement and returns the rows, baseline first at each concurrency.
 pub async fn run(options: &BenchOptions) -> Result<Vec<Row>, String> {
     let shutdown = CancellationToken::new();
@@ -89,7 +79,9 @@ pub async fn run(options: &BenchOptions) -> Result<Vec<Row>, String> {
 
 async fn measure(options: &BenchOptions, engine: SocketAddr, dir: &std::path::Path) -> Result<Vec<Row>, String> {
     let config = dir.join("llmslo.yaml");
-    std::fs::write(&config, SIDECAR_CONFIG).map_err(|e| e.to_string())?;
+    // The measured sidecar runs with SLOs and goodput, so it does all its usual work.
+    let sidecar_config = format!("engine: vllm\nservice: bench\n{EXAMPLE_SLOS}gpu: {{enabled: false}}\n");
+    std::fs::write(&config, sidecar_config).map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let llmslo_port = free_port()?;
     let metrics_port = free_port()?;
