@@ -2,35 +2,28 @@
 //! installed, which `.ci/run` does) gives one complete row per target and concurrency, and bad
 //! flags are clear errors.
 
-use std::process::Command;
+mod common;
+
+use common::{llmslo_output, required_tool};
 
 fn bench(extra: &[&str]) -> (i32, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_llmslo"))
-        .args([
-            "bench",
-            "--streams",
-            "1,8",
-            "--duration",
-            "600ms",
-            "--warmup",
-            "200ms",
-            "--tokens",
-            "6",
-            "--ttft",
-            "5ms",
-            "--tpot",
-            "2ms",
-        ])
-        .args(extra)
-        .env_remove("LLMSLO_LOG")
-        .output()
-        .unwrap();
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    (
-        output.status.code().unwrap(),
-        text(&output.stdout),
-        text(&output.stderr),
-    )
+    let mut args = vec![
+        "bench",
+        "--streams",
+        "1,8",
+        "--duration",
+        "600ms",
+        "--warmup",
+        "200ms",
+        "--tokens",
+        "6",
+        "--ttft",
+        "5ms",
+        "--tpot",
+        "2ms",
+    ];
+    args.extend_from_slice(extra);
+    llmslo_output(&args)
 }
 
 /// The table's rows as (streams, target, requests, failed, CPU column, RSS column).
@@ -57,20 +50,13 @@ fn rows(table: &str) -> Vec<(u64, String, u64, u64, String, String)> {
 }
 
 fn nginx() -> Option<String> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    let found = std::env::split_paths(&path)
-        .map(|dir| dir.join("nginx"))
-        .chain([std::path::PathBuf::from("/usr/sbin/nginx")])
-        .find(|p| p.is_file())
-        .map(|p| p.display().to_string());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "nginx is missing: .ci/run installs it"
-        );
-        eprintln!("SKIPPED: nginx is not installed (apt-get install nginx-light)");
-    }
-    found
+    // Debian's nginx is in /usr/sbin, often not on a user's PATH.
+    required_tool(
+        "nginx",
+        &["/usr/sbin/nginx"],
+        ".ci/run installs it: apt-get install nginx-light",
+    )
+    .map(|p| p.display().to_string())
 }
 
 #[test]
@@ -98,7 +84,9 @@ fn every_target_gets_a_complete_row_at_every_concurrency() {
         if target == "direct" {
             assert_eq!((cpu.as_str(), rss.as_str()), ("-", "-"));
         } else {
-            assert!(cpu.parse::<f64>().unwrap() >= 0.0, "{out}");
+            let cpu: f64 = cpu.parse().unwrap();
+            // 8 streams for 0.8 s are thousands of chunks: tens of ms, several /proc ticks.
+            assert!(cpu > 0.0 || (*streams, target.as_str()) != (8, "llmslo"), "{out}");
             assert!(rss.ends_with("KiB"), "{out}");
         }
     }
@@ -118,11 +106,8 @@ fn bad_flags_are_clear_errors() {
     assert_eq!(code, 64);
     assert!(err.contains("--nginx /nonexistent/nginx: no such file"), "{err}");
     for (flag, value) in [("--streams", "0"), ("--tokens", "1"), ("--duration", "soon")] {
-        let output = Command::new(env!("CARGO_BIN_EXE_llmslo"))
-            .args(["bench", flag, value])
-            .output()
-            .unwrap();
-        assert_eq!(output.status.code(), Some(2), "{flag} {value}");
-        assert!(String::from_utf8_lossy(&output.stderr).contains(flag), "{flag} {value}");
+        let (code, _, err) = llmslo_output(&["bench", flag, value]);
+        assert_eq!(code, 2, "{flag} {value}");
+        assert!(err.contains(flag), "{flag} {value}: {err}");
     }
 }

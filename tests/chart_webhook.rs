@@ -3,35 +3,21 @@
 //! certificate, and calls it the way the API server would, trusting only the rendered
 //! MutatingWebhookConfiguration's caBundle and naming the rendered Service's DNS name.
 
+mod common;
+
 use base64::Engine as _;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
+use common::{free_port, required_tool, tls};
+use http_body_util::Full;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, ServerName};
+use rustls::pki_types::CertificateDer;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::TcpStream;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The helm binary `.ci/k8s/validate.sh` installs.
-fn helm() -> Option<PathBuf> {
-    let path = root().join("target/ci/tools/helm");
-    if path.is_file() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("CI").is_none(),
-        "helm is missing: .ci/k8s/validate.sh installs it"
-    );
-    eprintln!("SKIPPED: helm is not installed (run .ci/k8s/validate.sh once)");
-    None
 }
 
 fn find<'a>(objects: &'a [Value], kind: &str) -> &'a Value {
@@ -57,31 +43,11 @@ impl Drop for Killed {
     }
 }
 
-async fn https(
-    addr: std::net::SocketAddr,
-    roots: &rustls::RootCertStore,
-    host: &str,
-    request: http::Request<Full<Bytes>>,
-) -> std::io::Result<(u16, Bytes)> {
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots.clone())
-        .with_no_client_auth();
-    let tcp = TcpStream::connect(addr).await?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from(host.to_string()).unwrap(), tcp)
-        .await?;
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
-    tokio::spawn(connection);
-    let response = sender.send_request(request).await.unwrap();
-    let status = response.status().as_u16();
-    Ok((status, response.into_body().collect().await.unwrap().to_bytes()))
-}
-
 #[tokio::test]
 async fn the_rendered_injector_answers_the_api_server_over_the_rendered_certificate() {
-    let Some(helm) = helm() else { return };
+    let Some(helm) = required_tool("helm", &["target/ci/tools/helm"], ".ci/k8s/validate.sh installs it") else {
+        return;
+    };
     let output = Command::new(helm)
         .args(["template", "llmslo", "helm/llmslo", "--namespace", "llmslo"])
         .current_dir(root())
@@ -114,11 +80,7 @@ async fn the_rendered_injector_answers_the_api_server_over_the_rendered_certific
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("tls.crt"), b64(&secret["data"]["tls.crt"])).unwrap();
     std::fs::write(dir.join("tls.key"), b64(&secret["data"]["tls.key"])).unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let container = &find(&objects, "Deployment")["spec"]["template"]["spec"]["containers"][0];
     let args: Vec<String> = container["args"]
         .as_array()
@@ -159,7 +121,7 @@ async fn the_rendered_injector_answers_the_api_server_over_the_rendered_certific
             .header("host", &host)
             .body(Full::default())
             .unwrap();
-        if let Ok((200, _)) = https(addr, &roots, &host, request).await {
+        if let Ok((200, _)) = tls::https(addr, &roots, &host, request).await {
             ready = true;
             break;
         }
@@ -176,7 +138,7 @@ async fn the_rendered_injector_answers_the_api_server_over_the_rendered_certific
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(review)))
         .unwrap();
-    let (status, body) = https(addr, &roots, &host, request).await.unwrap();
+    let (status, body) = tls::https(addr, &roots, &host, request).await.unwrap();
     assert_eq!(status, 200);
     let answer: Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(answer["response"]["allowed"], true);

@@ -1,23 +1,10 @@
 //! `llmslo rules` and `llmslo check-config`: the committed example rules never drift from
 //! the generator, and bad SLO files are refused with the key named.
 
-use std::path::Path;
-use std::process::Command;
+mod common;
 
-fn llmslo(args: &[&str]) -> (i32, String, String) {
-    let output = Command::new(env!("CARGO_BIN_EXE_llmslo"))
-        .args(args)
-        .env_remove("LLMSLO_UPSTREAM")
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .unwrap();
-    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    (
-        output.status.code().unwrap(),
-        text(&output.stdout),
-        text(&output.stderr),
-    )
-}
+use common::llmslo_output as llmslo;
+use std::path::Path;
 
 #[test]
 fn committed_example_rules_match_the_generator() {

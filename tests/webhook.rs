@@ -5,10 +5,10 @@ mod common;
 
 use base64::Engine as _;
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
+use common::required_tool;
+use common::tls::https;
+use http_body_util::Full;
 use llmslo::inject::{inject_pod_template, InjectOptions};
-use rustls::pki_types::ServerName;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use tokio::net::{TcpListener, TcpStream};
@@ -32,42 +32,13 @@ fn self_signed() -> Tls {
 }
 
 async fn post_review(addr: std::net::SocketAddr, roots: rustls::RootCertStore, review: Value) -> (u16, Value) {
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    let tcp = TcpStream::connect(addr).await.unwrap();
-    let tls = connector
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .unwrap();
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await.unwrap();
-    tokio::spawn(connection);
     let request = http::Request::post("/mutate?timeout=10s")
         .header("host", "llmslo-injector.llmslo.svc")
         .header("content-type", "application/json")
         .body(Full::new(Bytes::from(review.to_string())))
         .unwrap();
-    let response = sender.send_request(request).await.unwrap();
-    let status = response.status().as_u16();
-    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let (status, body) = https(addr, &roots, "localhost", request).await.unwrap();
     (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
-}
-
-async fn try_handshake(addr: std::net::SocketAddr, roots: rustls::RootCertStore) -> std::io::Result<()> {
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = TcpStream::connect(addr).await?;
-    let connector = tokio_rustls::TlsConnector::from(Arc::new(config));
-    connector
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .map(drop)
 }
 
 fn pod() -> Value {
@@ -160,8 +131,9 @@ async fn admission_review_over_tls_returns_a_patch_that_injects_the_pod() {
             .unwrap();
     }
     assert_eq!(post_review(addr, renewed.roots, review.clone()).await.0, 200);
+    let probe = http::Request::get("/healthz").body(Full::default()).unwrap();
     assert!(
-        try_handshake(addr, tls.roots).await.is_err(),
+        https(addr, &tls.roots, "localhost", probe).await.is_err(),
         "the old certificate is gone"
     );
 
@@ -188,30 +160,15 @@ fn bad_certificate_files_exit_64_naming_the_flag() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("--tls-cert /nonexistent.crt"));
 }
 
-/// kubernetes-validate: the copy `.ci/k8s/validate.sh` installs, else one on PATH.
-fn kubernetes_validate() -> Option<std::path::PathBuf> {
-    let installed =
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/ci/tools/venv/bin/kubernetes-validate");
-    if installed.is_file() {
-        return Some(installed);
-    }
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|dir| std::path::Path::new(dir).join("kubernetes-validate"))
-        .find(|path| path.is_file())
-}
-
 /// Real AdmissionReviews (as the API server sends them, defaults filled in) in, the JSONPatch out,
 /// applied, and the patched Pod validated against the Kubernetes 1.29 and 1.33 schemas.
 #[test]
 fn patched_pods_from_admission_fixtures_are_valid_kubernetes() {
-    let Some(validator) = kubernetes_validate() else {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "kubernetes-validate is missing: .ci/k8s/validate.sh installs it"
-        );
-        eprintln!("SKIPPED: kubernetes-validate is not installed (run .ci/k8s/validate.sh once)");
+    let Some(validator) = required_tool(
+        "kubernetes-validate",
+        &["target/ci/tools/venv/bin/kubernetes-validate"],
+        ".ci/k8s/validate.sh installs it",
+    ) else {
         return;
     };
     let dir = std::env::temp_dir().join(format!("llmslo-patched-{}", std::process::id()));

@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test binary uses a different part of the harness
 
 pub mod prometheus;
+pub mod tls;
 
 use bytes::Bytes;
 use http::{header, Request, Response};
@@ -302,4 +303,53 @@ pub fn request_to(log: &Mutex<Vec<Vec<u8>>>, prefix: &str) -> String {
 /// Reads a fixture from tests/fixtures.
 pub fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
+}
+
+/// Runs the `llmslo` binary in the crate root without the `LLMSLO_*` environment:
+/// (exit code, stdout, stderr).
+pub fn llmslo_output(args: &[&str]) -> (i32, String, String) {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_llmslo"));
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("LLMSLO_") {
+            command.env_remove(name);
+        }
+    }
+    let output = command
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (
+        output.status.code().unwrap(),
+        text(&output.stdout),
+        text(&output.stderr),
+    )
+}
+
+/// An external tool an end-to-end test needs: the first of `candidates` (relative to the crate
+/// root) that exists, else `name` on PATH. Missing, the test is skipped, except under CI
+/// (`CI` set), which installs every tool (`install` says how) and must never skip.
+pub fn required_tool(name: &str, candidates: &[&str], install: &str) -> Option<std::path::PathBuf> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    let found = candidates
+        .iter()
+        .map(|c| root.join(c))
+        .chain(std::env::split_paths(&path).map(|dir| dir.join(name)))
+        .find(|p| p.is_file());
+    if found.is_none() {
+        assert!(std::env::var_os("CI").is_none(), "`{name}` is missing: {install}");
+        eprintln!("SKIPPED: `{name}` is not installed ({install})");
+    }
+    found
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }

@@ -22,21 +22,9 @@ impl Drop for Prometheus {
     }
 }
 
-/// The `prometheus` binary, or `None` (after checking this is not CI, which must never skip).
+/// The `prometheus` binary, or `None` outside CI when it is not installed.
 pub fn binary() -> Option<PathBuf> {
-    let found = std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|dir| Path::new(dir).join("prometheus"))
-        .find(|path| path.is_file());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "`prometheus` is not installed: .ci/run installs it"
-        );
-        eprintln!("SKIPPED: `prometheus` is not on PATH (apt-get install prometheus)");
-    }
-    found
+    super::required_tool("prometheus", &[], ".ci/run installs it: apt-get install prometheus")
 }
 
 /// Starts `binary` in `dir` scraping `target` every second with `rules` loaded; `labels` are
@@ -52,11 +40,7 @@ pub fn start(binary: &Path, dir: &Path, target: std::net::SocketAddr, rules: &st
         ),
     )
     .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = super::free_port();
     let child = Command::new(binary)
         .arg(format!("--config.file={}", dir.join("prometheus.yaml").display()))
         .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
