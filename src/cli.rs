@@ -452,14 +452,24 @@ fn inject_options(image: Option<String>, mode: SidecarMode) -> InjectOptions {
 
 /// Installs the global tracing subscriber (stderr); an invalid filter falls back to `info`.
 fn init_logging(filter: &str, format: LogFormat) {
+    use std::io::IsTerminal;
     let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| "info".into());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(use_colour(
+            std::io::stderr().is_terminal(),
+            std::env::var_os("NO_COLOR"),
+        ))
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
     }
+}
+
+/// Colour only on a terminal, and never when `NO_COLOR` is set to anything (no-color.org).
+fn use_colour(is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    is_terminal && no_color.is_none_or(|v| v.is_empty())
 }
 
 /// `nginx` on PATH, else Debian's /usr/sbin/nginx (sbin is often not on a user's PATH).
@@ -469,4 +479,17 @@ fn find_nginx() -> Option<PathBuf> {
         .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
         .map(|dir| dir.join("nginx"));
     on_path.chain([PathBuf::from("/usr/sbin/nginx")]).find(|p| p.is_file())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(use_colour(true, None));
+        assert!(!use_colour(false, None), "a pod's log is not a terminal");
+        assert!(!use_colour(true, Some("1".into())));
+        assert!(use_colour(true, Some("".into())), "an empty NO_COLOR does not count");
+    }
 }

@@ -148,9 +148,16 @@ struct FileConfig {
     models: Option<Vec<String>>,
     max_models: Option<usize>,
     max_peek_bytes: Option<usize>,
+    max_body_bytes: Option<u64>,
+    max_buffered_request_bytes: Option<usize>,
+    #[serde(default, with = "humantime_serde")]
+    request_body_timeout: Option<Duration>,
+    max_connections: Option<usize>,
     max_event_bytes: Option<usize>,
     #[serde(default, with = "humantime_serde")]
     upstream_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    stream_idle_timeout: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     drain_timeout: Option<Duration>,
     health_path: Option<String>,
@@ -217,10 +224,20 @@ pub struct Config {
     pub max_models: usize,
     /// Bytes of a generation request read to learn `model` and `stream`.
     pub max_peek_bytes: usize,
+    /// Largest generation request body (413 beyond it).
+    pub max_body_bytes: u64,
+    /// Request bytes buffered by the peek at once, across all requests (503 beyond it).
+    pub max_buffered_request_bytes: usize,
+    /// Longest gap between two reads of a request body (408 beyond it).
+    pub request_body_timeout: Duration,
+    /// Client connections open at once on the proxy port (503 and close beyond it).
+    pub max_connections: usize,
     /// Largest stream event (or JSON response) interpreted.
     pub max_event_bytes: usize,
     /// How long the engine may take to send a response head (then 504).
     pub upstream_timeout: Duration,
+    /// Longest silence of the engine within a response body (then `timeout`); `None` is off.
+    pub stream_idle_timeout: Option<Duration>,
     /// How long in-flight streams may finish after SIGTERM.
     pub drain_timeout: Duration,
     /// The engine's health path, probed for `/readyz`.
@@ -252,10 +269,20 @@ pub mod defaults {
     pub const MAX_MODELS: usize = 16;
     /// `max_peek_bytes`: 4 MiB.
     pub const MAX_PEEK_BYTES: usize = 4 << 20;
+    /// `max_body_bytes`: 64 MiB, room for multimodal requests with inline images.
+    pub const MAX_BODY_BYTES: u64 = 64 << 20;
+    /// `max_buffered_request_bytes`: 32 MiB, well inside the sidecar's default 128 MiB limit.
+    pub const MAX_BUFFERED_REQUEST_BYTES: usize = 32 << 20;
+    /// `request_body_timeout`.
+    pub const REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+    /// `max_connections`.
+    pub const MAX_CONNECTIONS: usize = 10_000;
     /// `max_event_bytes`: 1 MiB.
     pub const MAX_EVENT_BYTES: usize = 1 << 20;
     /// `upstream_timeout`.
     pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(600);
+    /// `stream_idle_timeout`: engines do hang; a healthy one is never this quiet.
+    pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
     /// `drain_timeout`.
     pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
     /// `health_path`.
@@ -321,8 +348,16 @@ impl Config {
             models: f.models.unwrap_or_default(),
             max_models: f.max_models.unwrap_or(defaults::MAX_MODELS),
             max_peek_bytes: f.max_peek_bytes.unwrap_or(defaults::MAX_PEEK_BYTES),
+            max_body_bytes: f.max_body_bytes.unwrap_or(defaults::MAX_BODY_BYTES),
+            max_buffered_request_bytes: f
+                .max_buffered_request_bytes
+                .unwrap_or(defaults::MAX_BUFFERED_REQUEST_BYTES),
+            request_body_timeout: f.request_body_timeout.unwrap_or(defaults::REQUEST_BODY_TIMEOUT),
+            max_connections: f.max_connections.unwrap_or(defaults::MAX_CONNECTIONS),
             max_event_bytes: f.max_event_bytes.unwrap_or(defaults::MAX_EVENT_BYTES),
             upstream_timeout: f.upstream_timeout.unwrap_or(defaults::UPSTREAM_TIMEOUT),
+            stream_idle_timeout: Some(f.stream_idle_timeout.unwrap_or(defaults::STREAM_IDLE_TIMEOUT))
+                .filter(|d| !d.is_zero()),
             drain_timeout: f.drain_timeout.unwrap_or(defaults::DRAIN_TIMEOUT),
             health_path: f.health_path.unwrap_or_else(|| defaults::HEALTH_PATH.to_string()),
             health_interval: f.health_interval.unwrap_or(defaults::HEALTH_INTERVAL),
@@ -366,6 +401,23 @@ impl Config {
                 "must be between 1 byte and 64 MiB",
             ));
         }
+        if self.max_body_bytes == 0 {
+            return Err(ConfigError::invalid("max_body_bytes", "must be at least 1 byte"));
+        }
+        if self.max_buffered_request_bytes < self.max_peek_bytes || self.max_buffered_request_bytes > u32::MAX as usize
+        {
+            return Err(ConfigError::invalid(
+                "max_buffered_request_bytes",
+                format!(
+                    "must be at least max_peek_bytes ({}), or no request of that size could ever be read, \
+                     and at most 4 GiB",
+                    self.max_peek_bytes
+                ),
+            ));
+        }
+        if self.max_connections == 0 {
+            return Err(ConfigError::invalid("max_connections", "must be at least 1"));
+        }
         if !(1024..=(64 << 20)).contains(&self.max_event_bytes) {
             return Err(ConfigError::invalid(
                 "max_event_bytes",
@@ -374,6 +426,7 @@ impl Config {
         }
         for (key, value) in [
             ("upstream_timeout", self.upstream_timeout),
+            ("request_body_timeout", self.request_body_timeout),
             ("drain_timeout", self.drain_timeout),
             ("health_interval", self.health_interval),
         ] {
@@ -443,8 +496,13 @@ impl Config {
             "models": self.models,
             "max_models": self.max_models,
             "max_peek_bytes": self.max_peek_bytes,
+            "max_body_bytes": self.max_body_bytes,
+            "max_buffered_request_bytes": self.max_buffered_request_bytes,
+            "request_body_timeout": human(self.request_body_timeout),
+            "max_connections": self.max_connections,
             "max_event_bytes": self.max_event_bytes,
             "upstream_timeout": human(self.upstream_timeout),
+            "stream_idle_timeout": human(self.stream_idle_timeout.unwrap_or_default()),
             "drain_timeout": human(self.drain_timeout),
             "health_path": self.health_path,
             "health_interval": human(self.health_interval),
@@ -554,6 +612,11 @@ mod tests {
         assert_eq!(c.listen, "0.0.0.0:8080".parse().unwrap());
         assert_eq!(c.metrics_listen, "0.0.0.0:9464".parse().unwrap());
         assert_eq!(c.max_peek_bytes, 4 << 20);
+        assert_eq!(c.max_body_bytes, 64 << 20);
+        assert_eq!(c.max_buffered_request_bytes, 32 << 20);
+        assert_eq!(c.request_body_timeout, Duration::from_secs(30));
+        assert_eq!(c.max_connections, 10_000);
+        assert_eq!(c.stream_idle_timeout, Some(Duration::from_secs(300)));
         assert_eq!(c.max_event_bytes, 1 << 20);
         assert_eq!(c.upstream_timeout, Duration::from_secs(600));
         assert_eq!(c.drain_timeout, Duration::from_secs(30));
@@ -578,6 +641,19 @@ mod tests {
         assert_eq!(c.models, ["a", "b"]);
         assert_eq!(c.upstream_timeout, Duration::from_secs(120));
         assert_eq!(c.buckets.ttft, Some(vec![0.1, 0.5]));
+        let limits = Config::from_yaml(
+            "upstream: http://x:1\nmax_body_bytes: 100\nmax_buffered_request_bytes: 8388608\n\
+             request_body_timeout: 5s\nmax_connections: 7\nstream_idle_timeout: 0s\n",
+        )
+        .unwrap();
+        assert_eq!(limits.max_body_bytes, 100);
+        assert_eq!(limits.max_buffered_request_bytes, 8 << 20);
+        assert_eq!(limits.request_body_timeout, Duration::from_secs(5));
+        assert_eq!(limits.max_connections, 7);
+        assert_eq!(limits.stream_idle_timeout, None, "0s turns it off");
+        let again = Config::from_yaml(&limits.to_yaml()).unwrap();
+        assert_eq!(again.stream_idle_timeout, None);
+        assert_eq!(again.max_connections, 7);
     }
 
     #[test]
@@ -616,6 +692,22 @@ mod tests {
         assert_eq!(
             key_of(Config::from_yaml(&format!("{up}health_path: health\n"))),
             "health_path"
+        );
+        assert_eq!(
+            key_of(Config::from_yaml(&format!("{up}max_body_bytes: 0\n"))),
+            "max_body_bytes"
+        );
+        assert_eq!(
+            key_of(Config::from_yaml(&format!("{up}max_buffered_request_bytes: 1024\n"))),
+            "max_buffered_request_bytes"
+        );
+        assert_eq!(
+            key_of(Config::from_yaml(&format!("{up}max_connections: 0\n"))),
+            "max_connections"
+        );
+        assert_eq!(
+            key_of(Config::from_yaml(&format!("{up}request_body_timeout: 0s\n"))),
+            "request_body_timeout"
         );
         assert_eq!(key_of(Config::from_yaml(&format!("{up}log: \"llmslo=loud\"\n"))), "log");
         assert_eq!(

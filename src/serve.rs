@@ -1,6 +1,7 @@
 //! The accept loop every llmslo HTTP server shares: HTTP/1.1 and h2c on one port, header
-//! limits, and a graceful drain on shutdown.
+//! limits, a connection cap, a deadline for the first byte, and a graceful drain on shutdown.
 
+use crate::metrics::{Metrics, RefusalReason};
 use hyper::body::{Body, Incoming};
 use hyper::service::service_fn;
 use hyper::{Request, Response};
@@ -10,38 +11,81 @@ use hyper_util::server::graceful::GracefulShutdown;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 /// How long a client may take to send a complete request head.
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest request head accepted (HTTP/1.1 buffer and HTTP/2 header list).
 const MAX_HEADER_BYTES: usize = 64 * 1024;
+/// How long the answer to a connection over the cap may take to write.
+const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The JSON body a connection over the cap is answered with before it is closed.
+const OVER_CAPACITY_BODY: &str =
+    r#"{"error":{"message":"llmslo is over its max_connections limit; retry in 1 s","type":"overloaded","code":503}}"#;
+
+/// How many connections a server holds at once, and where it reports them.
+#[derive(Debug, Clone)]
+pub struct ConnectionLimits {
+    /// Connections open at once; one more is answered 503 and closed.
+    pub max_connections: usize,
+    /// Counts open and refused connections (the proxy port's).
+    pub metrics: Option<Arc<Metrics>>,
+}
+
+impl ConnectionLimits {
+    /// A cap of `max_connections`, reported nowhere.
+    pub fn new(max_connections: usize) -> Self {
+        Self {
+            max_connections,
+            metrics: None,
+        }
+    }
+}
 
 /// Serves `handler` on `listener` until `shutdown` fires, then lets open connections
 /// finish for up to `drain` before returning.
-pub async fn serve<F, Fut, B>(listener: TcpListener, handler: F, shutdown: CancellationToken, drain: Duration)
-where
+pub async fn serve<F, Fut, B>(
+    listener: TcpListener,
+    handler: F,
+    shutdown: CancellationToken,
+    drain: Duration,
+    limits: ConnectionLimits,
+) where
     F: Fn(Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
     B: Body + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    serve_with(listener, |stream| async move { Ok(stream) }, handler, shutdown, drain).await
+    serve_with(
+        listener,
+        |stream| async move { Ok(stream) },
+        handler,
+        shutdown,
+        drain,
+        limits,
+    )
+    .await
 }
 
 /// [`serve`] with each accepted connection first passed through `wrap` (a TLS handshake),
 /// in the connection's own task so a slow handshake never holds up accepting.
+///
+/// A connection must send its first byte, and finish `wrap`, within the head timeout of its
+/// accept; a connection over the cap is answered 503 and closed at once.
 pub async fn serve_with<W, WF, IO, F, Fut, B>(
     listener: TcpListener,
     wrap: W,
     handler: F,
     shutdown: CancellationToken,
     drain: Duration,
+    limits: ConnectionLimits,
 ) where
     W: Fn(TcpStream) -> WF + Clone + Send + Sync + 'static,
     WF: Future<Output = std::io::Result<IO>> + Send + 'static,
@@ -63,6 +107,7 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
         .timer(TokioTimer::new())
         .max_header_list_size(MAX_HEADER_BYTES as u32);
     let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
     loop {
         let (stream, peer) = tokio::select! {
             biased;
@@ -78,12 +123,25 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
             },
         };
         let _ = stream.set_nodelay(true);
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            refuse_over_capacity(stream, peer, &limits);
+            continue;
+        };
+        let open = limits
+            .metrics
+            .as_ref()
+            .map(|m| OpenConnection::new(m.open_connections().clone()));
         let (handler, wrap, builder, watcher) = (handler.clone(), wrap.clone(), builder.clone(), graceful.watcher());
         tokio::spawn(async move {
-            let io = match wrap(stream).await {
-                Ok(io) => io,
-                Err(error) => {
+            let _held = (slot, open);
+            let io = match tokio::time::timeout(HEADER_READ_TIMEOUT, first_byte_then(stream, wrap)).await {
+                Ok(Ok(io)) => io,
+                Ok(Err(error)) => {
                     debug!(%peer, %error, "connection set-up failed");
+                    return;
+                }
+                Err(_) => {
+                    debug!(%peer, "connection closed: nothing sent within the head timeout");
                     return;
                 }
             };
@@ -96,7 +154,58 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
     }
     drop(listener);
     tokio::select! {
-        _ = graceful.shutdown() => info!("all connections drained"),
+        _ = graceful.shutdown() => debug!("all connections drained"),
         _ = tokio::time::sleep(drain) => warn!(drain_secs = drain.as_secs_f64(), "drain deadline passed, closing remaining connections"),
+    }
+}
+
+/// Waits for the client's first byte (or its EOF), then sets the connection up with `wrap`.
+async fn first_byte_then<W, WF, IO>(stream: TcpStream, wrap: W) -> std::io::Result<IO>
+where
+    W: Fn(TcpStream) -> WF,
+    WF: Future<Output = std::io::Result<IO>>,
+{
+    if stream.peek(&mut [0u8; 1]).await? == 0 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "closed before sending anything",
+        ));
+    }
+    wrap(stream).await
+}
+
+/// Answers a connection over the cap with a 503 and closes it, off the accept loop.
+fn refuse_over_capacity(mut stream: TcpStream, peer: SocketAddr, limits: &ConnectionLimits) {
+    if let Some(metrics) = &limits.metrics {
+        metrics.count_refused(RefusalReason::ConnectionLimit);
+    }
+    debug!(%peer, max_connections = limits.max_connections, "connection refused: at the connection cap");
+    tokio::spawn(async move {
+        let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, async {
+            let response = format!(
+                "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
+                 connection: close\r\ncontent-length: {}\r\n\r\n{OVER_CAPACITY_BODY}",
+                OVER_CAPACITY_BODY.len()
+            );
+            stream.write_all(response.as_bytes()).await?;
+            stream.shutdown().await
+        })
+        .await;
+    });
+}
+
+/// Counts one open connection in a gauge for as long as it lives.
+struct OpenConnection(prometheus_client::metrics::gauge::Gauge);
+
+impl OpenConnection {
+    fn new(gauge: prometheus_client::metrics::gauge::Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.dec();
     }
 }

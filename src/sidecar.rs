@@ -9,7 +9,7 @@ use crate::health::{self, Readiness};
 use crate::metrics::{server as metrics_server, Metrics, MetricsConfig};
 use crate::proxy::client::UpstreamClient;
 use crate::proxy::{Proxy, ProxySettings};
-use crate::serve::serve;
+use crate::serve::{serve, ConnectionLimits};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +17,9 @@ use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
+
+/// Connections open at once on the metrics port (scrapers and probes need a handful).
+const METRICS_MAX_CONNECTIONS: usize = 256;
 
 /// A started sidecar; dropping it does not stop it, [`Sidecar::shutdown`] does.
 #[derive(Debug)]
@@ -53,17 +56,21 @@ impl Sidecar {
         let metrics = Arc::new(metrics);
         let client = UpstreamClient::new(&config.upstream);
         let readiness = Arc::new(Readiness::new(config.health_interval * 3));
-        let proxy = Arc::new(Proxy {
-            client: client.clone(),
-            metrics: metrics.clone(),
-            settings: ProxySettings {
+        let proxy = Arc::new(Proxy::new(
+            client.clone(),
+            metrics.clone(),
+            ProxySettings {
                 upstream: config.upstream.to_string(),
                 max_peek_bytes: config.max_peek_bytes,
+                max_body_bytes: config.max_body_bytes,
+                max_buffered_request_bytes: config.max_buffered_request_bytes,
+                request_body_timeout: config.request_body_timeout,
                 max_event_bytes: config.max_event_bytes,
                 upstream_timeout: config.upstream_timeout,
+                stream_idle_timeout: config.stream_idle_timeout,
                 inject_usage: config.inject_usage,
             },
-        });
+        ));
 
         let shutdown = CancellationToken::new();
         let mut tasks = JoinSet::new();
@@ -72,6 +79,10 @@ impl Sidecar {
             move |request, peer| proxy.clone().handle(request, peer),
             shutdown.clone(),
             config.drain_timeout,
+            ConnectionLimits {
+                max_connections: config.max_connections,
+                metrics: Some(metrics.clone()),
+            },
         ));
         let (m, r) = (metrics.clone(), readiness.clone());
         tasks.spawn(serve(
@@ -79,6 +90,7 @@ impl Sidecar {
             move |request, _peer| metrics_server::handle(request, m.clone(), r.clone()),
             shutdown.clone(),
             config.drain_timeout,
+            ConnectionLimits::new(METRICS_MAX_CONNECTIONS),
         ));
         tasks.spawn(health::probe_upstream(
             client,

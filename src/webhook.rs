@@ -97,6 +97,9 @@ fn modified(cert: &Path, key: &Path) -> Option<SystemTime> {
     Some(time(cert)?.max(time(key)?))
 }
 
+/// Connections open at once (the API servers keep a few each).
+const WEBHOOK_MAX_CONNECTIONS: usize = 1024;
+
 /// Serves the webhook over TLS on `listener` until `shutdown`.
 pub async fn serve(listener: TcpListener, tls: Arc<TlsFiles>, options: InjectOptions, shutdown: CancellationToken) {
     let options = Arc::new(options);
@@ -109,6 +112,7 @@ pub async fn serve(listener: TcpListener, tls: Arc<TlsFiles>, options: InjectOpt
         move |request, _peer| handle(request, options.clone()),
         shutdown,
         Duration::from_secs(10),
+        crate::serve::ConnectionLimits::new(WEBHOOK_MAX_CONNECTIONS),
     )
     .await
 }

@@ -222,8 +222,7 @@ fn json_script(status: &str, body: &str) -> Script {
             body.len()
         ),
         pieces: vec![(std::time::Duration::ZERO, body.as_bytes().to_vec())],
-        cut_short: false,
-        silent: false,
+        ..Script::sse(Vec::new())
     }
 }
 

@@ -161,8 +161,7 @@ async fn absolute_uri_and_foreign_host_still_go_to_the_configured_upstream() {
     let (upstream, received) = scripted_upstream(Script {
         head: "HTTP/1.1 200 OK\r\ncontent-length: 2".into(),
         pieces: vec![(Duration::ZERO, b"ok".to_vec())],
-        cut_short: false,
-        silent: false,
+        ..Script::sse(Vec::new())
     })
     .await;
     let sidecar = start_sidecar(upstream, "").await;
@@ -410,8 +409,7 @@ async fn captured_vllm_error_answers_are_client_errors() {
         let script = Script {
             head: fixture_head(&format!("{name}.headers")),
             pieces: vec![(Duration::ZERO, body.clone())],
-            cut_short: false,
-            silent: false,
+            ..Script::sse(Vec::new())
         };
         let (upstream, _) = scripted_upstream(script).await;
         let sidecar = start_sidecar(upstream, "").await;

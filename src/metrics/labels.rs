@@ -49,6 +49,83 @@ pub struct OutcomeLabels {
     pub outcome: Outcome,
 }
 
+/// Why the sidecar refused work to protect itself (`llmslo_requests_refused_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RefusalReason {
+    /// `max_buffered_request_bytes` was reached: 503 with Retry-After.
+    RequestBufferFull,
+    /// `max_connections` was reached: the new connection got a 503 and was closed.
+    ConnectionLimit,
+}
+
+impl RefusalReason {
+    /// Every reason, in label order.
+    pub const ALL: [RefusalReason; 2] = [RefusalReason::RequestBufferFull, RefusalReason::ConnectionLimit];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalReason::RequestBufferFull => "request_buffer_full",
+            RefusalReason::ConnectionLimit => "connection_limit",
+        }
+    }
+}
+
+impl EncodeLabelValue for RefusalReason {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+/// Why a successful response could not be measured (`llmslo_unmeasured_responses_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnmeasuredReason {
+    /// A `Content-Encoding` llmslo cannot decode.
+    ContentEncoding,
+    /// A compressed body that failed to decode part-way.
+    DecodeError,
+    /// A stream event over `max_event_bytes` stopped interpretation.
+    OversizedEvent,
+}
+
+impl UnmeasuredReason {
+    /// Every reason, in label order.
+    pub const ALL: [UnmeasuredReason; 3] = [
+        UnmeasuredReason::ContentEncoding,
+        UnmeasuredReason::DecodeError,
+        UnmeasuredReason::OversizedEvent,
+    ];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnmeasuredReason::ContentEncoding => "content_encoding",
+            UnmeasuredReason::DecodeError => "decode_error",
+            UnmeasuredReason::OversizedEvent => "oversized_event",
+        }
+    }
+}
+
+impl EncodeLabelValue for UnmeasuredReason {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+/// `reason` of an unmeasured response.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct UnmeasuredLabels {
+    /// Why it could not be measured.
+    pub reason: UnmeasuredReason,
+}
+
+/// `reason`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// Why the work was refused.
+    pub reason: RefusalReason,
+}
+
 /// `model`, `operation`, `provider`, `token_type`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 pub struct TokenLabels {

@@ -11,7 +11,10 @@ use crate::provider::Provider;
 use crate::slo::spec::{SloKind, SloSet};
 use crate::slo::SloEngine;
 use buckets::{BucketOverrides, Buckets};
-use labels::{BuildLabels, InFlightLabels, ModelNames, OutcomeLabels, RequestLabels, TokenLabels};
+use labels::{
+    BuildLabels, InFlightLabels, ModelNames, OutcomeLabels, RefusalLabels, RequestLabels, TokenLabels, UnmeasuredLabels,
+};
+pub use labels::{RefusalReason, UnmeasuredReason};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -55,6 +58,9 @@ pub struct Metrics {
     output_tokens: Family<RequestLabels, Counter>,
     input_tokens: Family<RequestLabels, Counter>,
     in_flight: Family<InFlightLabels, Gauge>,
+    refused: Family<RefusalLabels, Counter>,
+    unmeasured: Family<UnmeasuredLabels, Counter>,
+    open_connections: Gauge,
     slo: Arc<SloEngine>,
 }
 
@@ -116,6 +122,9 @@ impl Metrics {
             output_tokens: Family::default(),
             input_tokens: Family::default(),
             in_flight: Family::default(),
+            refused: Family::default(),
+            unmeasured: Family::default(),
+            open_connections: Gauge::default(),
             slo,
         };
         let metrics = metrics.registered();
@@ -217,6 +226,29 @@ impl Metrics {
             "Measured requests whose response has not ended",
             self.in_flight.clone(),
         );
+        r.register(
+            "llmslo_requests_refused",
+            "Requests and connections the sidecar refused to protect itself, by the limit reached \
+             (never forwarded, never counted for or against an SLO)",
+            self.refused.clone(),
+        );
+        for reason in RefusalReason::ALL {
+            drop(self.refused.get_or_create(&RefusalLabels { reason }));
+        }
+        r.register(
+            "llmslo_unmeasured_responses",
+            "Successful responses llmslo forwarded but could not measure, by reason (their outcome \
+             still counts; their latency and tokens are unknown)",
+            self.unmeasured.clone(),
+        );
+        for reason in UnmeasuredReason::ALL {
+            drop(self.unmeasured.get_or_create(&UnmeasuredLabels { reason }));
+        }
+        r.register(
+            "llmslo_proxy_connections_open",
+            "Client connections open on the proxy port",
+            self.open_connections.clone(),
+        );
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
             .get_or_create(&BuildLabels {
@@ -284,6 +316,21 @@ impl Metrics {
             inter_chunk,
             _in_flight: InFlight(gauge),
         }
+    }
+
+    /// Counts work refused because a sidecar limit was reached.
+    pub fn count_refused(&self, reason: RefusalReason) {
+        self.refused.get_or_create(&RefusalLabels { reason }).inc();
+    }
+
+    /// Counts a response that could not be measured.
+    pub fn count_unmeasured(&self, reason: UnmeasuredReason) {
+        self.unmeasured.get_or_create(&UnmeasuredLabels { reason }).inc();
+    }
+
+    /// The gauge of client connections open on the proxy port.
+    pub fn open_connections(&self) -> &Gauge {
+        &self.open_connections
     }
 
     /// Records a finished request into every family it touches.

@@ -1,6 +1,8 @@
 //! The observed response body: forwards every frame unchanged while the tracker watches.
 
+use super::record::Outcome;
 use super::tracker::{End, RequestTracker};
+use crate::proxy::idle::{BoxError, StreamIdle};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 use std::pin::Pin;
@@ -12,15 +14,18 @@ use tokio::time::Instant;
 pub struct ObservedBody<B> {
     inner: B,
     tracker: Option<RequestTracker>,
+    /// Trailers held back while the last held bytes go out first.
+    trailers: Option<Frame<Bytes>>,
 }
 
-impl<B: Body<Data = Bytes> + Unpin> ObservedBody<B> {
+impl<B: Body<Data = Bytes, Error = BoxError> + Unpin> ObservedBody<B> {
     /// Forwards `inner`, reporting what goes by to `tracker`.
     /// Dropping it before the end records `client_cancelled` (the tracker's drop).
     pub fn new(inner: B, tracker: RequestTracker) -> Self {
         let mut body = Self {
             inner,
             tracker: Some(tracker),
+            trailers: None,
         };
         if body.inner.is_end_stream() {
             // An empty body may never be polled.
@@ -36,17 +41,26 @@ impl<B: Body<Data = Bytes> + Unpin> ObservedBody<B> {
     }
 }
 
-impl<B: Body<Data = Bytes> + Unpin> Body for ObservedBody<B> {
+impl<B: Body<Data = Bytes, Error = BoxError> + Unpin> Body for ObservedBody<B> {
     type Data = Bytes;
-    type Error = B::Error;
+    type Error = BoxError;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
+        if let Some(trailers) = this.trailers.take() {
+            return Poll::Ready(Some(Ok(trailers)));
+        }
         loop {
             let frame = match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
                 Some(Ok(frame)) => frame,
                 Some(Err(error)) => {
-                    this.finish(End::BodyError, Instant::now());
+                    // An engine gone quiet past `stream_idle_timeout` is a timeout, not a reset.
+                    let end = if error.is::<StreamIdle>() {
+                        End::Failed(Outcome::Timeout)
+                    } else {
+                        End::BodyError
+                    };
+                    this.finish(end, Instant::now());
                     return Poll::Ready(Some(Err(error)));
                 }
                 None => {
@@ -76,7 +90,18 @@ impl<B: Body<Data = Bytes> + Unpin> Body for ObservedBody<B> {
                     }
                 },
                 (Ok(data), None) => Frame::data(data),
-                (Err(other), _) => other, // trailers pass through
+                (Err(trailers), _) => {
+                    // Trailers end a body: the server may never poll it again.
+                    let held = this.tracker.as_mut().and_then(RequestTracker::take_held);
+                    this.finish(End::Complete, now);
+                    return Poll::Ready(Some(Ok(match held {
+                        Some(held) => {
+                            this.trailers = Some(trailers);
+                            Frame::data(held)
+                        }
+                        None => trailers,
+                    })));
+                }
             };
             if this.inner.is_end_stream() {
                 this.finish(End::Complete, now);
@@ -86,7 +111,7 @@ impl<B: Body<Data = Bytes> + Unpin> Body for ObservedBody<B> {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.trailers.is_none() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {

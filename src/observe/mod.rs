@@ -2,6 +2,7 @@
 //! the per-request record.
 
 pub mod body;
+pub mod decode;
 pub mod openai;
 pub mod record;
 pub mod sse;

@@ -1,14 +1,17 @@
 //! The per-request tracker: follows one measured request from its head to its end and
 //! records it exactly once, also when the client goes away (drop).
 
+use super::decode::{Decoder, Encoding};
 use super::openai::{self, EventSummary};
 use super::record::{Operation, Outcome, Protocol, RequestRecord};
 use super::stream::StreamObserver;
 use super::strip::UsageStripper;
 use super::tgi;
-use crate::metrics::{Metrics, RequestHandles};
+use crate::metrics::{Metrics, RequestHandles, UnmeasuredReason};
 use bytes::Bytes;
 use http::{header, HeaderMap, StatusCode};
+use prometheus_client::metrics::histogram::Histogram;
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -45,12 +48,62 @@ enum ResponseKind {
     Waiting,
     /// The status decided the outcome (4xx, 5xx).
     Decided(Outcome),
-    /// A 2xx event stream, with the stripper when llmslo asked for usage on the client's behalf.
-    Stream(Box<StreamObserver>, Option<UsageStripper>),
-    /// A 2xx JSON body, kept up to the event bound to read its usage.
-    Json { body: Vec<u8>, overflowed: bool },
+    /// A 2xx event stream (decoded when compressed), with the stripper when llmslo asked for
+    /// usage on the client's behalf.
+    Stream(Box<Decoder<StreamSink>>, Option<UsageStripper>),
+    /// A 2xx JSON body (decoded when compressed), kept up to the event bound to read its usage.
+    Json(Box<Decoder<JsonSink>>),
     /// Any other 2xx body.
     Opaque,
+    /// A 2xx body llmslo could not read: its outcome comes from how it ended alone.
+    Unmeasured(UnmeasuredReason),
+}
+
+/// Decoded stream bytes go to the observer, stamped with the time their frame arrived.
+#[derive(Debug)]
+struct StreamSink {
+    observer: StreamObserver,
+    now: Instant,
+    gaps: Histogram,
+}
+
+impl Write for StreamSink {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let gaps = &self.gaps;
+        self.observer
+            .feed(bytes, self.now, |gap| gaps.observe(gap.as_secs_f64()));
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Decoded JSON bytes are kept up to a bound; past it they are dropped and the body is unread.
+#[derive(Debug)]
+struct JsonSink {
+    body: Vec<u8>,
+    limit: usize,
+    overflowed: bool,
+}
+
+impl Write for JsonSink {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if !self.overflowed {
+            if self.body.len() + bytes.len() > self.limit {
+                self.overflowed = true;
+                self.body = Vec::new();
+            } else {
+                self.body.extend_from_slice(bytes);
+            }
+        }
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 impl RequestTracker {
@@ -74,6 +127,16 @@ impl RequestTracker {
         }
     }
 
+    /// The request's normalised model label (never the raw client string).
+    pub fn model(&self) -> &str {
+        &self.handles.model
+    }
+
+    /// The request's operation.
+    pub fn operation(&self) -> Operation {
+        self.handles.operation
+    }
+
     /// llmslo added `stream_options.include_usage` to the request: the usage-only chunk it
     /// brings must not reach the client.
     pub fn strip_usage_chunk(&mut self) {
@@ -85,48 +148,86 @@ impl RequestTracker {
         self.response = if let Some(outcome) = Outcome::from_status(status.as_u16()) {
             ResponseKind::Decided(outcome)
         } else {
-            let content_type = headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or("")
-                .to_ascii_lowercase();
-            if content_type.starts_with("text/event-stream") {
-                let protocol = self.handles.operation.protocol();
-                let observer = StreamObserver::new(protocol, self.max_event_bytes, self.strip_usage);
-                let stripper = self.strip_usage.then(UsageStripper::default);
-                ResponseKind::Stream(Box::new(observer), stripper)
-            } else if content_type.starts_with("application/json") {
-                ResponseKind::Json {
-                    body: Vec::new(),
-                    overflowed: false,
-                }
-            } else {
-                ResponseKind::Opaque
+            self.reader_for(headers)
+        };
+    }
+
+    fn reader_for(&self, headers: &HeaderMap) -> ResponseKind {
+        let content_type = headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_ascii_lowercase();
+        let stream = content_type.starts_with("text/event-stream");
+        if !stream && !content_type.starts_with("application/json") {
+            return ResponseKind::Opaque;
+        }
+        let encoding = match Encoding::from_headers(headers) {
+            Ok(encoding) => encoding,
+            Err(coding) => {
+                warn_once(
+                    &UNDECODABLE_WARNED,
+                    "a response's Content-Encoding cannot be decoded: such responses are forwarded \
+                     untouched and counted in llmslo_unmeasured_responses_total, not measured (warned once)",
+                    &coding,
+                );
+                return ResponseKind::Unmeasured(UnmeasuredReason::ContentEncoding);
             }
         };
+        let decoder = if stream {
+            let sink = StreamSink {
+                observer: StreamObserver::new(
+                    self.handles.operation.protocol(),
+                    self.max_event_bytes,
+                    self.strip_usage,
+                ),
+                now: self.t0,
+                gaps: self.handles.inter_chunk.clone(),
+            };
+            Decoder::new(encoding, sink).map(|decoder| {
+                // Usage can only be cut from bytes as they are; compressed, the client gets it too.
+                let strip = self.strip_usage && decoder.is_identity();
+                if self.strip_usage && !strip {
+                    warn_once(
+                        &UNSTRIPPED_WARNED,
+                        "the usage chunk llmslo asked for cannot be removed from a compressed stream: \
+                         such clients receive it (warned once); turn inject_usage off to avoid it",
+                        "",
+                    );
+                }
+                ResponseKind::Stream(Box::new(decoder), strip.then(UsageStripper::default))
+            })
+        } else {
+            let sink = JsonSink {
+                body: Vec::new(),
+                limit: self.max_event_bytes,
+                overflowed: false,
+            };
+            Decoder::new(encoding, sink).map(|decoder| ResponseKind::Json(Box::new(decoder)))
+        };
+        decoder.unwrap_or(ResponseKind::Unmeasured(UnmeasuredReason::DecodeError))
     }
 
     /// Observes a body frame received at `now`. Returns `None` to forward it as it is, or
     /// the bytes to forward instead (possibly none yet) when the usage chunk is being cut.
     pub fn on_data(&mut self, frame: &Bytes, now: Instant) -> Option<Bytes> {
-        match &mut self.response {
-            ResponseKind::Stream(observer, stripper) => {
-                let gaps = &self.handles.inter_chunk;
-                observer.feed(frame, now, |gap| gaps.observe(gap.as_secs_f64()));
-                let stripper = stripper.as_mut()?;
-                Some(stripper.push(frame, observer.boundary(), &observer.take_removable()))
-            }
-            ResponseKind::Json { body, overflowed } if !*overflowed => {
-                if body.len() + frame.len() > self.max_event_bytes {
-                    *overflowed = true;
-                    *body = Vec::new();
-                } else {
-                    body.extend_from_slice(frame);
+        let decoded = match &mut self.response {
+            ResponseKind::Stream(decoder, stripper) => {
+                decoder.sink_mut().now = now;
+                let decoded = decoder.write(frame);
+                if let (Ok(()), Some(stripper)) = (&decoded, stripper.as_mut()) {
+                    let observer = &mut decoder.sink_mut().observer;
+                    return Some(stripper.push(frame, observer.boundary(), &observer.take_removable()));
                 }
-                None
+                decoded
             }
-            _ => None,
+            ResponseKind::Json(decoder) => decoder.write(frame),
+            _ => Ok(()),
+        };
+        if decoded.is_err() {
+            self.response = ResponseKind::Unmeasured(UnmeasuredReason::DecodeError);
         }
+        None
     }
 
     /// Bytes still held back when the body ends (an unfinished last event), if any.
@@ -158,8 +259,12 @@ impl RequestTracker {
         let body_outcome = match &self.response {
             ResponseKind::Waiting | ResponseKind::Opaque => None,
             ResponseKind::Decided(outcome) => Some(*outcome),
-            ResponseKind::Stream(observer, _) => {
-                let summary = observer.summary();
+            ResponseKind::Unmeasured(reason) => {
+                self.metrics.count_unmeasured(*reason);
+                None
+            }
+            ResponseKind::Stream(decoder, _) => {
+                let summary = decoder.sink().observer.summary();
                 record.ttft = summary.first_token.map(|first| first - self.t0);
                 first_event = summary.first_token_event.map(|first| first - self.t0);
                 record.tpot_per_choice = summary.tpot_per_choice;
@@ -169,15 +274,17 @@ impl RequestTracker {
                 record.token_events = summary.token_events;
                 if summary.gave_up {
                     warn_oversized_event(self.max_event_bytes);
+                    self.metrics.count_unmeasured(UnmeasuredReason::OversizedEvent);
                 }
                 let cut_short = !summary.saw_done && !summary.gave_up;
                 (summary.saw_error || cut_short).then_some(Outcome::UpstreamError)
             }
-            ResponseKind::Json { body, overflowed } => {
-                let summary = match (*overflowed, self.handles.operation.protocol()) {
+            ResponseKind::Json(decoder) => {
+                let sink = decoder.sink();
+                let summary = match (sink.overflowed, self.handles.operation.protocol()) {
                     (true, _) => EventSummary::default(),
-                    (false, Protocol::OpenAi) => openai::summarise(body),
-                    (false, Protocol::Tgi) => tgi::summarise(body),
+                    (false, Protocol::OpenAi) => openai::summarise(&sink.body),
+                    (false, Protocol::Tgi) => tgi::summarise(&sink.body),
                 };
                 let usage = summary.usage.unwrap_or_default();
                 record.output_tokens = usage.completion_tokens;
@@ -205,6 +312,18 @@ impl RequestTracker {
             "request finished"
         );
         self.metrics.record(&record);
+    }
+}
+
+static UNDECODABLE_WARNED: AtomicBool = AtomicBool::new(false);
+static UNSTRIPPED_WARNED: AtomicBool = AtomicBool::new(false);
+
+/// Logs `message` at warn level the first time, at debug level after that.
+fn warn_once(flag: &AtomicBool, message: &'static str, detail: &str) {
+    if flag.swap(true, Ordering::Relaxed) {
+        debug!(detail, "{message}");
+    } else {
+        warn!(detail, "{message}");
     }
 }
 

@@ -1,5 +1,6 @@
 //! Errors the proxy answers itself, each with a status and a JSON body in the OpenAI shape.
 
+use super::request_body::ClientFault;
 use super::ProxyBody;
 use bytes::Bytes;
 use http::{header, Response, StatusCode};
@@ -25,9 +26,26 @@ pub enum ProxyError {
         /// The configured response-head timeout.
         after: Duration,
     },
-    /// The client's request body could not be read.
-    #[error("the request body could not be read: {0}")]
-    BadRequestBody(String),
+    /// The engine answered something a proxy cannot pass on.
+    #[error("upstream {upstream} answered {what}")]
+    BadUpstreamResponse {
+        /// The configured upstream.
+        upstream: String,
+        /// What it answered, without request content.
+        what: &'static str,
+    },
+    /// The client's request body could not be read, or is over a limit.
+    #[error("{0}")]
+    Client(ClientFault),
+    /// The sidecar refused the request to protect itself (a limit on buffered bytes or
+    /// connections); the client may retry after the given seconds.
+    #[error("llmslo is over its {limit} limit; retry in {retry_after} s")]
+    Overloaded {
+        /// The limit that was reached, as its config key.
+        limit: &'static str,
+        /// Seconds for the Retry-After header.
+        retry_after: u32,
+    },
     /// CONNECT (tunnelling) is refused: llmslo is not an open proxy.
     #[error("CONNECT is not supported: llmslo forwards only to its configured upstream")]
     ConnectRefused,
@@ -38,7 +56,9 @@ impl ProxyError {
         match self {
             ProxyError::Unavailable { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            ProxyError::BadRequestBody(_) => StatusCode::BAD_REQUEST,
+            ProxyError::BadUpstreamResponse { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::Client(fault) => fault.status(),
+            ProxyError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::ConnectRefused => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
@@ -47,7 +67,11 @@ impl ProxyError {
         match self {
             ProxyError::Unavailable { .. } => "upstream_unavailable",
             ProxyError::Timeout { .. } => "upstream_timeout",
-            ProxyError::BadRequestBody(_) => "bad_request_body",
+            ProxyError::BadUpstreamResponse { .. } => "upstream_protocol_error",
+            ProxyError::Client(ClientFault::TooLarge(_)) => "request_too_large",
+            ProxyError::Client(ClientFault::TimedOut(_)) => "request_timeout",
+            ProxyError::Client(_) => "bad_request_body",
+            ProxyError::Overloaded { .. } => "overloaded",
             ProxyError::ConnectRefused => "method_not_allowed",
         }
     }
@@ -57,7 +81,11 @@ impl ProxyError {
         let body = serde_json::json!({
             "error": { "message": self.to_string(), "type": self.kind(), "code": self.status().as_u16() }
         });
-        Response::builder()
+        let mut response = Response::builder();
+        if let ProxyError::Overloaded { retry_after, .. } = &self {
+            response = response.header(header::RETRY_AFTER, *retry_after);
+        }
+        response
             .status(self.status())
             .header(header::CONTENT_TYPE, "application/json")
             .body(

@@ -17,7 +17,12 @@ const HOP_BY_HOP: [&str; 8] = [
 ];
 
 /// Removes the hop-by-hop headers, including every header the `Connection` header names.
+/// A message framed by Transfer-Encoding also loses its Content-Length (RFC 9112 §6.3): the
+/// length it states is not the length of the message that is forwarded.
 pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
+    if headers.contains_key(header::TRANSFER_ENCODING) {
+        headers.remove(header::CONTENT_LENGTH);
+    }
     let named: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -66,6 +71,19 @@ mod tests {
         let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         left.sort();
         assert_eq!(left, ["authorization", "content-type"]);
+    }
+
+    #[test]
+    fn content_length_goes_with_transfer_encoding() {
+        let mut h = HeaderMap::new();
+        h.insert("content-length", HeaderValue::from_static("5"));
+        h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
+        remove_hop_by_hop(&mut h);
+        assert!(h.is_empty(), "{h:?}");
+        let mut plain = HeaderMap::new();
+        plain.insert("content-length", HeaderValue::from_static("5"));
+        remove_hop_by_hop(&mut plain);
+        assert_eq!(plain["content-length"], "5");
     }
 
     #[test]

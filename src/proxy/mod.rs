@@ -4,10 +4,12 @@
 pub mod client;
 pub mod error;
 pub mod headers;
+pub mod idle;
 pub mod peek;
+pub mod request_body;
 
 use crate::config::Engine;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RefusalReason};
 use crate::observe::body::ObservedBody;
 use crate::observe::record::{Operation, Outcome, Protocol};
 use crate::observe::tracker::{End, RequestTracker};
@@ -15,22 +17,28 @@ use crate::provider;
 use bytes::Bytes;
 use client::UpstreamClient;
 use error::ProxyError;
-use http::{header, HeaderValue, Method, Request, Response, Version};
+use http::{header, HeaderValue, Method, Request, Response, StatusCode, Version};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use peek::{Peeked, RequestFields};
+use idle::{BoxError, IdleTimeoutBody};
+use peek::{PeekError, Peeked, RequestFields};
+use request_body::{ClientBody, ClientFault};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::debug;
 
 /// Body type sent to the upstream.
-pub type UpstreamBody = UnsyncBoxBody<Bytes, hyper::Error>;
+pub type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
 /// Body type sent back to the client.
-pub type ProxyBody = UnsyncBoxBody<Bytes, hyper::Error>;
+pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// Seconds a client refused for the buffer budget is asked to wait before retrying.
+const RETRY_AFTER_SECS: u32 = 1;
 
 /// Proxy settings taken from the configuration.
 #[derive(Debug, Clone)]
@@ -39,10 +47,18 @@ pub struct ProxySettings {
     pub upstream: String,
     /// How much of a generation request body is read to learn model and stream.
     pub max_peek_bytes: usize,
+    /// Largest generation request body accepted (413 beyond it).
+    pub max_body_bytes: u64,
+    /// Bytes of request bodies buffered by the peek at once, across all requests.
+    pub max_buffered_request_bytes: usize,
+    /// Longest gap between two reads of a request body (408 beyond it).
+    pub request_body_timeout: Duration,
     /// Largest stream event (or JSON body) interpreted.
     pub max_event_bytes: usize,
     /// How long the upstream may take to send a response head.
     pub upstream_timeout: Duration,
+    /// Longest silence of the upstream within a response body; `None` waits for ever.
+    pub stream_idle_timeout: Option<Duration>,
     /// Ask streaming OpenAI requests for usage when they did not (and hide the answer).
     pub inject_usage: bool,
 }
@@ -50,15 +66,24 @@ pub struct ProxySettings {
 /// Everything a proxied request needs, shared by all connections.
 #[derive(Debug)]
 pub struct Proxy {
-    /// The pooled client to the upstream.
-    pub client: UpstreamClient,
-    /// Where measurements go.
-    pub metrics: Arc<Metrics>,
-    /// Limits and timeouts.
-    pub settings: ProxySettings,
+    client: UpstreamClient,
+    metrics: Arc<Metrics>,
+    settings: ProxySettings,
+    /// Bytes the peek may still buffer (`max_buffered_request_bytes` in all).
+    budget: Arc<Semaphore>,
 }
 
 impl Proxy {
+    /// A proxy to `client`'s upstream, recording into `metrics`.
+    pub fn new(client: UpstreamClient, metrics: Arc<Metrics>, settings: ProxySettings) -> Self {
+        Self {
+            client,
+            metrics,
+            budget: Arc::new(Semaphore::new(settings.max_buffered_request_bytes)),
+            settings,
+        }
+    }
+
     /// Forwards one client request and returns the (observed) response.
     pub async fn handle(
         self: Arc<Self>,
@@ -74,24 +99,42 @@ impl Proxy {
             _ => None,
         };
         let (mut parts, body) = request.into_parts();
+        headers::remove_hop_by_hop(&mut parts.headers);
+        let body_limit = operation.map_or(u64::MAX, |_| self.settings.max_body_bytes);
+        let content_length = content_length(&parts.headers);
+        if content_length.is_some_and(|len| len > body_limit) {
+            // Refused before a byte of the body is read: the upload need not finish first.
+            return Ok(self.refuse_client(operation, ClientFault::TooLarge(body_limit), t0));
+        }
+        let body = ClientBody::new(body, self.settings.request_body_timeout, body_limit);
+        let fault = body.fault();
         let (body, fields, injected_usage) = match operation {
-            Some(operation) => match self.read_generation_body(operation, &mut parts.headers, body).await {
+            Some(operation) => match self
+                .read_generation_body(operation, &mut parts.headers, content_length, body)
+                .await
+            {
                 Ok(read) => read,
-                Err(error) => {
-                    // The client stopped sending its body: nothing reached the engine.
-                    if let Some(mut tracker) = self.track(Some(operation), &RequestFields::default(), t0) {
-                        tracker.finish(End::Cancelled, Instant::now());
-                    }
-                    return Ok(ProxyError::BadRequestBody(error.to_string()).into_response());
+                Err(PeekError::Client(fault)) => return Ok(self.refuse_client(Some(operation), fault, t0)),
+                Err(PeekError::BudgetExhausted) => {
+                    self.metrics.count_refused(RefusalReason::RequestBufferFull);
+                    let error = ProxyError::Overloaded {
+                        limit: "max_buffered_request_bytes",
+                        retry_after: RETRY_AFTER_SECS,
+                    };
+                    return Ok(error.into_response());
                 }
             },
-            None => (body.boxed_unsync(), RequestFields::default(), false),
+            None => (
+                body.map_err(|fault| Box::new(fault) as BoxError).boxed_unsync(),
+                RequestFields::default(),
+                false,
+            ),
         };
         let mut tracker = self.track(operation, &fields, t0);
         if let Some(tracker) = tracker.as_mut() {
             debug!(
-                operation = operation.map_or("", Operation::as_str),
-                model = ?fields.model,
+                operation = tracker.operation().as_str(),
+                model = tracker.model(),
                 stream = ?fields.stream,
                 injected_usage,
                 "measuring request"
@@ -103,31 +146,46 @@ impl Proxy {
 
         self.prepare_upstream_head(&mut parts, peer);
         let upstream_request = Request::from_parts(parts, body);
-        let response =
-            match tokio::time::timeout(self.settings.upstream_timeout, self.client.send(upstream_request)).await {
-                Ok(Ok(response)) => response,
-                Ok(Err(error)) => {
-                    let outcome = if error.is_connect() {
-                        Outcome::ConnectError
-                    } else {
-                        Outcome::UpstreamError
-                    };
-                    return Ok(self.fail(tracker, outcome, reason(&error)));
-                }
-                Err(_) => {
-                    if let Some(tracker) = tracker.as_mut() {
-                        tracker.finish(End::Failed(Outcome::Timeout), Instant::now());
-                    }
-                    let error = ProxyError::Timeout {
-                        upstream: self.settings.upstream.clone(),
-                        after: self.settings.upstream_timeout,
-                    };
-                    return Ok(error.into_response());
-                }
+        let sent = tokio::time::timeout(self.settings.upstream_timeout, self.client.send(upstream_request)).await;
+        let response = match sent {
+            Ok(Ok(response)) => response,
+            // The client's body failed on the way: its fault, whatever the upstream made of it.
+            Ok(Err(_)) if fault.get().is_some() => {
+                let fault = *fault.get().expect("checked above");
+                return Ok(self.answer_client_fault(tracker, fault));
+            }
+            Ok(Err(error)) => {
+                let outcome = if error.is_connect() {
+                    Outcome::ConnectError
+                } else {
+                    Outcome::UpstreamError
+                };
+                let error = ProxyError::Unavailable {
+                    upstream: self.settings.upstream.clone(),
+                    reason: reason(&error),
+                };
+                return Ok(self.fail(tracker, outcome, error));
+            }
+            Err(_) => {
+                let error = ProxyError::Timeout {
+                    upstream: self.settings.upstream.clone(),
+                    after: self.settings.upstream_timeout,
+                };
+                return Ok(self.fail(tracker, Outcome::Timeout, error));
+            }
+        };
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            // llmslo never forwards Upgrade, so no 101 was asked for: the engine misbehaved.
+            let error = ProxyError::BadUpstreamResponse {
+                upstream: self.settings.upstream.clone(),
+                what: "101 Switching Protocols to a request that asked for no upgrade",
             };
+            return Ok(self.fail(tracker, Outcome::UpstreamError, error));
+        }
         let (mut parts, body) = response.into_parts();
         headers::remove_hop_by_hop(&mut parts.headers);
         self.learn_engine(operation, &parts);
+        let body = IdleTimeoutBody::new(body, self.settings.stream_idle_timeout);
         let body = match tracker {
             Some(mut tracker) => {
                 tracker.on_response_head(parts.status, &parts.headers);
@@ -138,29 +196,41 @@ impl Proxy {
         Ok(Response::from_parts(parts, body))
     }
 
+    /// Answers a client fault found before forwarding, counting it when the route is measured.
+    fn refuse_client(&self, operation: Option<Operation>, fault: ClientFault, t0: Instant) -> Response<ProxyBody> {
+        let tracker = self.track(operation, &RequestFields::default(), t0);
+        self.answer_client_fault(tracker, fault)
+    }
+
+    fn answer_client_fault(&self, tracker: Option<RequestTracker>, fault: ClientFault) -> Response<ProxyBody> {
+        debug!(%fault, "request refused: the client's body");
+        self.fail(tracker, fault.outcome(), ProxyError::Client(fault))
+    }
+
     /// Peeks a generation request's body for its fields and, when due, asks it for usage
     /// (fixing Content-Length). Returns the body to send, the fields, and whether it was rewritten.
     async fn read_generation_body(
         &self,
         operation: Operation,
         headers: &mut http::HeaderMap,
-        body: Incoming,
-    ) -> Result<(UpstreamBody, RequestFields, bool), hyper::Error> {
-        let content_length = headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok());
-        let (peeked, fields) = peek::peek(body, content_length, self.settings.max_peek_bytes).await?;
-        let rewritten = match &peeked {
-            Peeked::Whole(bytes) if self.should_inject_usage(operation, &fields) => peek::with_usage_requested(bytes),
-            _ => None,
-        };
-        Ok(match rewritten {
-            Some(rewritten) => {
-                headers.insert(header::CONTENT_LENGTH, rewritten.len().into());
-                (peek::full(rewritten), fields, true)
-            }
-            None => (peeked.into_body(), fields, false),
+        content_length: Option<u64>,
+        body: ClientBody,
+    ) -> Result<(UpstreamBody, RequestFields, bool), PeekError> {
+        let max_peek = self.settings.max_peek_bytes;
+        let (peeked, fields) = peek::peek(body, content_length, max_peek, &self.budget).await?;
+        Ok(match peeked {
+            Peeked::Whole(bytes, permit) => match self
+                .should_inject_usage(operation, &fields)
+                .then(|| peek::with_usage_requested(&bytes))
+                .flatten()
+            {
+                Some(rewritten) => {
+                    headers.insert(header::CONTENT_LENGTH, rewritten.len().into());
+                    (peek::buffered(rewritten, permit), fields, true)
+                }
+                None => (peek::buffered(bytes, permit), fields, false),
+            },
+            Peeked::TooLarge(body) => (body, fields, false),
         })
     }
 
@@ -208,20 +278,20 @@ impl Proxy {
         }
         parts.uri = self.client.uri_for(path_and_query);
         parts.version = Version::HTTP_11;
-        headers::remove_hop_by_hop(&mut parts.headers);
         headers::append_forwarded_for(&mut parts.headers, peer.ip());
     }
 
-    fn fail(&self, tracker: Option<RequestTracker>, outcome: Outcome, reason: String) -> Response<ProxyBody> {
+    fn fail(&self, tracker: Option<RequestTracker>, outcome: Outcome, error: ProxyError) -> Response<ProxyBody> {
         if let Some(mut tracker) = tracker {
             tracker.finish(End::Failed(outcome), Instant::now());
         }
-        ProxyError::Unavailable {
-            upstream: self.settings.upstream.clone(),
-            reason,
-        }
-        .into_response()
+        error.into_response()
     }
+}
+
+/// The request's declared Content-Length, when it has a valid one.
+fn content_length(headers: &http::HeaderMap) -> Option<u64> {
+    headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
 }
 
 /// The innermost cause of a client error: "Connection refused" rather than "client error (Connect)".

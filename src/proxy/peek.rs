@@ -1,13 +1,17 @@
 //! The bounded request peek: reads a generation request's body far enough to learn its
 //! `model` and `stream` fields, then forwards the very same bytes.
 
+use super::idle::BoxError;
+use super::request_body::{ClientBody, ClientFault};
 use super::UpstreamBody;
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::body::{Body, Frame, SizeHint};
 use serde::Deserialize;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The request fields llmslo reads; everything else in the body is skipped.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Deserialize)]
@@ -40,25 +44,29 @@ impl RequestFields {
 
 /// A peeked request body: whole (and so readable and rewritable) or too large.
 pub enum Peeked {
-    /// The whole body, within the limit.
-    Whole(Bytes),
+    /// The whole body, within the limit, holding its share of the buffer budget.
+    Whole(Bytes, Option<OwnedSemaphorePermit>),
     /// The first bytes and the rest, forwarded as they come.
     TooLarge(UpstreamBody),
 }
 
-impl Peeked {
-    /// The body to send upstream, unchanged.
-    pub fn into_body(self) -> UpstreamBody {
-        match self {
-            Peeked::Whole(bytes) => full(bytes),
-            Peeked::TooLarge(body) => body,
-        }
-    }
+/// Why the peek ended without a body to forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeekError {
+    /// The client's body failed or broke a limit.
+    Client(ClientFault),
+    /// Buffering it would exceed `max_buffered_request_bytes` across all requests.
+    BudgetExhausted,
 }
 
-/// A body of exactly `bytes`.
-pub fn full(bytes: Bytes) -> UpstreamBody {
-    Full::new(bytes).map_err(|never| match never {}).boxed_unsync()
+/// A body of exactly `bytes` that gives its budget back when dropped.
+pub fn buffered(bytes: Bytes, permit: Option<OwnedSemaphorePermit>) -> UpstreamBody {
+    Held {
+        inner: Full::new(bytes),
+        _permit: permit,
+    }
+    .map_err(|never| match never {})
+    .boxed_unsync()
 }
 
 /// The same request asking for `stream_options.include_usage`. When the client sent no
@@ -93,25 +101,41 @@ pub fn parse_fields(body: &[u8]) -> RequestFields {
     serde_json::from_slice(body).unwrap_or_default()
 }
 
-/// Reads up to `limit` bytes of `body`; returns the body (the same bytes) and the fields
-/// when the whole body fit within the limit.
+/// Reads up to `limit` bytes of `body`, taking their size from `budget` (all of a declared
+/// Content-Length up front, else frame by frame); returns the body (the same bytes) and the
+/// fields when the whole body fit within the limit.
 pub async fn peek(
-    mut body: Incoming,
+    mut body: ClientBody,
     content_length: Option<u64>,
     limit: usize,
-) -> Result<(Peeked, RequestFields), hyper::Error> {
+    budget: &Arc<Semaphore>,
+) -> Result<(Peeked, RequestFields), PeekError> {
     if content_length.is_some_and(|len| len > limit as u64) {
-        return Ok((Peeked::TooLarge(body.boxed_unsync()), RequestFields::default()));
+        return Ok((
+            Peeked::TooLarge(body.map_err(boxed).boxed_unsync()),
+            RequestFields::default(),
+        ));
     }
+    let mut permit = match content_length {
+        Some(len) => Some(reserve(budget, len as usize)?),
+        None => None,
+    };
     let mut peeked = BytesMut::new();
     while let Some(frame) = body.frame().await {
-        let Ok(data) = frame?.into_data() else {
+        let Ok(data) = frame.map_err(PeekError::Client)?.into_data() else {
             continue; // request trailers carry nothing llmslo reads
         };
+        if content_length.is_none() {
+            let more = reserve(budget, data.len())?;
+            match permit.as_mut() {
+                Some(permit) => permit.merge(more),
+                None => permit = Some(more),
+            }
+        }
         peeked.extend_from_slice(&data);
         if peeked.len() > limit {
             let prefixed = PrefixedBody {
-                prefix: Some(peeked.freeze()),
+                prefix: Some((peeked.freeze(), permit)),
                 rest: body,
             };
             return Ok((Peeked::TooLarge(prefixed.boxed_unsync()), RequestFields::default()));
@@ -119,24 +143,61 @@ pub async fn peek(
     }
     let whole = peeked.freeze();
     let fields = parse_fields(&whole);
-    Ok((Peeked::Whole(whole), fields))
+    Ok((Peeked::Whole(whole, permit), fields))
 }
 
-/// Already-read bytes followed by the rest of the client's body.
+/// Takes `bytes` from the shared budget, or fails at once when it does not have them.
+fn reserve(budget: &Arc<Semaphore>, bytes: usize) -> Result<OwnedSemaphorePermit, PeekError> {
+    let bytes = u32::try_from(bytes).map_err(|_| PeekError::BudgetExhausted)?;
+    budget
+        .clone()
+        .try_acquire_many_owned(bytes)
+        .map_err(|_| PeekError::BudgetExhausted)
+}
+
+fn boxed(fault: ClientFault) -> BoxError {
+    Box::new(fault)
+}
+
+/// A body that holds a share of the buffer budget for as long as it lives.
+struct Held<B> {
+    inner: B,
+    _permit: Option<OwnedSemaphorePermit>,
+}
+
+impl<B: Body + Unpin> Body for Held<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Already-read bytes (with their budget share, given back once they are sent on) followed
+/// by the rest of the client's body.
 struct PrefixedBody {
-    prefix: Option<Bytes>,
-    rest: Incoming,
+    prefix: Option<(Bytes, Option<OwnedSemaphorePermit>)>,
+    rest: ClientBody,
 }
 
 impl Body for PrefixedBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BoxError;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        if let Some(prefix) = self.prefix.take() {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some((prefix, _permit)) = self.prefix.take() {
             return Poll::Ready(Some(Ok(Frame::data(prefix))));
         }
-        Pin::new(&mut self.rest).poll_frame(cx)
+        Pin::new(&mut self.rest).poll_frame(cx).map_err(boxed)
     }
 
     fn is_end_stream(&self) -> bool {
@@ -145,7 +206,7 @@ impl Body for PrefixedBody {
 
     fn size_hint(&self) -> SizeHint {
         let rest = self.rest.size_hint();
-        let prefix = self.prefix.as_ref().map_or(0, |p| p.len() as u64);
+        let prefix = self.prefix.as_ref().map_or(0, |(p, _)| p.len() as u64);
         let mut hint = SizeHint::new();
         hint.set_lower(rest.lower() + prefix);
         if let Some(upper) = rest.upper() {

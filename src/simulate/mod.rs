@@ -161,6 +161,7 @@ impl SimEngine {
             move |request, _peer| self.clone().handle(request),
             shutdown,
             Duration::from_secs(5),
+            crate::serve::ConnectionLimits::new(crate::config::defaults::MAX_CONNECTIONS),
         )
         .await
     }

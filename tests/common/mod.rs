@@ -178,6 +178,8 @@ pub struct Script {
     pub cut_short: bool,
     /// Never answer at all.
     pub silent: bool,
+    /// Trailer lines (CRLF-separated) sent with the final chunk, when not empty.
+    pub trailers: String,
 }
 
 impl Script {
@@ -189,6 +191,7 @@ impl Script {
             pieces,
             cut_short: false,
             silent: false,
+            trailers: String::new(),
         }
     }
 }
@@ -255,7 +258,17 @@ async fn answer(mut stream: TcpStream, choose: Chooser, log: Arc<Mutex<Vec<Vec<u
         if script.cut_short {
             return;
         }
-        if chunked && stream.write_all(b"0\r\n\r\n").await.is_err() {
+        let trailers = if script.trailers.is_empty() {
+            String::new()
+        } else {
+            format!("{}\r\n", script.trailers)
+        };
+        if chunked
+            && stream
+                .write_all(format!("0\r\n{trailers}\r\n").as_bytes())
+                .await
+                .is_err()
+        {
             return;
         }
     }
@@ -288,6 +301,50 @@ async fn read_request(stream: &mut TcpStream) -> Option<Vec<u8>> {
         buf.extend_from_slice(&chunk[..n]);
     }
     Some(buf)
+}
+
+/// An upstream that reads each request's whole body before answering 200 with its length
+/// (as an engine does): a body that fails on the way fails the exchange.
+pub async fn body_reading_upstream() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(|request: Request<Incoming>| async move {
+                    let length = request.into_body().collect().await?.to_bytes().len();
+                    Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from(format!("{{\"read\":{length}}}")))))
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// Sends raw bytes to `addr` and reads until the peer closes or `wait` passes: what came back.
+pub async fn raw_exchange(addr: SocketAddr, request: &[u8], wait: Duration) -> String {
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    read_for(&mut stream, wait).await
+}
+
+/// Reads from `stream` until it closes (or errors) or `wait` passes.
+pub async fn read_for(stream: &mut TcpStream, wait: Duration) -> String {
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(wait, async {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+            answer.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    String::from_utf8_lossy(&answer).into_owned()
 }
 
 /// The first request the scripted upstream got that starts with `prefix` (skipping health probes).

@@ -1,0 +1,142 @@
+//! The client's request body on its way to the engine: a read timeout between frames, a size
+//! limit, and a record of how it failed, so that a client's fault found while forwarding is
+//! never taken for the engine's.
+
+use super::idle::IdleTimer;
+use crate::observe::record::Outcome;
+use bytes::Bytes;
+use http::StatusCode;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// Why a client's request body could not be read: always the client's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ClientFault {
+    /// The connection closed or reset before the body ended.
+    #[error("the client stopped sending its request body before it ended")]
+    Aborted,
+    /// The body's framing is broken (a bad chunk size line, for instance).
+    #[error("the request body's framing is malformed")]
+    Malformed,
+    /// No body bytes arrived for the read timeout.
+    #[error("the client sent no request body bytes for {}", humantime::format_duration(*.0))]
+    TimedOut(Duration),
+    /// The body is larger than the limit for its route.
+    #[error("the request body is larger than the limit of {0} bytes")]
+    TooLarge(u64),
+}
+
+impl ClientFault {
+    /// Classifies an error reading the body from the client's connection.
+    pub fn from_read_error(error: &hyper::Error) -> Self {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+        while let Some(error) = cause {
+            if let Some(io) = error.downcast_ref::<std::io::Error>() {
+                if matches!(
+                    io.kind(),
+                    std::io::ErrorKind::InvalidData | std::io::ErrorKind::InvalidInput
+                ) {
+                    return ClientFault::Malformed;
+                }
+            }
+            cause = error.source();
+        }
+        ClientFault::Aborted
+    }
+
+    /// How the request is counted: a client that went away, or a client error.
+    pub fn outcome(self) -> Outcome {
+        match self {
+            ClientFault::Aborted => Outcome::ClientCancelled,
+            ClientFault::Malformed | ClientFault::TimedOut(_) | ClientFault::TooLarge(_) => Outcome::ClientError,
+        }
+    }
+
+    /// The status the client is answered with (when it still listens).
+    pub fn status(self) -> StatusCode {
+        match self {
+            ClientFault::Aborted | ClientFault::Malformed => StatusCode::BAD_REQUEST,
+            ClientFault::TimedOut(_) => StatusCode::REQUEST_TIMEOUT,
+            ClientFault::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+        }
+    }
+}
+
+/// Where a [`ClientBody`] leaves its fault for the proxy to find after a failed forward.
+pub type FaultSlot = Arc<OnceLock<ClientFault>>;
+
+/// The client's body with a read timeout and a size limit; its failures are noted in a slot.
+#[derive(Debug)]
+pub struct ClientBody {
+    inner: Incoming,
+    timer: IdleTimer,
+    read_timeout: Duration,
+    received: u64,
+    limit: u64,
+    fault: FaultSlot,
+}
+
+impl ClientBody {
+    /// Wraps `inner`: at most `limit` bytes, no gap between frames longer than `read_timeout`.
+    pub fn new(inner: Incoming, read_timeout: Duration, limit: u64) -> Self {
+        Self {
+            inner,
+            timer: IdleTimer::new(Some(read_timeout)),
+            read_timeout,
+            received: 0,
+            limit,
+            fault: FaultSlot::default(),
+        }
+    }
+
+    /// The slot that holds the body's fault once it failed.
+    pub fn fault(&self) -> FaultSlot {
+        self.fault.clone()
+    }
+
+    fn fail(&mut self, fault: ClientFault) -> Poll<Option<Result<Frame<Bytes>, ClientFault>>> {
+        let _ = self.fault.set(fault);
+        Poll::Ready(Some(Err(fault)))
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = ClientFault;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, ClientFault>>> {
+        let this = self.get_mut();
+        if let Some(fault) = this.fault.get() {
+            return Poll::Ready(Some(Err(*fault)));
+        }
+        match Pin::new(&mut this.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                this.timer.touch();
+                if let Some(data) = frame.data_ref() {
+                    this.received += data.len() as u64;
+                    if this.received > this.limit {
+                        return this.fail(ClientFault::TooLarge(this.limit));
+                    }
+                }
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(Some(Err(error))) => this.fail(ClientFault::from_read_error(&error)),
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => match this.timer.poll_expired(cx) {
+                Poll::Ready(()) => this.fail(ClientFault::TimedOut(this.read_timeout)),
+                Poll::Pending => Poll::Pending,
+            },
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
