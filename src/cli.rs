@@ -312,9 +312,23 @@ impl Cli {
             },
             Command::CheckConfig(args) => {
                 let overrides = args.endpoints.overrides(self.log, self.log_format);
-                match Config::load(overrides, Some(&args.file)) {
-                    Ok(config) => {
-                        print!("{}", config.to_yaml());
+                match Config::check(overrides, &args.file) {
+                    Ok((config, upstream_given)) => {
+                        let yaml = config.to_yaml();
+                        if upstream_given {
+                            print!("{yaml}");
+                        } else {
+                            // An SLO-only file (the chart's ConfigMap): everything it holds is checked.
+                            yaml.lines()
+                                .filter(|line| !line.starts_with("upstream:"))
+                                .for_each(|line| println!("{line}"));
+                            eprintln!(
+                                "llmslo: {}: valid. It names no upstream (an SLO-only file, as the chart's \
+                                 ConfigMap holds), so that was not checked: `llmslo run` needs --upstream, \
+                                 LLMSLO_UPSTREAM or `upstream:`",
+                                args.file.display()
+                            );
+                        }
                         ExitCode::SUCCESS
                     }
                     Err(e) => {

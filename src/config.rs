@@ -256,6 +256,9 @@ pub struct Config {
     pub overrides: Overrides,
 }
 
+/// Stands in for the upstream while `check` validates a file that names none; never printed.
+const CHECK_PLACEHOLDER_UPSTREAM: &str = "http://127.0.0.1:1";
+
 /// Defaults for every key.
 pub mod defaults {
     use std::time::Duration;
@@ -301,6 +304,25 @@ impl Config {
         let mut config = Self::merge(overrides, file_config)?;
         config.file = file.map(Path::to_path_buf);
         Ok(config)
+    }
+
+    /// Validates `file` as `check-config` does: a file without an upstream (an SLO-only file,
+    /// as the chart's ConfigMap holds) is checked for everything it does hold. Returns the
+    /// effective config and whether an upstream was given.
+    pub fn check(overrides: Overrides, file: &Path) -> Result<(Self, bool), ConfigError> {
+        let file_config = read_file(file)?;
+        let upstream_given = overrides.upstream.is_some() || file_config.upstream.is_some();
+        let overrides = if upstream_given {
+            overrides
+        } else {
+            Overrides {
+                upstream: Some(CHECK_PLACEHOLDER_UPSTREAM.to_string()),
+                ..overrides
+            }
+        };
+        let mut config = Self::merge(overrides, file_config)?;
+        config.file = Some(file.to_path_buf());
+        Ok((config, upstream_given))
     }
 
     /// Reads the same file again with the same flags and environment.

@@ -201,3 +201,53 @@ fn inject_reads_stdin_and_writes_the_injected_yaml() {
     assert_eq!(bad.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("/nonexistent.yaml"));
 }
+
+#[test]
+fn check_config_validates_an_slo_only_file_and_still_names_bad_keys() {
+    let slo_only = "service: chat\nperiod: 30d\nslos:\n  - name: tpot-50ms\n    objective: 99\n    tpot: 50ms\n\
+                    goodput:\n  require: [tpot-50ms]\n";
+    let path = config_file("slo-only", slo_only);
+    let output = llmslo().arg("check-config").arg(&path).output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+    assert_eq!(output.status.code(), Some(0), "{stderr}");
+    assert!(
+        stdout.contains("name: tpot-50ms") && stdout.contains("service: chat"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("upstream:"), "no invented upstream is shown: {stdout}");
+    assert!(
+        stderr.contains("names no upstream") && stderr.contains("--upstream"),
+        "{stderr}"
+    );
+    std::fs::remove_file(path).unwrap();
+
+    let path = config_file("slo-only-bad", "slos:\n  - {name: t, objective: 200, tpot: 50ms}\n");
+    let (code, stderr) = run_and_fail(llmslo().arg("check-config").arg(&path));
+    assert_eq!(code, 64, "{stderr}");
+    assert!(stderr.contains("slos[0].objective"), "{stderr}");
+    std::fs::remove_file(path).unwrap();
+}
+
+#[test]
+fn text_logs_carry_no_colour_when_stderr_is_not_a_terminal() {
+    let mut child = llmslo()
+        .args(["run", "--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"])
+        .args(["--metrics-listen", "127.0.0.1:0", "--log-format", "text"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let started = lines
+        .by_ref()
+        .take(20)
+        .map_while(Result::ok)
+        .find(|line| line.contains("llmslo sidecar started"))
+        .expect("a start-up line");
+    std::thread::spawn(move || lines.for_each(drop));
+    terminate(&mut child);
+    assert!(!started.contains('\x1b'), "ANSI escapes in a piped log: {started:?}");
+}

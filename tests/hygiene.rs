@@ -81,6 +81,7 @@ async fn prompts_completions_and_credentials_never_reach_the_logs() {
     const PROMPT_SECRET: &str = "prompt-secret-7f3a9c";
     const COMPLETION_SECRET: &str = "completion-secret-42b1";
     const KEY_SECRET: &str = "sk-auth-91b2e6";
+    const MODEL_SECRET: &str = "prompt-pasted-into-model-5d0e";
     let stream = format!(
         "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{COMPLETION_SECRET}\"}}}}]}}\n\n\
          data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":3,\"completion_tokens\":1}}}}\n\ndata: [DONE]\n\n"
@@ -145,6 +146,12 @@ async fn prompts_completions_and_credentials_never_reach_the_logs() {
         );
     }
 
+    // A prompt pasted into `model`, 200 000 bytes of it: the log names the normalised label.
+    let huge_model = format!("{MODEL_SECRET} {}", "y".repeat(200_000));
+    let body = serde_json::json!({"model": huge_model, "stream": true, "messages": []});
+    let (status, _) = post_collect(proxy, "/v1/chat/completions", body.to_string()).await;
+    assert_eq!(status, 200);
+
     tokio::time::sleep(Duration::from_millis(300)).await;
     terminate(&mut child);
     let log = reader.join().unwrap();
@@ -156,7 +163,12 @@ async fn prompts_completions_and_credentials_never_reach_the_logs() {
         log.contains("\"token_count_source\":\"Some(Usage)\""),
         "the count source is logged:\n{log}"
     );
-    for secret in [PROMPT_SECRET, COMPLETION_SECRET, KEY_SECRET] {
-        assert!(!log.contains(secret), "`{secret}` leaked into the log:\n{log}");
+    for secret in [PROMPT_SECRET, COMPLETION_SECRET, KEY_SECRET, MODEL_SECRET] {
+        assert!(!log.contains(secret), "`{secret}` leaked into the log");
     }
+    let longest = log.lines().map(str::len).max().unwrap_or(0);
+    assert!(
+        longest < 4096,
+        "a {longest}-byte log line: client strings must be bounded"
+    );
 }
