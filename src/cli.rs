@@ -55,6 +55,37 @@ enum Command {
     Webhook(WebhookArgs),
     /// Measure the proxy's overhead against no proxy and nginx, side by side (DESIGN §8).
     Bench(BenchArgs),
+    /// Stream through a sidecar for a long time, sampling its memory, file descriptors and scrape latency.
+    Soak(SoakArgs),
+}
+
+#[derive(Debug, Args)]
+struct SoakArgs {
+    /// Concurrent streams.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    streams: u64,
+    /// How long they stream.
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    duration: Duration,
+    /// Time between samples.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    sample_every: Duration,
+    /// Warm-up left out of the memory flatness check.
+    #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
+    settle: Duration,
+    /// How long the file descriptors may take to come back once the load stops (idle pooled
+    /// engine connections close after 90 s).
+    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    fd_wait: Duration,
+    /// Output tokens per request.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=4096))]
+    tokens: u32,
+    /// The engine's time to first token.
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    ttft: Duration,
+    /// The engine's time per output token.
+    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
+    tpot: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -427,6 +458,40 @@ impl Cli {
                     }
                     Err(e) => {
                         eprintln!("llmslo bench: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
+            Command::Soak(args) => {
+                init_logging(
+                    self.log.as_deref().unwrap_or("warn"),
+                    self.log_format.unwrap_or(LogFormat::Text),
+                );
+                if args.sample_every.is_zero() || args.sample_every > args.duration {
+                    eprintln!("llmslo soak: --sample-every must be above zero and at most --duration");
+                    return ExitCode::from(EXIT_CONFIG);
+                }
+                let options = bench::soak::SoakOptions {
+                    streams: args.streams as usize,
+                    duration: args.duration,
+                    sample_every: args.sample_every,
+                    settle: args.settle,
+                    fd_wait: args.fd_wait,
+                    tokens: args.tokens,
+                    ttft: args.ttft,
+                    tpot: args.tpot,
+                };
+                match bench::soak::run(&options).await {
+                    Ok(report) => {
+                        print!("{}", bench::soak::render(&report));
+                        if report.passed() {
+                            ExitCode::SUCCESS
+                        } else {
+                            ExitCode::FAILURE
+                        }
+                    }
+                    Err(e) => {
+                        eprintln!("llmslo soak: {e}");
                         ExitCode::FAILURE
                     }
                 }

@@ -111,3 +111,45 @@ fn bad_flags_are_clear_errors() {
         assert!(err.contains(flag), "{flag} {value}: {err}");
     }
 }
+
+#[test]
+fn a_short_soak_samples_memory_fds_and_scrapes_and_gives_its_fds_back() {
+    // The pooled engine connections close after 90 s idle: the wait covers that.
+    let (code, stdout, stderr) = llmslo_output(&[
+        "soak",
+        "--streams",
+        "8",
+        "--duration",
+        "4s",
+        "--sample-every",
+        "1s",
+        "--settle",
+        "1s",
+        "--fd-wait",
+        "100s",
+        "--tokens",
+        "6",
+        "--ttft",
+        "5ms",
+        "--tpot",
+        "2ms",
+    ]);
+    let samples: Vec<(f64, usize)> = stdout
+        .lines()
+        .filter(|l| l.contains("MiB"))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[1].parse().unwrap(), f[3].parse().unwrap())
+        })
+        .collect();
+    assert!(samples.len() >= 3, "a sample a second:\n{stdout}\n{stderr}");
+    assert!(samples.iter().all(|&(rss, fds)| rss > 1.0 && fds > 8), "{stdout}");
+    assert!(stdout.contains("0 failed"), "{stdout}");
+    assert!(stdout.contains("fds back to the baseline: yes"), "{stdout}");
+    assert!(stdout.contains("scrape p99: "), "{stdout}");
+    // The exit status is the verdict: 0 only when the memory was flat too.
+    assert_eq!(code == 0, stdout.contains("within ±5% of its mean: yes"), "{stdout}");
+    let (code, _, stderr) = llmslo_output(&["soak", "--sample-every", "0s"]);
+    assert_eq!(code, 64, "{stderr}");
+    assert!(stderr.contains("--sample-every"), "{stderr}");
+}

@@ -7,6 +7,7 @@
 
 mod client;
 mod process;
+pub mod soak;
 
 use crate::demo::EXAMPLE_SLOS;
 use crate::simulate::delay::Delay;
@@ -56,19 +57,7 @@ pub struct Row {
 
 /// Runs every measurement and returns the rows, baseline first at each concurrency.
 pub async fn run(options: &BenchOptions) -> Result<Vec<Row>, String> {
-    let shutdown = CancellationToken::new();
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| format!("engine: {e}"))?;
-    let engine_addr = listener.local_addr().map_err(|e| e.to_string())?;
-    let engine = SimEngine::new(SimOptions {
-        ttft: Delay::Fixed(options.ttft),
-        tpot: Delay::Fixed(options.tpot),
-        default_max_tokens: options.tokens,
-        ..SimOptions::default()
-    });
-    tokio::spawn(engine.serve(listener, shutdown.clone()));
-
+    let (engine_addr, shutdown) = start_engine(options.ttft, options.tpot, options.tokens).await?;
     let dir = std::env::temp_dir().join(format!("llmslo-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let result = measure(options, engine_addr, &dir).await;
@@ -77,35 +66,56 @@ pub async fn run(options: &BenchOptions) -> Result<Vec<Row>, String> {
     result
 }
 
-async fn measure(options: &BenchOptions, engine: SocketAddr, dir: &std::path::Path) -> Result<Vec<Row>, String> {
+/// The built-in engine with fixed timing on 127.0.0.1, until the token is cancelled.
+async fn start_engine(ttft: Duration, tpot: Duration, tokens: u32) -> Result<(SocketAddr, CancellationToken), String> {
+    let shutdown = CancellationToken::new();
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| format!("engine: {e}"))?;
+    let engine_addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let engine = SimEngine::new(SimOptions {
+        ttft: Delay::Fixed(ttft),
+        tpot: Delay::Fixed(tpot),
+        default_max_tokens: tokens,
+        ..SimOptions::default()
+    });
+    tokio::spawn(engine.serve(listener, shutdown.clone()));
+    Ok((engine_addr, shutdown))
+}
+
+/// An `llmslo run` process in front of `engine`, with SLOs and goodput configured so it does
+/// all its usual work; returns it and its metrics address.
+async fn start_sidecar_process(engine: SocketAddr, dir: &std::path::Path) -> Result<(Proxy, SocketAddr), String> {
     let config = dir.join("llmslo.yaml");
-    // The measured sidecar runs with SLOs and goodput, so it does all its usual work.
     let sidecar_config = format!("engine: vllm\nservice: bench\n{EXAMPLE_SLOS}gpu: {{enabled: false}}\n");
     std::fs::write(&config, sidecar_config).map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let llmslo_port = free_port()?;
     let metrics_port = free_port()?;
-    let mut proxies = vec![
-        Proxy::start(
-            "llmslo",
-            exe.as_os_str(),
-            &[
-                "run".into(),
-                "--config".into(),
-                config.into_os_string(),
-                "--upstream".into(),
-                format!("http://{engine}").into(),
-                "--listen".into(),
-                format!("127.0.0.1:{llmslo_port}").into(),
-                "--metrics-listen".into(),
-                format!("127.0.0.1:{metrics_port}").into(),
-                "--log".into(),
-                "warn".into(),
-            ],
-            llmslo_port,
-        )
-        .await?,
-    ];
+    let proxy = Proxy::start(
+        "llmslo",
+        exe.as_os_str(),
+        &[
+            "run".into(),
+            "--config".into(),
+            config.into_os_string(),
+            "--upstream".into(),
+            format!("http://{engine}").into(),
+            "--listen".into(),
+            format!("127.0.0.1:{llmslo_port}").into(),
+            "--metrics-listen".into(),
+            format!("127.0.0.1:{metrics_port}").into(),
+            "--log".into(),
+            "warn".into(),
+        ],
+        llmslo_port,
+    )
+    .await?;
+    Ok((proxy, SocketAddr::from(([127, 0, 0, 1], metrics_port))))
+}
+
+async fn measure(options: &BenchOptions, engine: SocketAddr, dir: &std::path::Path) -> Result<Vec<Row>, String> {
+    let mut proxies = vec![start_sidecar_process(engine, dir).await?.0];
     if let Some(nginx) = &options.nginx {
         let port = free_port()?;
         let conf = dir.join("nginx.conf");

@@ -86,6 +86,11 @@ impl Proxy {
         self.pids().into_iter().map(rss_of).sum()
     }
 
+    /// Open file descriptors of the process itself.
+    pub fn open_fds(&self) -> usize {
+        std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).map_or(0, |dir| dir.count())
+    }
+
     /// Runs `work` while sampling resident memory every 50 ms; returns its output and the peak.
     pub async fn while_sampling_rss<T>(&self, work: impl Future<Output = T>) -> (T, u64) {
         tokio::pin!(work);

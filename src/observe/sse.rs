@@ -155,6 +155,12 @@ impl SseParser {
     }
 
     fn process_line(&mut self, line: &[u8], on_event: &mut impl FnMut(SseEvent<'_>)) {
+        // The same bound as for a line still arriving, so that where frames split never
+        // decides whether the parser gives up.
+        if line.len() + self.data.len() > self.max_event_bytes {
+            self.give_up();
+            return;
+        }
         if line.is_empty() {
             self.dispatch(on_event);
             self.boundary = self.pos;
@@ -200,11 +206,15 @@ impl SseParser {
 
     fn check_bound(&mut self) {
         if self.line.len() + self.data.len() > self.max_event_bytes {
-            self.gave_up = true;
-            self.line = Vec::new();
-            self.data = Vec::new();
-            self.event_type = Vec::new();
+            self.give_up();
         }
+    }
+
+    fn give_up(&mut self) {
+        self.gave_up = true;
+        self.line = Vec::new();
+        self.data = Vec::new();
+        self.event_type = Vec::new();
     }
 }
 

@@ -1,0 +1,225 @@
+//! `llmslo soak`: many concurrent streams through an `llmslo run` process for a long time,
+//! sampling its resident memory, open file descriptors and `/metrics` scrape latency, to show
+//! that nothing grows and everything is given back.
+
+use super::client::run_streams;
+use super::{start_engine, start_sidecar_process};
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::time::Instant;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct SoakOptions {
+    /// Concurrent streams.
+    pub streams: usize,
+    /// How long they stream.
+    pub duration: Duration,
+    /// Time between samples.
+    pub sample_every: Duration,
+    /// Samples before this are the warm-up, left out of the flatness check.
+    pub settle: Duration,
+    /// How long the fds may take to return once the load stops (the upstream pool closes idle
+    /// engine connections after 90 s).
+    pub fd_wait: Duration,
+    /// Output tokens per request.
+    pub tokens: u32,
+    /// The engine's time to first token.
+    pub ttft: Duration,
+    /// The engine's time per output token.
+    pub tpot: Duration,
+}
+
+/// One sample of the sidecar process.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample {
+    /// Time since the load started.
+    pub at: Duration,
+    /// Resident memory, bytes.
+    pub rss: u64,
+    /// Open file descriptors.
+    pub fds: usize,
+    /// How long one `/metrics` scrape took.
+    pub scrape: Duration,
+}
+
+/// What the soak measured.
+#[derive(Debug, Clone)]
+pub struct SoakReport {
+    /// The options it ran with.
+    pub options: SoakOptions,
+    /// Open fds before the load.
+    pub baseline_fds: usize,
+    /// Samples during the load.
+    pub samples: Vec<Sample>,
+    /// Open fds once the load ended (after the pool's idle connections closed).
+    pub final_fds: usize,
+    /// How long after the load the fds took to come back (or the wait, when they did not).
+    pub fds_returned_after: Duration,
+    /// Requests that finished and that failed.
+    pub requests: u64,
+    /// Requests that failed.
+    pub failed: u64,
+}
+
+impl SoakReport {
+    /// Samples after the warm-up.
+    fn settled(&self) -> impl Iterator<Item = &Sample> {
+        self.samples.iter().filter(|s| s.at >= self.options.settle)
+    }
+
+    /// Largest deviation of RSS from its mean after the warm-up, as a fraction of the mean.
+    pub fn rss_deviation(&self) -> f64 {
+        let rss: Vec<f64> = self.settled().map(|s| s.rss as f64).collect();
+        if rss.is_empty() {
+            return f64::NAN;
+        }
+        let mean = rss.iter().sum::<f64>() / rss.len() as f64;
+        rss.iter().map(|r| (r - mean).abs() / mean).fold(0.0, f64::max)
+    }
+
+    /// The 99th percentile scrape latency (nearest rank).
+    pub fn scrape_p99(&self) -> Duration {
+        let mut scrapes: Vec<Duration> = self.samples.iter().map(|s| s.scrape).collect();
+        scrapes.sort();
+        let rank = ((scrapes.len() as f64) * 0.99).ceil() as usize;
+        scrapes
+            .get(rank.clamp(1, scrapes.len().max(1)) - 1)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// RSS within ±5% after the warm-up, and the fds back to where they started.
+    pub fn passed(&self) -> bool {
+        self.rss_deviation() <= 0.05 && self.final_fds <= self.baseline_fds
+    }
+}
+
+/// Runs the soak: engine and sidecar started here, `streams` clients for `duration`.
+pub async fn run(options: &SoakOptions) -> Result<SoakReport, String> {
+    let (engine, shutdown) = start_engine(options.ttft, options.tpot, options.tokens).await?;
+    let dir = std::env::temp_dir().join(format!("llmslo-soak-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let result = soak(options, engine, &dir).await;
+    shutdown.cancel();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
+
+async fn soak(options: &SoakOptions, engine: SocketAddr, dir: &std::path::Path) -> Result<SoakReport, String> {
+    let (sidecar, metrics) = start_sidecar_process(engine, dir).await?;
+    // The readiness probe's connection opens at start: take the baseline once it is there.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let baseline_fds = sidecar.open_fds();
+    let load = tokio::spawn(run_streams(
+        sidecar.addr,
+        options.streams,
+        Duration::ZERO,
+        options.duration,
+        options.tokens,
+    ));
+    let started = Instant::now();
+    let mut samples = Vec::new();
+    let mut ticker = tokio::time::interval_at(started + options.sample_every, options.sample_every);
+    while !load.is_finished() {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
+        }
+        if load.is_finished() {
+            break;
+        }
+        let scrape = scrape(metrics).await?;
+        samples.push(Sample {
+            at: started.elapsed(),
+            rss: sidecar.rss_bytes(),
+            fds: sidecar.open_fds(),
+            scrape,
+        });
+    }
+    let load = load.await.map_err(|e| format!("the load failed: {e}"))?;
+    let ended = Instant::now();
+    let mut final_fds = sidecar.open_fds();
+    while final_fds > baseline_fds && ended.elapsed() < options.fd_wait {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        final_fds = sidecar.open_fds();
+    }
+    let fds_returned_after = ended.elapsed();
+    sidecar.stop();
+    Ok(SoakReport {
+        options: options.clone(),
+        baseline_fds,
+        samples,
+        final_fds,
+        fds_returned_after,
+        requests: load.requests,
+        failed: load.failed,
+    })
+}
+
+/// Times one complete `GET /metrics`.
+async fn scrape(metrics: SocketAddr) -> Result<Duration, String> {
+    let started = Instant::now();
+    let mut stream = tokio::net::TcpStream::connect(metrics)
+        .await
+        .map_err(|e| format!("metrics: {e}"))?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: soak\r\nconnection: close\r\n\r\n")
+        .await
+        .map_err(|e| format!("metrics: {e}"))?;
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .await
+        .map_err(|e| format!("metrics: {e}"))?;
+    if !answer.starts_with(b"HTTP/1.1 200") {
+        return Err("metrics: the scrape was not answered 200".into());
+    }
+    Ok(started.elapsed())
+}
+
+/// The samples and the verdicts as text.
+pub fn render(report: &SoakReport) -> String {
+    let mut out = String::new();
+    let o = &report.options;
+    let _ = writeln!(
+        out,
+        "{} streams for {}, sampled every {} (the first {} is warm-up)\n",
+        o.streams,
+        humantime::format_duration(o.duration),
+        humantime::format_duration(o.sample_every),
+        humantime::format_duration(o.settle)
+    );
+    let _ = writeln!(out, "{:>8} {:>10} {:>6} {:>10}", "at", "RSS", "fds", "scrape");
+    for s in &report.samples {
+        let _ = writeln!(
+            out,
+            "{:>7.0}s {:>7.1} MiB {:>6} {:>8.2}ms",
+            s.at.as_secs_f64(),
+            s.rss as f64 / (1 << 20) as f64,
+            s.fds,
+            s.scrape.as_secs_f64() * 1e3
+        );
+    }
+    let verdict = |ok: bool| if ok { "yes" } else { "NO" };
+    let deviation = report.rss_deviation();
+    let _ = writeln!(
+        out,
+        "\nrequests: {} finished, {} failed\n\
+         RSS after warm-up within ±5% of its mean: {} (largest deviation {:.1}%)\n\
+         fds back to the baseline: {} ({} before the load, {} after, {:.0} s after it ended)\n\
+         scrape p99: {:.2}ms",
+        report.requests,
+        report.failed,
+        verdict(deviation <= 0.05),
+        deviation * 100.0,
+        verdict(report.final_fds <= report.baseline_fds),
+        report.baseline_fds,
+        report.final_fds,
+        report.fds_returned_after.as_secs_f64(),
+        report.scrape_p99().as_secs_f64() * 1e3,
+    );
+    out
+}
