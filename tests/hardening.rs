@@ -388,7 +388,12 @@ async fn withheld_upload(addr: SocketAddr) -> String {
         .write_all(&head(CHAT, &format!("content-length: {LENGTH}")))
         .await
         .unwrap();
-    // A refused upload is answered at once; an accepted one takes all but the last byte.
+    // A refused upload is answered at the head (read before writing, so that no reset of an
+    // unread body can swallow the answer); an accepted one takes all but the last byte.
+    let refused = read_for(&mut stream, Duration::from_millis(500)).await;
+    if !refused.is_empty() {
+        return refused;
+    }
     let _ = tokio::time::timeout(Duration::from_secs(10), stream.write_all(&vec![b' '; LENGTH - 1])).await;
     read_for(&mut stream, Duration::from_secs(20)).await
 }

@@ -149,23 +149,7 @@ impl Proxy {
         let sent = tokio::time::timeout(self.settings.upstream_timeout, self.client.send(upstream_request)).await;
         let response = match sent {
             Ok(Ok(response)) => response,
-            // The client's body failed on the way: its fault, whatever the upstream made of it.
-            Ok(Err(_)) if fault.get().is_some() => {
-                let fault = *fault.get().expect("checked above");
-                return Ok(self.answer_client_fault(tracker, fault));
-            }
-            Ok(Err(error)) => {
-                let outcome = if error.is_connect() {
-                    Outcome::ConnectError
-                } else {
-                    Outcome::UpstreamError
-                };
-                let error = ProxyError::Unavailable {
-                    upstream: self.settings.upstream.clone(),
-                    reason: reason(&error),
-                };
-                return Ok(self.fail(tracker, outcome, error));
-            }
+            Ok(Err(error)) => return Ok(self.forwarding_failed(tracker, &error, fault.get().copied())),
             Err(_) => {
                 let error = ProxyError::Timeout {
                     upstream: self.settings.upstream.clone(),
@@ -194,6 +178,29 @@ impl Proxy {
             None => body.boxed_unsync(),
         };
         Ok(Response::from_parts(parts, body))
+    }
+
+    /// Answers an exchange that failed: the client's fault when its body failed on the way
+    /// (whatever the upstream made of that), else the upstream's.
+    fn forwarding_failed(
+        &self,
+        tracker: Option<RequestTracker>,
+        error: &hyper_util::client::legacy::Error,
+        client_fault: Option<ClientFault>,
+    ) -> Response<ProxyBody> {
+        if let Some(fault) = client_fault {
+            return self.answer_client_fault(tracker, fault);
+        }
+        let outcome = if error.is_connect() {
+            Outcome::ConnectError
+        } else {
+            Outcome::UpstreamError
+        };
+        let error = ProxyError::Unavailable {
+            upstream: self.settings.upstream.clone(),
+            reason: reason(error),
+        };
+        self.fail(tracker, outcome, error)
     }
 
     /// Answers a client fault found before forwarding, counting it when the route is measured.
