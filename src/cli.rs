@@ -77,15 +77,8 @@ struct SoakArgs {
     /// engine connections close after 90 s).
     #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
     fd_wait: Duration,
-    /// Output tokens per request.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=4096))]
-    tokens: u32,
-    /// The engine's time to first token.
-    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
-    ttft: Duration,
-    /// The engine's time per output token.
-    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
-    tpot: Duration,
+    #[command(flatten)]
+    engine: bench::EngineTiming,
 }
 
 #[derive(Debug, Args)]
@@ -100,15 +93,8 @@ struct BenchArgs {
     /// Unrecorded streaming before each measurement, to open connections.
     #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
     warmup: Duration,
-    /// Output tokens per request.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=4096))]
-    tokens: u32,
-    /// The engine's time to first token.
-    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
-    ttft: Duration,
-    /// The engine's time per output token.
-    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
-    tpot: Duration,
+    #[command(flatten)]
+    engine: bench::EngineTiming,
     /// The nginx binary (default: `nginx` on PATH, or /usr/sbin/nginx).
     #[arg(long, conflicts_with = "without_nginx")]
     nginx: Option<PathBuf>,
@@ -446,9 +432,7 @@ impl Cli {
                     streams: args.streams.iter().map(|&s| s as usize).collect(),
                     warmup: args.warmup,
                     duration: args.duration,
-                    tokens: args.tokens,
-                    ttft: args.ttft,
-                    tpot: args.tpot,
+                    engine: args.engine,
                     nginx,
                 };
                 match bench::run(&options).await {
@@ -477,9 +461,7 @@ impl Cli {
                     sample_every: args.sample_every,
                     settle: args.settle,
                     fd_wait: args.fd_wait,
-                    tokens: args.tokens,
-                    ttft: args.ttft,
-                    tpot: args.tpot,
+                    engine: args.engine,
                 };
                 match bench::soak::run(&options).await {
                     Ok(report) => {

@@ -6,22 +6,12 @@ mod common;
 
 use common::{llmslo_output, required_tool};
 
+/// A fast built-in engine for short runs.
+const ENGINE: [&str; 6] = ["--tokens", "6", "--ttft", "5ms", "--tpot", "2ms"];
+
 fn bench(extra: &[&str]) -> (i32, String, String) {
-    let mut args = vec![
-        "bench",
-        "--streams",
-        "1,8",
-        "--duration",
-        "600ms",
-        "--warmup",
-        "200ms",
-        "--tokens",
-        "6",
-        "--ttft",
-        "5ms",
-        "--tpot",
-        "2ms",
-    ];
+    let mut args = vec!["bench", "--streams", "1,8", "--duration", "600ms", "--warmup", "200ms"];
+    args.extend_from_slice(&ENGINE);
     args.extend_from_slice(extra);
     llmslo_output(&args)
 }
@@ -115,25 +105,10 @@ fn bad_flags_are_clear_errors() {
 #[test]
 fn a_short_soak_samples_memory_fds_and_scrapes_and_gives_its_fds_back() {
     // The pooled engine connections close after 90 s idle: the wait covers that.
-    let (code, stdout, stderr) = llmslo_output(&[
-        "soak",
-        "--streams",
-        "8",
-        "--duration",
-        "4s",
-        "--sample-every",
-        "1s",
-        "--settle",
-        "1s",
-        "--fd-wait",
-        "100s",
-        "--tokens",
-        "6",
-        "--ttft",
-        "5ms",
-        "--tpot",
-        "2ms",
-    ]);
+    let mut args = vec!["soak", "--streams", "8", "--duration", "4s", "--sample-every", "1s"];
+    args.extend_from_slice(&["--settle", "1s", "--fd-wait", "100s"]);
+    args.extend_from_slice(&ENGINE);
+    let (code, stdout, stderr) = llmslo_output(&args);
     let samples: Vec<(f64, usize)> = stdout
         .lines()
         .filter(|l| l.contains("MiB"))

@@ -30,14 +30,24 @@ pub struct BenchOptions {
     pub warmup: Duration,
     /// How long each measurement streams.
     pub duration: Duration,
-    /// Output tokens per request.
-    pub tokens: u32,
-    /// The engine's time to first token.
-    pub ttft: Duration,
-    /// The engine's time per output token.
-    pub tpot: Duration,
+    /// The built-in engine's fixed timing.
+    pub engine: EngineTiming,
     /// The nginx binary, or `None` to leave nginx out.
     pub nginx: Option<PathBuf>,
+}
+
+/// The built-in engine's fixed timing, for the bench and the soak.
+#[derive(Debug, Clone, Copy, clap::Args)]
+pub struct EngineTiming {
+    /// Output tokens per request.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=4096))]
+    pub tokens: u32,
+    /// The engine's time to first token.
+    #[arg(long, default_value = "50ms", value_parser = humantime::parse_duration)]
+    pub ttft: Duration,
+    /// The engine's time per output token.
+    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
+    pub tpot: Duration,
 }
 
 /// One target at one concurrency.
@@ -57,30 +67,33 @@ pub struct Row {
 
 /// Runs every measurement and returns the rows, baseline first at each concurrency.
 pub async fn run(options: &BenchOptions) -> Result<Vec<Row>, String> {
-    let (engine_addr, shutdown) = start_engine(options.ttft, options.tpot, options.tokens).await?;
-    let dir = std::env::temp_dir().join(format!("llmslo-bench-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let result = measure(options, engine_addr, &dir).await;
-    shutdown.cancel();
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    with_engine("bench", options.engine, |engine, dir| measure(options, engine, dir)).await
 }
 
-/// The built-in engine with fixed timing on 127.0.0.1, until the token is cancelled.
-async fn start_engine(ttft: Duration, tpot: Duration, tokens: u32) -> Result<(SocketAddr, CancellationToken), String> {
+/// Runs `work` against the built-in engine, with a scratch directory removed afterwards.
+async fn with_engine<T, F, Fut>(name: &str, timing: EngineTiming, work: F) -> Result<T, String>
+where
+    F: FnOnce(SocketAddr, PathBuf) -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
     let shutdown = CancellationToken::new();
     let listener = TcpListener::bind("127.0.0.1:0")
         .await
         .map_err(|e| format!("engine: {e}"))?;
     let engine_addr = listener.local_addr().map_err(|e| e.to_string())?;
     let engine = SimEngine::new(SimOptions {
-        ttft: Delay::Fixed(ttft),
-        tpot: Delay::Fixed(tpot),
-        default_max_tokens: tokens,
+        ttft: Delay::Fixed(timing.ttft),
+        tpot: Delay::Fixed(timing.tpot),
+        default_max_tokens: timing.tokens,
         ..SimOptions::default()
     });
     tokio::spawn(engine.serve(listener, shutdown.clone()));
-    Ok((engine_addr, shutdown))
+    let dir = std::env::temp_dir().join(format!("llmslo-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let result = work(engine_addr, dir.clone()).await;
+    shutdown.cancel();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
 
 /// An `llmslo run` process in front of `engine`, with SLOs and goodput configured so it does
@@ -114,7 +127,9 @@ async fn start_sidecar_process(engine: SocketAddr, dir: &std::path::Path) -> Res
     Ok((proxy, SocketAddr::from(([127, 0, 0, 1], metrics_port))))
 }
 
-async fn measure(options: &BenchOptions, engine: SocketAddr, dir: &std::path::Path) -> Result<Vec<Row>, String> {
+async fn measure(options: &BenchOptions, engine: SocketAddr, dir: PathBuf) -> Result<Vec<Row>, String> {
+    let dir = dir.as_path();
+    let tokens = options.engine.tokens;
     let mut proxies = vec![start_sidecar_process(engine, dir).await?.0];
     if let Some(nginx) = &options.nginx {
         let port = free_port()?;
@@ -133,7 +148,7 @@ async fn measure(options: &BenchOptions, engine: SocketAddr, dir: &std::path::Pa
 
     let mut rows = Vec::new();
     for &streams in &options.streams {
-        let samples = run_streams(engine, streams, options.warmup, options.duration, options.tokens).await;
+        let samples = run_streams(engine, streams, options.warmup, options.duration, tokens).await;
         rows.push(Row {
             streams,
             target: "direct",
@@ -150,7 +165,7 @@ async fn measure(options: &BenchOptions, engine: SocketAddr, dir: &std::path::Pa
                     streams,
                     options.warmup,
                     options.duration,
-                    options.tokens,
+                    tokens,
                 ))
                 .await;
             let cpu = proxy.cpu_seconds() - cpu_before;

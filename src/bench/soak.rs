@@ -3,9 +3,10 @@
 //! that nothing grows and everything is given back.
 
 use super::client::run_streams;
-use super::{start_engine, start_sidecar_process};
+use super::{start_sidecar_process, with_engine, EngineTiming};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::time::Instant;
@@ -24,12 +25,8 @@ pub struct SoakOptions {
     /// How long the fds may take to return once the load stops (the upstream pool closes idle
     /// engine connections after 90 s).
     pub fd_wait: Duration,
-    /// Output tokens per request.
-    pub tokens: u32,
-    /// The engine's time to first token.
-    pub ttft: Duration,
-    /// The engine's time per output token.
-    pub tpot: Duration,
+    /// The built-in engine's fixed timing.
+    pub engine: EngineTiming,
 }
 
 /// One sample of the sidecar process.
@@ -99,17 +96,11 @@ impl SoakReport {
 
 /// Runs the soak: engine and sidecar started here, `streams` clients for `duration`.
 pub async fn run(options: &SoakOptions) -> Result<SoakReport, String> {
-    let (engine, shutdown) = start_engine(options.ttft, options.tpot, options.tokens).await?;
-    let dir = std::env::temp_dir().join(format!("llmslo-soak-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let result = soak(options, engine, &dir).await;
-    shutdown.cancel();
-    let _ = std::fs::remove_dir_all(&dir);
-    result
+    with_engine("soak", options.engine, |engine, dir| soak(options, engine, dir)).await
 }
 
-async fn soak(options: &SoakOptions, engine: SocketAddr, dir: &std::path::Path) -> Result<SoakReport, String> {
-    let (sidecar, metrics) = start_sidecar_process(engine, dir).await?;
+async fn soak(options: &SoakOptions, engine: SocketAddr, dir: PathBuf) -> Result<SoakReport, String> {
+    let (sidecar, metrics) = start_sidecar_process(engine, &dir).await?;
     // The readiness probe's connection opens at start: take the baseline once it is there.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let baseline_fds = sidecar.open_fds();
@@ -118,7 +109,7 @@ async fn soak(options: &SoakOptions, engine: SocketAddr, dir: &std::path::Path) 
         options.streams,
         Duration::ZERO,
         options.duration,
-        options.tokens,
+        options.engine.tokens,
     ));
     let started = Instant::now();
     let mut samples = Vec::new();
