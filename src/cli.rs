@@ -364,9 +364,10 @@ impl Cli {
                     }
                 };
                 init_logging(&config.log, config.log_format);
+                let stop = termination_signal();
                 match Sidecar::start(&config).await {
                     Ok(sidecar) => {
-                        termination_signal().await;
+                        stop.await;
                         sidecar.shutdown().await;
                         ExitCode::SUCCESS
                     }

@@ -163,6 +163,7 @@ struct FileConfig {
     health_path: Option<String>,
     #[serde(default, with = "humantime_serde")]
     health_interval: Option<Duration>,
+    tokenizer: Option<PathBuf>,
     buckets: Option<BucketOverrides>,
     service: Option<String>,
     #[serde(default, with = "humantime_serde")]
@@ -244,6 +245,8 @@ pub struct Config {
     pub health_path: String,
     /// How often the health path is probed.
     pub health_interval: Duration,
+    /// The model's `tokenizer.json` (or its directory), to count tokens of streams that state none.
+    pub tokenizer: Option<PathBuf>,
     /// Per-family histogram bucket overrides.
     pub buckets: BucketOverrides,
     /// The SLOs and goodput definition.
@@ -383,6 +386,7 @@ impl Config {
             drain_timeout: f.drain_timeout.unwrap_or(defaults::DRAIN_TIMEOUT),
             health_path: f.health_path.unwrap_or_else(|| defaults::HEALTH_PATH.to_string()),
             health_interval: f.health_interval.unwrap_or(defaults::HEALTH_INTERVAL),
+            tokenizer: f.tokenizer,
             buckets: f.buckets.unwrap_or_default(),
             slos,
             gpu: {
@@ -462,6 +466,22 @@ impl Config {
         if self.gpu.library_path.is_empty() {
             return Err(ConfigError::invalid("gpu.library_path", "must name a library"));
         }
+        if let Some(path) = &self.tokenizer {
+            let file = if path.is_dir() {
+                path.join("tokenizer.json")
+            } else {
+                path.clone()
+            };
+            if !file.is_file() {
+                return Err(ConfigError::invalid(
+                    "tokenizer",
+                    format!(
+                        "{} is not a file (name a tokenizer.json or the model directory holding one)",
+                        file.display()
+                    ),
+                ));
+            }
+        }
         if !self.health_path.starts_with('/') {
             return Err(ConfigError::invalid("health_path", "must start with `/`"));
         }
@@ -528,6 +548,7 @@ impl Config {
             "drain_timeout": human(self.drain_timeout),
             "health_path": self.health_path,
             "health_interval": human(self.health_interval),
+            "tokenizer": self.tokenizer.as_ref().map(|p| p.display().to_string()),
             "service": self.slos.service,
             "period": human(self.slos.period),
             "min_events": self.slos.min_events,

@@ -4,6 +4,7 @@
 use crate::metrics::Metrics;
 use crate::provider;
 use crate::proxy::client::UpstreamClient;
+use http::StatusCode;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -54,25 +55,37 @@ pub struct Probe {
     pub metrics: Arc<Metrics>,
 }
 
+/// The route probed instead when the engine answers 404 on its health path (llama-cpp-python
+/// has no `/health`): every OpenAI-compatible engine answers it.
+pub const FALLBACK_HEALTH_PATH: &str = "/v1/models";
+
 /// Every `interval` until `shutdown`: learns what the engine serves (until it answers) and
-/// probes its health path.
+/// probes its health path, or `/v1/models` once the health path answered 404.
 pub async fn probe_upstream(client: UpstreamClient, probe: Probe, shutdown: CancellationToken) {
     let mut was_ready = false;
     let mut identified = false;
+    let mut path = probe.path.as_str();
     loop {
         if !identified {
             identified = tokio::time::timeout(probe.interval, identify(&client, &probe.metrics))
                 .await
                 .unwrap_or(false);
         }
-        let ok = matches!(
-            tokio::time::timeout(probe.interval, client.get(&probe.path)).await,
-            Ok(Ok((status, _))) if status.is_success()
-        );
+        let mut answer = tokio::time::timeout(probe.interval, client.get(path)).await;
+        if matches!(answer, Ok(Ok((StatusCode::NOT_FOUND, _)))) && path != FALLBACK_HEALTH_PATH {
+            info!(
+                health_path = %probe.path,
+                probing = FALLBACK_HEALTH_PATH,
+                "the engine answers 404 on its health path: readiness follows {FALLBACK_HEALTH_PATH} instead"
+            );
+            path = FALLBACK_HEALTH_PATH;
+            answer = tokio::time::timeout(probe.interval, client.get(path)).await;
+        }
+        let ok = matches!(answer, Ok(Ok((status, _))) if status.is_success());
         if ok {
             probe.readiness.mark_ok(Instant::now());
         } else {
-            debug!(path = %probe.path, "upstream health probe failed");
+            debug!(path, "upstream health probe failed");
         }
         if ok != was_ready {
             info!(ready = ok, "upstream readiness changed");

@@ -3,7 +3,8 @@
 //!
 //! How `auto` decides, first answer wins:
 //! 1. `GET /v1/models`, probed at start and with every health probe until decided:
-//!    `owned_by` is `vllm`, `sglang` or `llamacpp` as those servers write it; TGI writes the
+//!    `owned_by` is `vllm`, `sglang` or `llamacpp` as those servers write it (llama-cpp-python
+//!    writes `me`); TGI writes the
 //!    model id itself into `owned_by`; anything else is `openai`.
 //! 2. Where `/v1/models` does not answer 200: `GET /info` naming TGI's router.
 //! 3. A response carrying TGI's `x-compute-type` header, or a TGI-native stream.
@@ -67,7 +68,8 @@ pub fn from_models(body: &[u8]) -> Option<(Engine, Vec<String>)> {
     let engine = match first.owned_by.as_str() {
         "vllm" => Engine::Vllm,
         "sglang" => Engine::Sglang,
-        "llamacpp" => Engine::Llamacpp,
+        // llama.cpp's server writes `llamacpp`, llama-cpp-python writes `me`.
+        "llamacpp" | "me" => Engine::Llamacpp,
         owner if owner == first.id => Engine::Tgi,
         _ => Engine::Openai,
     };

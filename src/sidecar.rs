@@ -7,6 +7,7 @@ use crate::gpu::simulated::SimulatedSource;
 use crate::gpu::{run_sampler, DeviceSource, GpuState};
 use crate::health::{self, Readiness};
 use crate::metrics::{server as metrics_server, Metrics, MetricsConfig};
+use crate::observe::tokens::TokenCounter;
 use crate::proxy::client::UpstreamClient;
 use crate::proxy::{Proxy, ProxySettings};
 use crate::serve::{serve, ConnectionLimits};
@@ -55,6 +56,15 @@ impl Sidecar {
         }
         let metrics = Arc::new(metrics);
         let client = UpstreamClient::new(&config.upstream);
+        let tokenizer = match &config.tokenizer {
+            Some(path) => {
+                let counter = TokenCounter::load(path)
+                    .map_err(|e| std::io::Error::other(format!("config key `tokenizer`: {e}")))?;
+                info!(path = %counter.path().display(), "counting tokens of streams that state none with this tokenizer");
+                Some(Arc::new(counter))
+            }
+            None => None,
+        };
         let readiness = Arc::new(Readiness::new(config.health_interval * 3));
         let proxy = Arc::new(Proxy::new(
             client.clone(),
@@ -69,6 +79,7 @@ impl Sidecar {
                 upstream_timeout: config.upstream_timeout,
                 stream_idle_timeout: config.stream_idle_timeout,
                 inject_usage: config.inject_usage,
+                tokenizer,
             },
         ));
 
@@ -187,19 +198,22 @@ async fn reload_on_change(config: Config, metrics: Arc<Metrics>, shutdown: Cance
     }
 }
 
-/// Resolves on SIGTERM or SIGINT (Ctrl-C).
-pub async fn termination_signal() {
+/// Resolves on SIGTERM or SIGINT (Ctrl-C). The handlers are installed when this is called,
+/// not when it is first awaited, so a signal that comes while the caller starts up is caught.
+pub fn termination_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("installing a SIGTERM handler");
+    #[cfg(unix)]
+    let mut interrupt =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt()).expect("installing a SIGINT handler");
+    async move {
+        #[cfg(unix)]
         tokio::select! {
             _ = term.recv() => {}
-            _ = tokio::signal::ctrl_c() => {}
+            _ = interrupt.recv() => {}
         }
-    }
-    #[cfg(not(unix))]
-    {
+        #[cfg(not(unix))]
         let _ = tokio::signal::ctrl_c().await;
     }
 }

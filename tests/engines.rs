@@ -129,11 +129,12 @@ async fn tgi_openai_route_has_no_role_only_chunk() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn llamacpp_sends_no_usage_so_tokens_are_counted() {
+async fn llamacpp_sends_no_usage_so_the_count_and_tpot_are_unknown() {
     let (engine, _stop) = start_engine(flavored(Flavor::Llamacpp, 50, 20)).await;
     let sidecar = start_sidecar(engine, "engine: auto\n").await;
     assert_eq!(identified(&sidecar).await, "llamacpp");
-    // Usage is asked for (injected), none arrives: nothing is removed, N is counted.
+    // Usage is asked for (injected), none arrives: nothing is removed, and with no tokenizer
+    // configured N is unknown (an event may hold several tokens).
     let (status, body) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(6, true, false)).await;
     assert_eq!(status, 200);
     let text = String::from_utf8_lossy(&body);
@@ -142,11 +143,20 @@ async fn llamacpp_sends_no_usage_so_tokens_are_counted() {
     assert_eq!(text.matches("data: ").count(), 1 + 6 + 1, "role, six tokens, [DONE]");
     let m = settled(&sidecar).await;
     let chat = [("operation", "chat"), ("provider", "llamacpp")];
-    assert_eq!(sample(&m, "llmslo_output_tokens_total", &chat), 6.0);
-    assert!(close(
-        sample(&m, "gen_ai_server_time_per_output_token_seconds_sum", &chat),
-        0.020
-    ));
+    assert_eq!(sample(&m, "llmslo_output_tokens_total", &chat), 0.0);
+    assert_eq!(
+        sample(&m, "gen_ai_server_time_per_output_token_seconds_count", &chat),
+        0.0
+    );
+    assert_eq!(
+        sample(&m, "llmslo_token_count_source_total", &[("source", "events")]),
+        1.0
+    );
+    assert_eq!(
+        sample(&m, "llmslo_inter_chunk_latency_seconds_count", &chat),
+        5.0,
+        "gaps need no count"
+    );
     assert!(close(
         sample(&m, "gen_ai_server_time_to_first_token_seconds_sum", &chat),
         0.050

@@ -59,10 +59,12 @@ fn completions_with_usage_chunk() {
 }
 
 #[test]
-fn chat_without_usage_counts_events() {
+fn chat_without_usage_counts_events_but_states_no_token_count() {
     let (s, base) = replay_by_event("vllm-chat-nousage.sse");
     assert_eq!(first_token_event(&s, base), 1);
-    assert_eq!(s.output_tokens, Some(4));
+    assert_eq!(s.token_events, 4);
+    assert_eq!(s.output_tokens, None, "an event may hold several tokens");
+    assert!(s.tpot_per_choice.is_empty());
     assert_eq!(s.input_tokens, None);
     assert!(s.saw_done);
 }

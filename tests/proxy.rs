@@ -572,8 +572,12 @@ async fn usage_the_client_asked_for_is_left_alone_and_injection_can_be_turned_of
     let m = settled(&off).await;
     assert_eq!(
         sample(&m, "llmslo_output_tokens_total", &[("model", "tiny")]),
-        16.0,
-        "counted from events"
+        0.0,
+        "without usage the count is unknown"
+    );
+    assert_eq!(
+        sample(&m, "llmslo_token_count_source_total", &[("source", "events")]),
+        1.0
     );
     assert_eq!(
         sample(&m, "llmslo_input_tokens_total", &[("model", "tiny")]),

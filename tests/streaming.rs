@@ -117,8 +117,13 @@ async fn upstream_closing_mid_stream_is_an_upstream_error() {
         sample(&m, "llmslo_requests_total", &with_outcome("upstream_error")),
         1.0
     );
-    // The tokens before the cut were still generated and counted.
-    assert_eq!(sample(&m, "llmslo_output_tokens_total", CHAT), 4.0);
+    // Four token events before the cut, but no usage came to say how many tokens they held.
+    assert_eq!(sample(&m, "llmslo_inter_chunk_latency_seconds_count", CHAT), 3.0);
+    assert_eq!(sample(&m, "llmslo_output_tokens_total", CHAT), 0.0);
+    assert_eq!(
+        sample(&m, "llmslo_token_count_source_total", &[("source", "events")]),
+        1.0
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,6 +1,7 @@
 //! Label sets and the bounded model-name normaliser.
 
 use crate::observe::record::{Operation, Outcome};
+use crate::observe::stream::CountSource;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use std::collections::HashSet;
 use std::fmt::Write;
@@ -117,6 +118,19 @@ impl EncodeLabelValue for UnmeasuredReason {
 pub struct UnmeasuredLabels {
     /// Why it could not be measured.
     pub reason: UnmeasuredReason,
+}
+
+impl EncodeLabelValue for CountSource {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+/// `source` of a token count.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct CountSourceLabels {
+    /// Where the count came from.
+    pub source: CountSource,
 }
 
 /// `reason`.

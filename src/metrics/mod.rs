@@ -7,12 +7,14 @@ pub mod server;
 use crate::config::Engine;
 use crate::gpu::{GpuCollector, GpuState};
 use crate::observe::record::{Operation, Outcome, RequestRecord};
+use crate::observe::stream::CountSource;
 use crate::provider::Provider;
 use crate::slo::spec::{SloKind, SloSet};
 use crate::slo::SloEngine;
 use buckets::{BucketOverrides, Buckets};
 use labels::{
-    BuildLabels, InFlightLabels, ModelNames, OutcomeLabels, RefusalLabels, RequestLabels, TokenLabels, UnmeasuredLabels,
+    BuildLabels, CountSourceLabels, InFlightLabels, ModelNames, OutcomeLabels, RefusalLabels, RequestLabels,
+    TokenLabels, UnmeasuredLabels,
 };
 pub use labels::{RefusalReason, UnmeasuredReason};
 use prometheus_client::metrics::counter::Counter;
@@ -59,6 +61,7 @@ pub struct Metrics {
     input_tokens: Family<RequestLabels, Counter>,
     in_flight: Family<InFlightLabels, Gauge>,
     refused: Family<RefusalLabels, Counter>,
+    count_sources: Family<CountSourceLabels, Counter>,
     unmeasured: Family<UnmeasuredLabels, Counter>,
     open_connections: Gauge,
     slo: Arc<SloEngine>,
@@ -123,6 +126,7 @@ impl Metrics {
             input_tokens: Family::default(),
             in_flight: Family::default(),
             refused: Family::default(),
+            count_sources: Family::default(),
             unmeasured: Family::default(),
             open_connections: Gauge::default(),
             slo,
@@ -141,6 +145,11 @@ impl Metrics {
     pub fn reload_slos(&self, set: SloSet) {
         self.slo.reload(set);
         self.create_known_series();
+    }
+
+    /// The engine, when configured or learned.
+    pub fn engine(&self) -> Option<Engine> {
+        self.provider.engine()
     }
 
     /// The `provider` label value now.
@@ -234,6 +243,16 @@ impl Metrics {
         );
         for reason in RefusalReason::ALL {
             drop(self.refused.get_or_create(&RefusalLabels { reason }));
+        }
+        r.register(
+            "llmslo_token_count_source",
+            "Streamed responses by where their output token count came from: usage, token_ids \
+             (stated per event), tokenizer, or events (several tokens may share an event: the \
+             count and TPOT are unknown)",
+            self.count_sources.clone(),
+        );
+        for source in CountSource::ALL {
+            drop(self.count_sources.get_or_create(&CountSourceLabels { source }));
         }
         r.register(
             "llmslo_unmeasured_responses",
@@ -357,6 +376,9 @@ impl Metrics {
                 .get_or_create(&self.token_labels(&labels, "input"))
                 .observe(n as f64);
         }
+        if let Some(source) = record.count_source {
+            self.count_sources.get_or_create(&CountSourceLabels { source }).inc();
+        }
         let labels = self.outcome_labels(&labels, record.outcome);
         self.requests.get_or_create(&labels).inc();
         self.duration.get_or_create(&labels).observe(record.e2e.as_secs_f64());
@@ -442,6 +464,7 @@ mod tests {
             output_tokens: Some(21),
             input_tokens: Some(7),
             token_events: 7,
+            count_source: None,
         });
         drop(handles);
         let text = m.encode();

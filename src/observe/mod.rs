@@ -9,4 +9,5 @@ pub mod sse;
 pub mod stream;
 pub mod strip;
 pub mod tgi;
+pub mod tokens;
 pub mod tracker;

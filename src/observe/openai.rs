@@ -38,6 +38,9 @@ pub struct EventSummary {
     pub error: bool,
     /// The event is the `[DONE]` sentinel.
     pub done: bool,
+    /// Its only token-carrying choices hold empty text and a `finish_reason`: a held-back
+    /// last token for vLLM, no token at all for llama.cpp.
+    pub finish_only: bool,
 }
 
 /// Summarises one `data:` payload of an OpenAI-compatible stream.
@@ -65,6 +68,7 @@ pub fn summarise(data: &[u8]) -> EventSummary {
                 usage: chunk.usage,
                 error: chunk.error.is_some(),
                 done: false,
+                finish_only: choices.token_choices > 0 && choices.finish_only == choices.token_choices,
             }
         }
         None => EventSummary::default(),
@@ -98,6 +102,8 @@ struct ChoicesSummary {
     first_token_choice: Option<u32>,
     visible: bool,
     explicit_tokens: Option<u64>,
+    /// Token-carrying choices with empty text and a finish reason.
+    finish_only: usize,
 }
 
 impl<'de> Deserialize<'de> for ChoicesSummary {
@@ -124,6 +130,9 @@ impl<'de> Deserialize<'de> for ChoicesSummary {
                     if visible || held_back {
                         summary.token_choices += 1;
                         summary.first_token_choice.get_or_insert(choice.index);
+                    }
+                    if held_back && choice.finish_reason.is_some() {
+                        summary.finish_only += 1;
                     }
                     summary.visible |= visible;
                     if let Some(n) = choice.token_ids.or(choice.logprobs.and_then(|l| l.content)) {
@@ -152,6 +161,8 @@ struct Choice {
     token_ids: Option<ArrayLen>,
     #[serde(default)]
     logprobs: Option<Logprobs>,
+    #[serde(default)]
+    finish_reason: Option<NotNull>,
 }
 
 #[derive(Deserialize)]
@@ -282,6 +293,61 @@ impl<'de> Deserialize<'de> for ArrayLen {
     }
 }
 
+/// Calls `on_text` with each choice's generated text in one event (content, reasoning,
+/// completions text and tool-call arguments), for counting with a tokenizer. It allocates,
+/// so it runs only where a tokenizer is configured and the stream states no counts.
+pub fn generated_text(data: &[u8], mut on_text: impl FnMut(u32, &str)) {
+    #[derive(Deserialize)]
+    struct TextChunk {
+        #[serde(default)]
+        choices: Option<Vec<TextChoice>>,
+    }
+    #[derive(Deserialize)]
+    struct TextChoice {
+        #[serde(default)]
+        index: u32,
+        #[serde(default)]
+        text: Option<String>,
+        #[serde(default)]
+        delta: Option<TextDelta>,
+    }
+    #[derive(Deserialize)]
+    struct TextDelta {
+        #[serde(default)]
+        content: Option<String>,
+        #[serde(default, alias = "reasoning")]
+        reasoning_content: Option<String>,
+        #[serde(default)]
+        tool_calls: Option<Vec<ToolCall>>,
+    }
+    #[derive(Deserialize)]
+    struct ToolCall {
+        #[serde(default)]
+        function: Option<Function>,
+    }
+    #[derive(Deserialize)]
+    struct Function {
+        #[serde(default)]
+        arguments: Option<String>,
+    }
+    let Ok(chunk) = serde_json::from_slice::<TextChunk>(data) else {
+        return;
+    };
+    for choice in chunk.choices.unwrap_or_default() {
+        let delta = choice.delta;
+        let (content, reasoning, tools) = match delta {
+            Some(d) => (d.content, d.reasoning_content, d.tool_calls.unwrap_or_default()),
+            None => (None, None, Vec::new()),
+        };
+        for text in [choice.text, content, reasoning].into_iter().flatten() {
+            on_text(choice.index, &text);
+        }
+        for arguments in tools.into_iter().filter_map(|t| t.function?.arguments) {
+            on_text(choice.index, &arguments);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -364,6 +430,36 @@ mod tests {
         let tgi =
             summarise(br#"{"choices":[{"index":0,"delta":{"role":"assistant","content":"Hi"},"logprobs":null}]}"#);
         assert!(tgi.has_tokens && tgi.visible);
+    }
+
+    #[test]
+    fn an_empty_final_event_is_marked_finish_only() {
+        let last = summarise(br#"{"choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]}"#);
+        assert!(last.has_tokens && last.finish_only);
+        let held = summarise(br#"{"choices":[{"index":0,"text":"","finish_reason":null}]}"#);
+        assert!(held.has_tokens && !held.finish_only);
+        let with_text = summarise(br#"{"choices":[{"index":0,"text":"a","finish_reason":"stop"}]}"#);
+        assert!(with_text.has_tokens && !with_text.finish_only);
+    }
+
+    #[test]
+    fn generated_text_of_every_kind_per_choice() {
+        let mut seen = Vec::new();
+        generated_text(
+            br#"{"choices":[{"index":1,"delta":{"content":"Hi","reasoning_content":"hm","tool_calls":[{"function":{"arguments":"{}"}}]}},{"index":0,"text":" there"}]}"#,
+            |i, t| seen.push((i, t.to_string())),
+        );
+        assert_eq!(
+            seen,
+            [
+                (1, "Hi".into()),
+                (1, "hm".into()),
+                (1, "{}".into()),
+                (0, " there".into())
+            ]
+        );
+        generated_text(b"[DONE]", |_, _| panic!("no text"));
+        generated_text(br#"{"choices":null}"#, |_, _| panic!("no text"));
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The per-request record: what one finished request measured, ready for metrics and SLOs.
 
+use super::stream::CountSource;
 use std::time::Duration;
 
 /// The kind of generation a request asked for, from its route.
@@ -123,6 +124,8 @@ pub struct RequestRecord {
     pub input_tokens: Option<u64>,
     /// Stream events that carried tokens.
     pub token_events: u64,
+    /// Where a stream's output token count came from; `None` for other responses.
+    pub count_source: Option<CountSource>,
 }
 
 impl RequestRecord {

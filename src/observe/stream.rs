@@ -4,17 +4,32 @@ use super::openai::{self, EventSummary, Usage};
 use super::record::Protocol;
 use super::sse::SseParser;
 use super::tgi;
+use super::tokens::TokenCounter;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
 /// Choices tracked one by one for `n > 1`; tokens of higher indices still count in N.
 const MAX_CHOICES: usize = 64;
+/// Generated text kept per response for a tokenizer to count; beyond it the count is unknown.
+const MAX_TEXT_BYTES: usize = 4 << 20;
+
+/// How tokens that the stream does not state are counted.
+#[derive(Debug, Clone, Default)]
+pub struct Counting {
+    /// A final event with empty text and a finish reason carries no token (llama.cpp); for
+    /// vLLM it is the last token, its text held back.
+    pub empty_finish_is_no_token: bool,
+    /// The model's tokenizer, for streams that state no counts.
+    pub tokenizer: Option<Arc<TokenCounter>>,
+}
 
 /// Timing and token facts gathered from one streamed response.
 #[derive(Debug)]
 pub struct StreamObserver {
     protocol: Protocol,
     parser: SseParser,
+    counting: Counting,
     facts: Facts,
     /// Spans of usage-only events to cut from what the client receives (when it did not ask).
     removable: Option<Vec<(u64, u64)>>,
@@ -25,29 +40,65 @@ pub struct StreamObserver {
 struct Facts {
     first_token: Option<Instant>,
     first_token_event: Option<Instant>,
-    choices: Vec<ChoiceTiming>,
+    choices: Vec<ChoiceFacts>,
     token_events: u64,
-    explicit_tokens: u64,
+    /// Tokens the events stated (`token_ids`, `logprobs`, TGI's one-token events).
+    stated_tokens: u64,
+    /// Token events that stated no count.
+    unstated_events: u64,
+    /// Generated text went past what is kept (or past the tracked choices).
+    text_overflow: bool,
+    text_bytes: usize,
     usage: Option<Usage>,
     saw_error: bool,
     saw_done: bool,
 }
 
-/// One choice's token timestamps.
-#[derive(Debug, Clone, Copy, Default)]
-struct ChoiceTiming {
+/// One choice's token timestamps and counts.
+#[derive(Debug, Clone, Default)]
+struct ChoiceFacts {
     first: Option<Instant>,
     last: Option<Instant>,
-    tokens: u64,
+    events: u64,
+    stated: u64,
+    unstated_events: u64,
+    /// Its generated text, kept only for a tokenizer.
+    text: String,
 }
 
-/// Where the token count came from, for the debug log.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Where a response's output token count came from (`llmslo_token_count_source_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum CountSource {
     /// The engine's `usage.completion_tokens` (or TGI's `details.generated_tokens`).
     Usage,
-    /// Counted from the events (`token_ids`/`logprobs` lengths, else one per token event).
+    /// Counts every event stated: `token_ids` or `logprobs.content` lengths, or TGI's
+    /// one-token events.
+    TokenIds,
+    /// The configured tokenizer, over the generated text.
+    Tokenizer,
+    /// Only the events could be counted, and an event may hold several tokens: the token
+    /// count and TPOT are unknown.
     Events,
+}
+
+impl CountSource {
+    /// Every source, in label order.
+    pub const ALL: [CountSource; 4] = [
+        CountSource::Usage,
+        CountSource::TokenIds,
+        CountSource::Tokenizer,
+        CountSource::Events,
+    ];
+
+    /// The `source` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CountSource::Usage => "usage",
+            CountSource::TokenIds => "token_ids",
+            CountSource::Tokenizer => "tokenizer",
+            CountSource::Events => "events",
+        }
+    }
 }
 
 /// What the stream showed once it ended.
@@ -58,13 +109,13 @@ pub struct StreamSummary {
     /// When the first token-carrying event was forwarded, visible or not (held-back partial
     /// UTF-8, a special token): what clients that stamp the first chunk call TTFT.
     pub first_token_event: Option<Instant>,
-    /// TPOT of each choice with at least two token events, timed from its first
-    /// token-carrying event (visible or not) to its last.
+    /// TPOT of each choice whose token count is known and that had two token events, timed
+    /// from its first token-carrying event (visible or not) to its last.
     pub tpot_per_choice: Vec<Duration>,
-    /// Output tokens: usage when reported, else counted.
+    /// Output tokens, when known.
     pub output_tokens: Option<u64>,
-    /// Where `output_tokens` came from.
-    pub count_source: CountSource,
+    /// Where `output_tokens` came from; `None` when nothing was generated or reported.
+    pub count_source: Option<CountSource>,
     /// Input tokens from usage.
     pub input_tokens: Option<u64>,
     /// Events that carried tokens.
@@ -84,9 +135,16 @@ impl StreamObserver {
         Self {
             protocol,
             parser: SseParser::new(max_event_bytes),
+            counting: Counting::default(),
             facts: Facts::default(),
             removable: strip_usage.then(Vec::new),
         }
+    }
+
+    /// Counts tokens the stream does not state as `counting` says.
+    pub fn with_counting(mut self, counting: Counting) -> Self {
+        self.counting = counting;
+        self
     }
 
     /// Feeds bytes forwarded at `now`; `on_gap` gets each inter-chunk gap they complete.
@@ -94,18 +152,26 @@ impl StreamObserver {
         let Self {
             protocol,
             parser,
+            counting,
             facts,
             removable,
         } = self;
         parser.feed(bytes, |event| {
-            let summary = match protocol {
+            let mut summary = match protocol {
                 Protocol::OpenAi => openai::summarise(event.data),
                 Protocol::Tgi => tgi::summarise(event.data),
             };
             if let (true, Some(spans)) = (summary.usage_only, removable.as_mut()) {
                 spans.push((event.start, event.end));
             }
+            if summary.finish_only && counting.empty_finish_is_no_token {
+                summary.has_tokens = false;
+            }
+            let keep_text = counting.tokenizer.is_some() && summary.has_tokens && summary.explicit_tokens.is_none();
             facts.observe(&summary, now, &mut on_gap);
+            if keep_text && *protocol == Protocol::OpenAi {
+                openai::generated_text(event.data, |choice, text| facts.keep_text(choice, text));
+            }
         });
     }
 
@@ -122,36 +188,108 @@ impl StreamObserver {
 
     /// What the stream showed, to be called once it ended.
     pub fn summary(&self) -> StreamSummary {
-        let usage = self.facts.usage.unwrap_or_default();
-        let (output_tokens, count_source) = match usage.completion_tokens {
-            Some(n) => (Some(n), CountSource::Usage),
-            None => (
-                (self.facts.token_events > 0).then_some(self.facts.explicit_tokens),
-                CountSource::Events,
+        let facts = &self.facts;
+        let usage = facts.usage.unwrap_or_default();
+        let active: Vec<&ChoiceFacts> = facts.choices.iter().filter(|c| c.events > 0).collect();
+        let tokenized = self.tokenized(&active);
+        let (output_tokens, count_source) = match (usage.completion_tokens, tokenized.as_ref()) {
+            (Some(n), _) => (Some(n), Some(CountSource::Usage)),
+            _ if facts.token_events == 0 => (None, None),
+            (None, _) if facts.unstated_events == 0 => (Some(facts.stated_tokens), Some(CountSource::TokenIds)),
+            (None, Some(counts)) => (
+                Some(facts.stated_tokens + counts.iter().sum::<u64>()),
+                Some(CountSource::Tokenizer),
             ),
+            (None, None) => (None, Some(CountSource::Events)),
         };
-        let active: Vec<&ChoiceTiming> = self.facts.choices.iter().filter(|c| c.tokens > 0).collect();
-        let tpot_per_choice = match active.as_slice() {
-            // One choice: N may come from usage.
-            [only] => tpot(only.first, only.last, output_tokens.unwrap_or(only.tokens))
-                .into_iter()
+        let per_choice = match (count_source, output_tokens) {
+            (Some(CountSource::Usage), Some(total)) => split_total(total, &active),
+            (Some(CountSource::Tokenizer), _) => {
+                let mut counts = tokenized.unwrap_or_default().into_iter();
+                active
+                    .iter()
+                    .map(|c| Some(c.stated + if c.unstated_events > 0 { counts.next()? } else { 0 }))
+                    .collect()
+            }
+            _ => active
+                .iter()
+                .map(|c| (c.unstated_events == 0).then_some(c.stated))
                 .collect(),
-            // Several: usage counts them all together, so each uses its own count.
-            many => many.iter().filter_map(|c| tpot(c.first, c.last, c.tokens)).collect(),
         };
+        let tpot_per_choice = active
+            .iter()
+            .zip(per_choice)
+            .filter_map(|(c, n)| tpot(c.first, c.last, n?))
+            .collect();
         StreamSummary {
-            first_token: self.facts.first_token,
-            first_token_event: self.facts.first_token_event,
+            first_token: facts.first_token,
+            first_token_event: facts.first_token_event,
             tpot_per_choice,
             output_tokens,
             count_source,
             input_tokens: usage.prompt_tokens,
-            token_events: self.facts.token_events,
-            saw_error: self.facts.saw_error,
-            saw_done: self.facts.saw_done,
+            token_events: facts.token_events,
+            saw_error: facts.saw_error,
+            saw_done: facts.saw_done,
             gave_up: self.parser.gave_up(),
         }
     }
+
+    /// The tokenizer's count of each active choice's unstated tokens (in order, for those
+    /// with unstated events), when a tokenizer is set and every text was kept.
+    fn tokenized(&self, active: &[&ChoiceFacts]) -> Option<Vec<u64>> {
+        let tokenizer = self.counting.tokenizer.as_ref()?;
+        if self.facts.text_overflow || self.facts.unstated_events == 0 {
+            return None;
+        }
+        active
+            .iter()
+            .filter(|c| c.unstated_events > 0)
+            .map(|c| tokenizer.count(&c.text))
+            .collect()
+    }
+}
+
+/// Each choice's N when only the total is known: a choice whose events stated their counts
+/// keeps them; the rest of the total is split over the other choices in proportion to their
+/// token events (largest remainder). Exact when the engine puts the same number of tokens in
+/// every event of every choice, as `--stream-interval` and speculative decoding do.
+fn split_total(total: u64, active: &[&ChoiceFacts]) -> Vec<Option<u64>> {
+    let stated: u64 = active.iter().filter(|c| c.unstated_events == 0).map(|c| c.stated).sum();
+    let rest = total.saturating_sub(stated);
+    let weights: Vec<u64> = active
+        .iter()
+        .map(|c| if c.unstated_events == 0 { 0 } else { c.events })
+        .collect();
+    let weight_sum: u64 = weights.iter().sum();
+    if weight_sum == 0 {
+        return active.iter().map(|c| Some(c.stated)).collect();
+    }
+    let mut shares: Vec<(u64, u64)> = weights
+        .iter()
+        .map(|w| {
+            let exact = u128::from(rest) * u128::from(*w);
+            (
+                (exact / u128::from(weight_sum)) as u64,
+                (exact % u128::from(weight_sum)) as u64,
+            )
+        })
+        .collect();
+    let mut left = rest - shares.iter().map(|s| s.0).sum::<u64>();
+    let mut order: Vec<usize> = (0..shares.len()).filter(|&i| weights[i] > 0).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(shares[i].1));
+    for i in order {
+        if left == 0 {
+            break;
+        }
+        shares[i].0 += 1;
+        left -= 1;
+    }
+    active
+        .iter()
+        .zip(shares)
+        .map(|(c, (share, _))| Some(if c.unstated_events == 0 { c.stated } else { share }))
+        .collect()
 }
 
 /// (t_last − t_first) / (N − 1), when two distinct token times and N ≥ 2 exist.
@@ -172,16 +310,19 @@ impl Facts {
         if !summary.has_tokens {
             return;
         }
-        let tokens = summary.explicit_tokens.unwrap_or(1);
         self.first_token_event.get_or_insert(now);
         self.token_events += 1;
-        self.explicit_tokens += tokens;
+        match summary.explicit_tokens {
+            Some(n) => self.stated_tokens += n,
+            None => self.unstated_events += 1,
+        }
         let index = summary.choice as usize;
         if index >= MAX_CHOICES {
+            self.text_overflow = true;
             return;
         }
         if self.choices.len() <= index {
-            self.choices.resize(index + 1, ChoiceTiming::default());
+            self.choices.resize(index + 1, ChoiceFacts::default());
         }
         if summary.visible {
             self.first_token.get_or_insert(now);
@@ -189,11 +330,26 @@ impl Facts {
         // Decode timing counts every generated token, held-back text and special tokens too:
         // N includes them, so the first of them starts the (N - 1) decode steps.
         let choice = &mut self.choices[index];
-        choice.tokens += tokens;
+        choice.events += 1;
+        match summary.explicit_tokens {
+            Some(n) => choice.stated += n,
+            None => choice.unstated_events += 1,
+        }
         choice.first.get_or_insert(now);
         if let Some(previous) = choice.last.replace(now) {
             on_gap(now - previous);
         }
+    }
+
+    /// Keeps a choice's generated text for the tokenizer, within the bound.
+    fn keep_text(&mut self, choice: u32, text: &str) {
+        let index = choice as usize;
+        self.text_bytes += text.len();
+        if self.text_bytes > MAX_TEXT_BYTES || index >= self.choices.len() {
+            self.text_overflow = true;
+            return;
+        }
+        self.choices[index].text.push_str(text);
     }
 }
 
@@ -214,18 +370,44 @@ mod tests {
         obs.feed(role, t0, |g| gaps.push(g));
         for i in 1..=4u64 {
             let now = t0 + Duration::from_millis(100 + 20 * (i - 1));
-            obs.feed(b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}]}\n\n", now, |g| {
-                gaps.push(g)
-            });
+            obs.feed(
+                b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"},\"token_ids\":[7]}]}\n\n",
+                now,
+                |g| gaps.push(g),
+            );
         }
         obs.feed(b"data: [DONE]\n\n", t0 + Duration::from_millis(170), |g| gaps.push(g));
         let s = obs.summary();
         assert_eq!(s.first_token, Some(t0 + Duration::from_millis(100)));
         assert_eq!(s.output_tokens, Some(4));
-        assert_eq!(s.count_source, CountSource::Events);
+        assert_eq!(s.count_source, Some(CountSource::TokenIds));
         assert_eq!(s.tpot_per_choice, [Duration::from_millis(20)]);
         assert_eq!(gaps, vec![Duration::from_millis(20); 3]);
         assert!(s.saw_done && !s.saw_error);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_alone_leave_the_count_and_tpot_unknown() {
+        let t0 = Instant::now();
+        let mut obs = observer();
+        let mut gaps = Vec::new();
+        for i in 0..4u64 {
+            let chunk = b"data: {\"choices\":[{\"delta\":{\"content\":\"four tokens maybe\"}}]}\n\n";
+            obs.feed(chunk, t0 + Duration::from_millis(100 + 80 * i), |g| gaps.push(g));
+        }
+        let s = obs.summary();
+        assert_eq!(
+            s.first_token,
+            Some(t0 + Duration::from_millis(100)),
+            "TTFT needs no count"
+        );
+        assert_eq!(gaps, vec![Duration::from_millis(80); 3], "nor do the gaps");
+        assert_eq!(s.count_source, Some(CountSource::Events));
+        assert_eq!(s.output_tokens, None, "an event may hold several tokens");
+        assert!(
+            s.tpot_per_choice.is_empty(),
+            "no TPOT that may be a multiple of the truth"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -249,7 +431,7 @@ mod tests {
         );
         let s = obs.summary();
         assert_eq!(s.output_tokens, Some(6));
-        assert_eq!(s.count_source, CountSource::Usage);
+        assert_eq!(s.count_source, Some(CountSource::Usage));
         assert_eq!(s.input_tokens, Some(5));
         assert_eq!(s.tpot_per_choice, [Duration::from_millis(18)]);
         assert_eq!(s.token_events, 2);
@@ -260,7 +442,7 @@ mod tests {
         let t0 = Instant::now();
         let mut obs = observer();
         obs.feed(
-            b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n",
+            b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"token_ids\":[1]}]}\n\ndata: [DONE]\n\n",
             t0,
             |_| {},
         );
@@ -272,8 +454,8 @@ mod tests {
     async fn a_held_back_start_delays_ttft_but_not_the_decode_clock() {
         let t0 = Instant::now();
         let mut obs = observer();
-        let held = b"data: {\"choices\":[{\"delta\":{\"content\":\"\"}}]}\n\n";
-        let token = b"data: {\"choices\":[{\"delta\":{\"content\":\"\xc3\xa9\"}}]}\n\n";
+        let held = b"data: {\"choices\":[{\"delta\":{\"content\":\"\"},\"token_ids\":[1]}]}\n\n";
+        let token = b"data: {\"choices\":[{\"delta\":{\"content\":\"\xc3\xa9\"},\"token_ids\":[2]}]}\n\n";
         obs.feed(held, t0 + Duration::from_millis(100), |_| {});
         obs.feed(token, t0 + Duration::from_millis(130), |_| {});
         obs.feed(token, t0 + Duration::from_millis(160), |_| {});
@@ -298,7 +480,9 @@ mod tests {
         let mut obs = observer();
         let mut gaps = Vec::new();
         let at = |ms| t0 + Duration::from_millis(ms);
-        let chunk = |i: u32| format!("data: {{\"choices\":[{{\"index\":{i},\"delta\":{{\"content\":\"x\"}}}}]}}\n\n");
+        let chunk = |i: u32| {
+            format!("data: {{\"choices\":[{{\"index\":{i},\"delta\":{{\"content\":\"x\"}},\"token_ids\":[3]}}]}}\n\n")
+        };
         // Choice 1 starts first and streams every 10 ms; choice 0 every 30 ms.
         for (ms, i) in [(50, 1), (60, 1), (70, 1), (80, 0), (110, 0), (140, 0)] {
             obs.feed(chunk(i).as_bytes(), at(ms), |g| gaps.push(g));
@@ -340,6 +524,94 @@ mod tests {
             "three tokens over 60 ms: decode starts at the first"
         );
         assert!(s.saw_done);
+    }
+
+    /// `n` choices interleaved, each event of `k` tokens (content only), one event every 40 ms
+    /// per choice; then the usage chunk with the total.
+    fn interleaved(obs: &mut StreamObserver, t0: Instant, events: &[(u32, u64)], total: Option<u64>) {
+        for (step, (choice, ms)) in events.iter().enumerate() {
+            let chunk =
+                format!("data: {{\"choices\":[{{\"index\":{choice},\"delta\":{{\"content\":\"abcd{step}\"}}}}]}}\n\n");
+            obs.feed(chunk.as_bytes(), t0 + Duration::from_millis(*ms), |_| {});
+        }
+        if let Some(total) = total {
+            let usage = format!("data: {{\"choices\":[],\"usage\":{{\"completion_tokens\":{total}}}}}\n\n");
+            obs.feed(usage.as_bytes(), t0 + Duration::from_secs(1), |_| {});
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn n_choices_split_the_usage_total_by_their_events() {
+        // Two choices, six events of four tokens each: 24 tokens a choice, 48 in all.
+        let t0 = Instant::now();
+        let mut obs = observer();
+        let events: Vec<(u32, u64)> = (0..6).flat_map(|i| [(0, 100 + 40 * i), (1, 110 + 40 * i)]).collect();
+        interleaved(&mut obs, t0, &events, Some(48));
+        let s = obs.summary();
+        assert_eq!(s.output_tokens, Some(48));
+        let exact = Duration::from_millis(200).div_f64(23.0);
+        assert_eq!(s.tpot_per_choice, [exact, exact], "200 ms over 23 steps, not over 5");
+    }
+
+    #[test]
+    fn the_total_is_split_by_largest_remainder_and_stated_counts_are_kept() {
+        let choice = |events: u64, unstated: u64, stated: u64| ChoiceFacts {
+            events,
+            unstated_events: unstated,
+            stated,
+            ..ChoiceFacts::default()
+        };
+        let (a, b, c) = (choice(3, 3, 0), choice(6, 6, 0), choice(2, 0, 5));
+        assert_eq!(split_total(34, &[&a, &b]), [Some(11), Some(23)]);
+        assert_eq!(split_total(35, &[&a, &b, &c]), [Some(10), Some(20), Some(5)]);
+        assert_eq!(split_total(5, &[&c]), [Some(5)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tokenizer_counts_what_the_stream_does_not_state() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tokenizer");
+        let counting = Counting {
+            empty_finish_is_no_token: false,
+            tokenizer: Some(Arc::new(TokenCounter::load(&dir).unwrap())),
+        };
+        let t0 = Instant::now();
+        let mut obs = observer().with_counting(counting);
+        for i in 0..5u64 {
+            let chunk = b"data: {\"choices\":[{\"delta\":{\"content\":\" tok en tok en\"}}]}\n\n";
+            obs.feed(chunk, t0 + Duration::from_millis(50 * i), |_| {});
+        }
+        let s = obs.summary();
+        assert_eq!(s.count_source, Some(CountSource::Tokenizer));
+        assert_eq!(s.output_tokens, Some(20));
+        assert_eq!(s.tpot_per_choice, [Duration::from_millis(200).div_f64(19.0)]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn llamacpps_empty_final_event_is_no_token() {
+        let t0 = Instant::now();
+        let stream = |obs: &mut StreamObserver| {
+            for i in 0..3u64 {
+                let chunk = b"data: {\"choices\":[{\"index\":0,\"text\":\"a\",\"finish_reason\":null}]}\n\n";
+                obs.feed(chunk, t0 + Duration::from_millis(30 * i), |_| {});
+            }
+            let last = b"data: {\"choices\":[{\"index\":0,\"text\":\"\",\"finish_reason\":\"length\"}]}\n\n";
+            obs.feed(last, t0 + Duration::from_millis(90), |_| {});
+            let usage = b"data: {\"choices\":[],\"usage\":{\"completion_tokens\":3}}\n\n";
+            obs.feed(usage, t0 + Duration::from_millis(91), |_| {});
+        };
+        let llamacpp = Counting {
+            empty_finish_is_no_token: true,
+            tokenizer: None,
+        };
+        let mut obs = observer().with_counting(llamacpp);
+        stream(&mut obs);
+        let s = obs.summary();
+        assert_eq!(s.token_events, 3);
+        assert_eq!(s.tpot_per_choice, [Duration::from_millis(30)]);
+        // vLLM's empty final event is its last token, its text held back.
+        let mut vllm = observer();
+        stream(&mut vllm);
+        assert_eq!(vllm.summary().token_events, 4);
     }
 
     #[test]

@@ -49,7 +49,9 @@ pub fn summarise(data: &[u8]) -> EventSummary {
     let completion_tokens = event.details.and_then(|d| d.generated_tokens);
     EventSummary {
         has_tokens: event.token.is_some(),
-        visible: event.token.is_some_and(|t| !t.special),
+        visible: event.token.as_ref().is_some_and(|t| !t.special),
+        // Every TGI stream event is exactly one token.
+        explicit_tokens: event.token.is_some().then_some(1),
         usage: completion_tokens.map(|n| Usage {
             prompt_tokens: None,
             completion_tokens: Some(n),

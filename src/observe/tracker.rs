@@ -4,9 +4,11 @@
 use super::decode::{Decoder, Encoding};
 use super::openai::{self, EventSummary};
 use super::record::{Operation, Outcome, Protocol, RequestRecord};
-use super::stream::StreamObserver;
+use super::stream::{CountSource, Counting, StreamObserver};
 use super::strip::UsageStripper;
 use super::tgi;
+use super::tokens::TokenCounter;
+use crate::config::Engine;
 use crate::metrics::{Metrics, RequestHandles, UnmeasuredReason};
 use bytes::Bytes;
 use http::{header, HeaderMap, StatusCode};
@@ -38,6 +40,7 @@ pub struct RequestTracker {
     t0: Instant,
     max_event_bytes: usize,
     strip_usage: bool,
+    tokenizer: Option<Arc<TokenCounter>>,
     response: ResponseKind,
     finished: bool,
 }
@@ -122,6 +125,7 @@ impl RequestTracker {
             t0,
             max_event_bytes,
             strip_usage: false,
+            tokenizer: None,
             response: ResponseKind::Waiting,
             finished: false,
         }
@@ -141,6 +145,11 @@ impl RequestTracker {
     /// brings must not reach the client.
     pub fn strip_usage_chunk(&mut self) {
         self.strip_usage = true;
+    }
+
+    /// Counts output tokens the stream does not state with the model's tokenizer.
+    pub fn count_with(&mut self, tokenizer: Arc<TokenCounter>) {
+        self.tokenizer = Some(tokenizer);
     }
 
     /// Chooses how to read the body from the response head.
@@ -180,7 +189,11 @@ impl RequestTracker {
                     self.handles.operation.protocol(),
                     self.max_event_bytes,
                     self.strip_usage,
-                ),
+                )
+                .with_counting(Counting {
+                    empty_finish_is_no_token: self.metrics.engine() == Some(Engine::Llamacpp),
+                    tokenizer: self.tokenizer.clone(),
+                }),
                 now: self.t0,
                 gaps: self.handles.inter_chunk.clone(),
             };
@@ -253,8 +266,8 @@ impl RequestTracker {
             output_tokens: None,
             input_tokens: None,
             token_events: 0,
+            count_source: None,
         };
-        let mut count_source = None;
         let mut first_event = None;
         let body_outcome = match &self.response {
             ResponseKind::Waiting | ResponseKind::Opaque => None,
@@ -268,7 +281,7 @@ impl RequestTracker {
                 record.ttft = summary.first_token.map(|first| first - self.t0);
                 first_event = summary.first_token_event.map(|first| first - self.t0);
                 record.tpot_per_choice = summary.tpot_per_choice;
-                count_source = Some(summary.count_source);
+                record.count_source = summary.count_source;
                 record.output_tokens = summary.output_tokens;
                 record.input_tokens = summary.input_tokens;
                 record.token_events = summary.token_events;
@@ -308,7 +321,7 @@ impl RequestTracker {
             tpot_ms = record.tpot().map(|d| d.as_secs_f64() * 1e3),
             e2e_ms = record.e2e.as_secs_f64() * 1e3,
             output_tokens = record.output_tokens,
-            token_count_source = ?count_source,
+            token_count_source = record.count_source.map(CountSource::as_str),
             "request finished"
         );
         self.metrics.record(&record);

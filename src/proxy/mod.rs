@@ -12,6 +12,7 @@ use crate::config::Engine;
 use crate::metrics::{Metrics, RefusalReason};
 use crate::observe::body::ObservedBody;
 use crate::observe::record::{Operation, Outcome, Protocol};
+use crate::observe::tokens::TokenCounter;
 use crate::observe::tracker::{End, RequestTracker};
 use crate::provider;
 use bytes::Bytes;
@@ -61,6 +62,8 @@ pub struct ProxySettings {
     pub stream_idle_timeout: Option<Duration>,
     /// Ask streaming OpenAI requests for usage when they did not (and hide the answer).
     pub inject_usage: bool,
+    /// The model's tokenizer, for streams that state no token counts.
+    pub tokenizer: Option<Arc<TokenCounter>>,
 }
 
 /// Everything a proxied request needs, shared by all connections.
@@ -141,6 +144,9 @@ impl Proxy {
             );
             if injected_usage {
                 tracker.strip_usage_chunk();
+            }
+            if let Some(tokenizer) = &self.settings.tokenizer {
+                tracker.count_with(tokenizer.clone());
             }
         }
 

@@ -426,6 +426,7 @@ mod tests {
             output_tokens: Some(10),
             input_tokens: Some(5),
             token_events: 10,
+            count_source: None,
         }
     }
 
