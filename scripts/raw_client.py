@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""A raw-socket streaming client for scripts/e2e-vllm.sh: stamps every SSE event as it arrives
+and compares each request with what llmslo logged for it.
+
+  raw_client.py ttft HOST:PORT LLMSLO_LOG MODEL COUNT
+      COUNT sequential streaming chat requests; per request, the client's TTFT (request sent to
+      the first event with visible content) against llmslo's ttft_ms. The bar is 1 ms.
+  raw_client.py tpot HOST:PORT LLMSLO_LOG MODEL COUNT N MAX_TOKENS LABEL
+      COUNT sequential requests with n=N, max_tokens=MAX_TOKENS and ignore_eos, so every choice
+      has exactly MAX_TOKENS tokens; per choice the true TPOT is (t_last - t_first) /
+      (MAX_TOKENS - 1) from the client's stamps; llmslo logs its slowest choice's TPOT, compared
+      with the slowest true one.
+
+Standard library only. HTTP/1.0, so the body is not chunked and events are read as they come.
+"""
+import json
+import socket
+import sys
+import time
+
+
+def stream(addr, body):
+    """Sends one request; returns (t_sent, [(t_arrived, event_json_or_None)])."""
+    host, port = addr.rsplit(":", 1)
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST /v1/chat/completions HTTP/1.0\r\nHost: {host}\r\ncontent-type: application/json\r\n"
+        f"content-length: {len(payload)}\r\n\r\n"
+    ).encode()
+    sock = socket.create_connection((host, int(port)))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    t_sent = time.monotonic()
+    sock.sendall(head + payload)
+    buf, events, in_body = b"", [], False
+    while True:
+        data = sock.recv(65536)
+        now = time.monotonic()
+        if not data:
+            break
+        buf += data
+        if not in_body:
+            if b"\r\n\r\n" not in buf:
+                continue
+            status = buf.split(b"\r\n", 1)[0]
+            if b" 200 " not in status:
+                raise SystemExit(f"request failed: {status!r}")
+            buf = buf.split(b"\r\n\r\n", 1)[1]
+            in_body = True
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            payload = event[len(b"data: "):] if event.startswith(b"data: ") else b""
+            events.append((now, None if payload in (b"", b"[DONE]") else json.loads(payload)))
+    sock.close()
+    return t_sent, events
+
+
+def is_token(choice):
+    """A token-carrying choice: content or text, even empty (held back), but not the role chunk."""
+    delta = choice.get("delta")
+    if delta is None:
+        return isinstance(choice.get("text"), str)
+    return isinstance(delta.get("content"), str) and "role" not in delta
+
+
+def content(choice):
+    delta = choice.get("delta") or {}
+    return choice.get("text") or delta.get("content") or delta.get("reasoning_content") or ""
+
+
+def finished_lines(log, start):
+    """llmslo's "request finished" log lines after line `start`."""
+    lines = open(log).read().splitlines()[start:]
+    return [json.loads(l)["fields"] for l in lines if '"request finished"' in l]
+
+
+def log_length(log):
+    return len(open(log).read().splitlines())
+
+
+def wait_for_lines(log, start, count):
+    for _ in range(100):
+        if len(finished_lines(log, start)) >= count:
+            return finished_lines(log, start)
+        time.sleep(0.05)
+    raise SystemExit(f"llmslo logged {len(finished_lines(log, start))} of {count} requests")
+
+
+def ttft(addr, log, model, count):
+    start = log_length(log)
+    client = []
+    for i in range(count):
+        body = {"model": model, "stream": True, "max_tokens": 16, "ignore_eos": True,
+                "messages": [{"role": "user", "content": f"request {i}"}]}
+        t_sent, events = stream(addr, body)
+        visible = (t for t, e in events if e and any(content(c) for c in e.get("choices", [])))
+        first = next(visible, None)  # a random-weight model can hold back every token
+        client.append(None if first is None else (first - t_sent) * 1e3)
+    logged = [f.get("ttft_ms") for f in wait_for_lines(log, start, count)]
+    pairs = [(c, l) for c, l in zip(client, logged) if c is not None or l is not None]
+    if any(c is None or l is None for c, l in pairs):
+        print("a request had a visible first token on one side only")
+        return False
+    diffs = [l - c for c, l in pairs]
+    worst = max(abs(d) for d in diffs)
+    print(f"TTFT, {len(diffs)} sequential requests with a visible token: client mean "
+          f"{sum(c for c, _ in pairs) / len(pairs):.2f} ms; "
+          f"llmslo - client: mean {sum(diffs) / len(diffs):+.3f} ms, min {min(diffs):+.3f} ms, max {max(diffs):+.3f} ms; "
+          f"{sum(abs(d) > 1.0 for d in diffs)} over 1 ms")
+    return worst <= 1.0
+
+
+def tpot(addr, log, model, count, n, max_tokens, label):
+    start = log_length(log)
+    truths = []
+    for i in range(count):
+        body = {"model": model, "stream": True, "n": n, "max_tokens": max_tokens, "ignore_eos": True,
+                "messages": [{"role": "user", "content": f"request {i}"}]}
+        _, events = stream(addr, body)
+        stamps = {}
+        for t, e in events:
+            for c in (e or {}).get("choices", []):
+                if is_token(c):
+                    stamps.setdefault(c.get("index", 0), []).append(t)
+        truth = max((s[-1] - s[0]) / (max_tokens - 1) for s in stamps.values())
+        truths.append((truth * 1e3, len(stamps[0])))
+    rows = wait_for_lines(log, start, count)
+    errors = []
+    for (truth, events), f in zip(truths, rows):
+        got = f.get("tpot_ms")
+        errors.append(None if got is None else got - truth)
+    known = [e for e in errors if e is not None]
+    sources = sorted({f.get("token_count_source") or "-" for f in rows})
+    tokens = sorted({f.get("output_tokens") for f in rows}, key=str)
+    mean_truth = sum(t for t, _ in truths) / count
+    if known:
+        worst = max(abs(e) for e in known)
+        verdict = f"llmslo - truth: mean {sum(known) / len(known):+.3f} ms, worst {worst:.3f} ms"
+    else:
+        verdict = "llmslo published no TPOT"
+    print(f"{label}: n={n}, {max_tokens} tokens a choice, {truths[0][1]} events a choice; true TPOT mean "
+          f"{mean_truth:.2f} ms; {len(known)}/{count} with a TPOT; {verdict}; source {','.join(sources)}; "
+          f"output_tokens {tokens}")
+    return all(abs(e) <= 1.0 for e in known)
+
+
+if __name__ == "__main__":
+    mode, addr, log, model, count = sys.argv[1:6]
+    if mode == "ttft":
+        ok = ttft(addr, log, model, int(count))
+    else:
+        n, max_tokens, label = sys.argv[6:9]
+        ok = tpot(addr, log, model, int(count), int(n), int(max_tokens), label)
+    sys.exit(0 if ok else 1)
