@@ -251,3 +251,29 @@ fn text_logs_carry_no_colour_when_stderr_is_not_a_terminal() {
     terminate(&mut child);
     assert!(!started.contains('\x1b'), "ANSI escapes in a piped log: {started:?}");
 }
+
+#[test]
+fn an_slo_objective_written_as_a_ratio_is_refused_with_its_file_and_line() {
+    let yaml = "upstream: http://127.0.0.1:1\nslos:\n  - name: tpot\n    objective: 0.99\n    tpot: 50ms\n";
+    let path = config_file("ratio", yaml);
+    for command in ["check-config", "rules"] {
+        let (code, stderr) = run_and_fail(llmslo().arg(command).arg(&path));
+        assert_eq!(code, 64, "{command}: {stderr}");
+        assert!(
+            stderr.contains(&format!("{}:4:", path.display())),
+            "{command}: {stderr}"
+        );
+        assert!(stderr.contains("did you mean 99?"), "{command}: {stderr}");
+    }
+    std::fs::remove_file(path).unwrap();
+    let yaml = "slos:\n  - {name: a, objective: 99, ttft: 1s}\n  - {name: b, objective: 90, tpot: 1s}\n";
+    let path = config_file("unreachable", yaml);
+    let (code, stderr) = run_and_fail(llmslo().arg("rules").arg(&path));
+    assert_eq!(code, 64, "{stderr}");
+    assert!(stderr.contains(":3: config key `slos[1].objective`"), "{stderr}");
+    assert!(
+        stderr.contains("could never fire") && stderr.contains("above 93.06"),
+        "{stderr}"
+    );
+    std::fs::remove_file(path).unwrap();
+}

@@ -19,7 +19,9 @@ pub enum RulesFormat {
 }
 
 /// (short window, long window, burn-rate factor) pairs of the multiwindow multi-burn-rate alerts.
-const PAGE: [(&str, &str, f64); 2] = [("5m", "1h", 14.4), ("30m", "6h", 6.0)];
+const PAGE: [(&str, &str, f64); 2] = [("5m", "1h", FASTEST_BURN), ("30m", "6h", 6.0)];
+/// The fastest page's burn-rate factor: an objective must leave a budget it can burn.
+pub const FASTEST_BURN: f64 = 14.4;
 const TICKET: [(&str, &str, f64); 2] = [("2h", "1d", 3.0), ("6h", "3d", 1.0)];
 
 #[derive(Debug, Serialize)]

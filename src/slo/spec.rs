@@ -1,6 +1,7 @@
 //! The SLO file (DESIGN §5): service, period, minimum events, the SLOs and goodput.
 //! It lives in the same YAML file as the rest of the configuration.
 
+use super::rules::FASTEST_BURN;
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -149,10 +150,33 @@ impl SloSet {
             if slos.iter().any(|s| s.name == entry.name) {
                 return invalid(key("name"), "is used by an earlier SLO");
             }
-            if !(entry.objective > 0.0 && entry.objective < 100.0) {
+            let objective = entry.objective;
+            if objective > 0.0 && objective <= 1.0 {
+                let percent = tidy(objective * 100.0);
+                return invalid(
+                    key("objective"),
+                    &format!(
+                        "is a percentage: {objective} means {objective} % of requests, not {percent} %; \
+                         did you mean {percent}?"
+                    ),
+                );
+            }
+            if !(objective > 0.0 && objective < 100.0) {
                 return invalid(
                     key("objective"),
                     "must be a percentage above 0 and below 100, like 99.9",
+                );
+            }
+            let budget = 1.0 - objective / 100.0;
+            if FASTEST_BURN * budget >= 1.0 {
+                let lowest = tidy(100.0 * (1.0 - 1.0 / FASTEST_BURN));
+                return invalid(
+                    key("objective"),
+                    &format!(
+                        "{objective} leaves an error budget of {} %: the {FASTEST_BURN}× page alert would need \
+                         more than 100 % of requests to fail and could never fire; use an objective above {lowest:.2}",
+                        tidy(budget * 100.0)
+                    ),
                 );
             }
             let kinds: Vec<SloKind> = [
@@ -224,6 +248,35 @@ fn is_label_safe(name: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_objective_must_be_a_percentage_whose_budget_a_page_can_burn() {
+        let entry = |objective: f64| SloEntry {
+            name: "s".into(),
+            objective,
+            ttft: Some(Duration::from_secs(1)),
+            tpot: None,
+            e2e: None,
+            availability: false,
+            runbook_url: None,
+        };
+        let check = |objective: f64| {
+            let file = SloFile {
+                slos: vec![entry(objective)],
+                goodput: None,
+            };
+            SloSet::validate(None, None, None, file)
+                .map(|_| ())
+                .map_err(|(_, message)| message)
+        };
+        assert!(check(0.99).unwrap_err().contains("did you mean 99?"));
+        assert!(check(1.0).unwrap_err().contains("did you mean 100?"));
+        assert!(check(90.0).unwrap_err().contains("could never fire"));
+        assert!(check(93.0).unwrap_err().contains("above 93.06"));
+        assert!(check(93.1).is_ok());
+        assert!(check(99.9).is_ok());
+        assert!(check(100.0).unwrap_err().contains("below 100"));
+    }
+
     use super::*;
 
     fn file(yaml: &str) -> SloFile {

@@ -1,6 +1,8 @@
 //! Typed, validated configuration from flags, environment and a YAML file
 //! (precedence: flag > environment > file > default).
 
+mod locate;
+
 use crate::metrics::buckets::BucketOverrides;
 use crate::slo::spec::{GoodputEntry, SloEntry, SloFile, SloSet};
 use http::Uri;
@@ -28,6 +30,18 @@ pub enum ConfigError {
         /// What serde_yaml said, which names the key and its line.
         message: String,
     },
+    /// A value in the config file is out of range or malformed, at this line.
+    #[error("{}:{line}: config key `{key}`: {message}", path.display())]
+    InvalidAt {
+        /// The file.
+        path: PathBuf,
+        /// The 1-based line of the key.
+        line: usize,
+        /// The offending key.
+        key: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// A value is out of range or malformed.
     #[error("config key `{key}`: {message}")]
     Invalid {
@@ -39,6 +53,30 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
+    /// The key an invalid value was given for, when the error is about one.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            ConfigError::Invalid { key, .. } | ConfigError::InvalidAt { key, .. } => Some(key),
+            _ => None,
+        }
+    }
+
+    /// Places an invalid value's key in the file it came from, when the key is written there.
+    fn located(self, path: &Path, text: &str) -> Self {
+        match self {
+            ConfigError::Invalid { key, message } => match locate::line_of(text, &key) {
+                Some(line) => ConfigError::InvalidAt {
+                    path: path.to_path_buf(),
+                    line,
+                    key,
+                    message,
+                },
+                None => ConfigError::Invalid { key, message },
+            },
+            other => other,
+        }
+    }
+
     fn invalid(key: &str, message: impl Into<String>) -> Self {
         ConfigError::Invalid {
             key: key.to_string(),
@@ -300,12 +338,12 @@ pub mod defaults {
 impl Config {
     /// Merges flags/env over the optional file over defaults, and validates the result.
     pub fn load(overrides: Overrides, file: Option<&Path>) -> Result<Self, ConfigError> {
-        let file_config = match file {
-            Some(path) => read_file(path)?,
-            None => FileConfig::default(),
+        let Some(path) = file else {
+            return Self::merge(overrides, FileConfig::default());
         };
-        let mut config = Self::merge(overrides, file_config)?;
-        config.file = file.map(Path::to_path_buf);
+        let (file_config, text) = read_file(path)?;
+        let mut config = Self::merge(overrides, file_config).map_err(|e| e.located(path, &text))?;
+        config.file = Some(path.to_path_buf());
         Ok(config)
     }
 
@@ -313,7 +351,7 @@ impl Config {
     /// as the chart's ConfigMap holds) is checked for everything it does hold. Returns the
     /// effective config and whether an upstream was given.
     pub fn check(overrides: Overrides, file: &Path) -> Result<(Self, bool), ConfigError> {
-        let file_config = read_file(file)?;
+        let (file_config, text) = read_file(file)?;
         let upstream_given = overrides.upstream.is_some() || file_config.upstream.is_some();
         let overrides = if upstream_given {
             overrides
@@ -323,7 +361,7 @@ impl Config {
                 ..overrides
             }
         };
-        let mut config = Self::merge(overrides, file_config)?;
+        let mut config = Self::merge(overrides, file_config).map_err(|e| e.located(file, &text))?;
         config.file = Some(file.to_path_buf());
         Ok((config, upstream_given))
     }
@@ -335,16 +373,18 @@ impl Config {
 
     /// Only the SLO part of a config file (for `llmslo rules`: no upstream needed).
     pub fn slos_from_file(path: &Path) -> Result<SloSet, ConfigError> {
-        slo_set(&mut read_file(path)?)
+        let (mut file, text) = read_file(path)?;
+        slo_set(&mut file).map_err(|e| e.located(path, &text))
     }
 
     /// Builds the configuration from YAML text alone (no flags or environment).
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let inline = Path::new("<inline>");
         let file = parse_yaml(text).map_err(|message| ConfigError::Parse {
-            path: PathBuf::from("<inline>"),
+            path: inline.to_path_buf(),
             message,
         })?;
-        Self::merge(Overrides::default(), file)
+        Self::merge(Overrides::default(), file).map_err(|e| e.located(inline, text))
     }
 
     fn merge(o: Overrides, mut f: FileConfig) -> Result<Self, ConfigError> {
@@ -576,15 +616,17 @@ impl Config {
     }
 }
 
-fn read_file(path: &Path) -> Result<FileConfig, ConfigError> {
+/// The file's schema and its text (to place later errors at their line).
+fn read_file(path: &Path) -> Result<(FileConfig, String), ConfigError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
         path: path.to_path_buf(),
         source,
     })?;
-    parse_yaml(&text).map_err(|message| ConfigError::Parse {
+    let file = parse_yaml(&text).map_err(|message| ConfigError::Parse {
         path: path.to_path_buf(),
         message,
-    })
+    })?;
+    Ok((file, text))
 }
 
 /// Takes the SLO keys out of the file and validates them; the rest of `f` is left in place.
@@ -643,10 +685,8 @@ mod tests {
     use super::*;
 
     fn key_of(result: Result<Config, ConfigError>) -> String {
-        match result.unwrap_err() {
-            ConfigError::Invalid { key, .. } => key,
-            other => other.to_string(),
-        }
+        let error = result.unwrap_err();
+        error.key().map_or_else(|| error.to_string(), str::to_string)
     }
 
     #[test]
