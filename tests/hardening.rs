@@ -442,3 +442,45 @@ async fn withheld_uploads_are_bounded_in_aggregate_and_timed_out() {
     assert!(grown < 64 << 20, "RSS grew {} MiB", grown >> 20);
     still_serves(sidecar.proxy_addr).await; // the budget came back
 }
+
+#[tokio::test(start_paused = true)]
+async fn model_names_the_engine_rejects_take_no_label_slot() {
+    let (upstream, _) = scripted_upstream_by(|request| {
+        if String::from_utf8_lossy(request).contains("\"bogus") {
+            Script {
+                head: "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 2".into(),
+                pieces: vec![(Duration::ZERO, b"{}".to_vec())],
+                ..Script::sse(Vec::new())
+            }
+        } else {
+            Script::sse(vec![(Duration::ZERO, fixture("vllm-chat.sse"))])
+        }
+    })
+    .await;
+    let sidecar = start_sidecar(upstream, "max_models: 2\n").await;
+    for name in ["bogus-1", "bogus-2", "bogus-3", "real-1", "real-2"] {
+        post_collect(
+            sidecar.proxy_addr,
+            CHAT,
+            format!(r#"{{"model":"{name}","stream":true}}"#),
+        )
+        .await;
+    }
+    let m = settled(&sidecar).await;
+    assert!(!m.contains("bogus"), "rejected names became labels:\n{m}");
+    for real in ["real-1", "real-2"] {
+        assert_eq!(
+            sample(&m, "llmslo_requests_total", &[("model", real), ("outcome", "success")]),
+            1.0,
+            "{real} is learned from its successful answer"
+        );
+    }
+    assert_eq!(
+        sample(
+            &m,
+            "llmslo_requests_total",
+            &[("model", "other"), ("outcome", "client_error")]
+        ),
+        3.0
+    );
+}

@@ -211,9 +211,10 @@ async fn upstream_down_gives_502_json_and_connect_error() {
         sample(
             &m,
             "llmslo_requests_total",
-            &[("outcome", "connect_error"), ("model", "sim")]
+            &[("outcome", "connect_error"), ("model", "other")]
         ),
-        1.0
+        1.0,
+        "a model the engine never answered is not learned"
     );
     assert_eq!(sample(&m, "llmslo_requests_in_flight", &[]), 0.0);
     // Other paths are forwarded (and fail) the same way, without being measured.
@@ -295,9 +296,19 @@ async fn malformed_json_is_forwarded_and_the_engines_4xx_is_client_error() {
         sample(
             &m,
             "llmslo_requests_total",
+            &[("outcome", "client_error"), ("model", "other")]
+        ),
+        1.0,
+        "a model the engine rejects takes no label"
+    );
+    assert!(!m.contains("model=\"nope\""), "{m}");
+    assert_eq!(
+        sample(
+            &m,
+            "llmslo_requests_total",
             &[("outcome", "client_error"), ("model", "nope")]
         ),
-        1.0
+        0.0
     );
 }
 

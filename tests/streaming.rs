@@ -134,6 +134,8 @@ async fn http_500_from_the_engine_is_an_upstream_error() {
     };
     let (engine, _stop) = start_engine(options).await;
     let sidecar = start_sidecar(engine, "").await;
+    // An engine that fails every request teaches no model name; its model list does.
+    model_learned(&sidecar, "sim").await;
     let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(8, true, false)).await;
     assert_eq!(status, 500);
     let m = settled(&sidecar).await;

@@ -210,8 +210,10 @@ impl ModelNames {
         models
     }
 
-    /// The label value for a request that named `raw` (or nothing), and whether it was just learned.
-    pub fn normalise(&self, raw: Option<&str>) -> (String, bool) {
+    /// The label value for a request that named `raw` (or nothing), without learning: a name
+    /// not known yet is labelled `other`, and comes back as the candidate to learn once the
+    /// engine has answered it successfully.
+    pub fn label(&self, raw: Option<&str>) -> (String, Option<String>) {
         let only_served;
         let name = match raw {
             Some(name) => name,
@@ -220,26 +222,38 @@ impl ModelNames {
                 only_served = self.only_served.read().expect("model set lock").clone();
                 match only_served.as_deref() {
                     Some(name) => name,
-                    None => return (UNKNOWN_MODEL.to_string(), false),
+                    None => return (UNKNOWN_MODEL.to_string(), None),
                 }
             }
         };
         if let Some(allowed) = &self.allow_list {
             let label = if allowed.contains(name) { name } else { OTHER_MODEL };
-            return (label.to_string(), false);
+            return (label.to_string(), None);
         }
         if !is_plausible_model_name(name) {
-            return (OTHER_MODEL.to_string(), false);
+            return (OTHER_MODEL.to_string(), None);
+        }
+        if raw.is_none() {
+            return (name.to_string(), None); // the engine's own (only) model
         }
         if self.learned.read().expect("model set lock").contains(name) {
-            return (name.to_string(), false);
+            return (name.to_string(), None);
+        }
+        (OTHER_MODEL.to_string(), Some(name.to_string()))
+    }
+
+    /// Learns `name` (the engine lists it, or answered it successfully) while fewer than
+    /// `max_models` are known: its label, and whether it was just learned.
+    pub fn learn(&self, name: &str) -> (String, bool) {
+        if self.allow_list.is_some() || !is_plausible_model_name(name) {
+            return (self.label(Some(name)).0, false);
         }
         let mut learned = self.learned.write().expect("model set lock");
-        if learned.len() < self.max_models {
-            let first_seen = learned.insert(name.to_string());
-            (name.to_string(), first_seen)
-        } else if learned.contains(name) {
+        if learned.contains(name) {
             (name.to_string(), false)
+        } else if learned.len() < self.max_models {
+            learned.insert(name.to_string());
+            (name.to_string(), true)
         } else {
             (OTHER_MODEL.to_string(), false)
         }
@@ -261,37 +275,44 @@ mod tests {
     #[test]
     fn allow_list_maps_everything_else_to_other() {
         let names = ModelNames::new(&["llama".into()], 16);
-        assert_eq!(names.normalise(Some("llama")).0, "llama");
-        assert_eq!(names.normalise(Some("gpt-x")).0, OTHER_MODEL);
-        assert_eq!(names.normalise(None).0, UNKNOWN_MODEL);
+        assert_eq!(names.label(Some("llama")).0, "llama");
+        assert_eq!(names.label(Some("gpt-x")), (OTHER_MODEL.to_string(), None));
+        assert_eq!(names.learn("gpt-x").0, OTHER_MODEL, "the allow-list is never extended");
+        assert_eq!(names.label(None).0, UNKNOWN_MODEL);
         assert_eq!(names.known(), ["llama"]);
     }
 
     #[test]
     fn requests_without_a_model_get_the_only_served_one() {
         let names = ModelNames::new(&[], 4);
-        assert_eq!(names.normalise(None).0, UNKNOWN_MODEL);
+        assert_eq!(names.label(None).0, UNKNOWN_MODEL);
         names.set_served(&["tgi-model".into()]);
-        assert_eq!(names.normalise(None).0, "tgi-model");
+        assert_eq!(names.label(None).0, "tgi-model");
         names.set_served(&["a".into(), "b".into()]);
-        assert_eq!(names.normalise(None).0, UNKNOWN_MODEL, "ambiguous with two");
+        assert_eq!(names.label(None).0, UNKNOWN_MODEL, "ambiguous with two");
     }
 
     #[test]
     fn learning_stops_at_max_models() {
         let names = ModelNames::new(&[], 2);
-        assert_eq!(names.normalise(Some("a")), ("a".to_string(), true));
-        assert_eq!(names.normalise(Some("b")), ("b".to_string(), true));
-        assert_eq!(names.normalise(Some("c")), (OTHER_MODEL.to_string(), false));
-        assert_eq!(names.normalise(Some("a")), ("a".to_string(), false));
+        assert_eq!(
+            names.label(Some("a")),
+            (OTHER_MODEL.to_string(), Some("a".to_string())),
+            "not learned by asking"
+        );
+        assert_eq!(names.learn("a"), ("a".to_string(), true));
+        assert_eq!(names.learn("b"), ("b".to_string(), true));
+        assert_eq!(names.learn("c"), (OTHER_MODEL.to_string(), false));
+        assert_eq!(names.learn("a"), ("a".to_string(), false));
+        assert_eq!(names.label(Some("a")), ("a".to_string(), None));
     }
 
     #[test]
     fn implausible_names_are_other_and_not_learned() {
         let names = ModelNames::new(&[], 1);
         for bad in ["", "has space", &"x".repeat(200), "unknown"] {
-            assert_eq!(names.normalise(Some(bad)).0, OTHER_MODEL, "{bad}");
+            assert_eq!(names.label(Some(bad)), (OTHER_MODEL.to_string(), None), "{bad}");
         }
-        assert_eq!(names.normalise(Some("ok")).0, "ok");
+        assert_eq!(names.label(Some("ok")).1.as_deref(), Some("ok"));
     }
 }

@@ -80,6 +80,8 @@ impl std::fmt::Debug for Metrics {
 pub struct RequestHandles {
     /// The request's normalised model.
     pub model: String,
+    /// A model name the request named that is not known yet: learned on a successful answer.
+    pub candidate: Option<String>,
     /// The request's operation.
     pub operation: Operation,
     /// Inter-chunk latency histogram for this request's labels.
@@ -170,7 +172,7 @@ impl Metrics {
     pub fn learn_models(&self, ids: &[String]) {
         self.models.set_served(ids);
         for id in ids {
-            let (model, first_seen) = self.models.normalise(Some(id));
+            let (model, first_seen) = self.models.learn(id);
             if first_seen {
                 self.create_series(&model);
             }
@@ -311,30 +313,53 @@ impl Metrics {
         }
     }
 
-    /// Starts measuring a request: normalises its model and counts it in flight.
+    /// Starts measuring a request: labels its model (a name not known yet is `other` until
+    /// the engine answers it successfully) and counts it in flight.
     pub fn start_request(&self, raw_model: Option<&str>, operation: Operation) -> RequestHandles {
-        let (model, first_seen) = self.models.normalise(raw_model);
+        let (model, candidate) = self.models.label(raw_model);
+        let (in_flight, inter_chunk) = self.request_series(&model, operation);
+        RequestHandles {
+            model,
+            candidate,
+            operation,
+            inter_chunk,
+            _in_flight: in_flight,
+        }
+    }
+
+    /// The engine answered the request successfully: a model name it named that was not known
+    /// yet is learned (within `max_models`), and the request is labelled with it from now on.
+    pub fn confirm_model(&self, handles: &mut RequestHandles) {
+        let Some(candidate) = handles.candidate.take() else {
+            return;
+        };
+        let (model, first_seen) = self.models.learn(&candidate);
         if first_seen {
             self.create_series(&model);
         }
+        if model != handles.model {
+            let (in_flight, inter_chunk) = self.request_series(&model, handles.operation);
+            handles.model = model;
+            handles.inter_chunk = inter_chunk;
+            handles._in_flight = in_flight;
+        }
+    }
+
+    /// The in-flight count and inter-chunk histogram of a request labelled `model`.
+    fn request_series(&self, model: &str, operation: Operation) -> (InFlight, Histogram) {
         let gauge = self
             .in_flight
             .get_or_create(&InFlightLabels {
-                model: model.clone(),
+                model: model.to_string(),
                 operation,
             })
             .clone();
         gauge.inc();
         let inter_chunk = self
             .inter_chunk
-            .get_or_create(&self.request_labels(&model, operation))
+            .get_or_create(&self.request_labels(model, operation))
             .clone();
-        RequestHandles {
-            model,
-            operation,
-            inter_chunk,
-            _in_flight: InFlight(gauge),
-        }
+        (InFlight(gauge), inter_chunk)
     }
 
     /// Counts work refused because a sidecar limit was reached.
@@ -450,7 +475,13 @@ mod tests {
     #[test]
     fn a_record_lands_in_every_family() {
         let m = metrics(&[]);
-        let handles = m.start_request(Some("llama"), Operation::Chat);
+        let mut handles = m.start_request(Some("llama"), Operation::Chat);
+        assert_eq!(handles.model, "other", "not learned from the request alone");
+        m.confirm_model(&mut handles);
+        assert_eq!(handles.model, "llama", "learned from the engine's successful answer");
+        assert!(m
+            .encode()
+            .contains("llmslo_requests_in_flight{model=\"other\",operation=\"chat\"} 0"));
         assert!(m
             .encode()
             .contains("llmslo_requests_in_flight{model=\"llama\",operation=\"chat\"} 1"));

@@ -154,6 +154,9 @@ impl RequestTracker {
 
     /// Chooses how to read the body from the response head.
     pub fn on_response_head(&mut self, status: StatusCode, headers: &HeaderMap) {
+        if status.is_success() {
+            self.metrics.confirm_model(&mut self.handles);
+        }
         self.response = if let Some(outcome) = Outcome::from_status(status.as_u16()) {
             ResponseKind::Decided(outcome)
         } else {

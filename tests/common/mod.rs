@@ -54,6 +54,18 @@ pub async fn identified(sidecar: &Sidecar) -> &'static str {
     panic!("the engine was never identified");
 }
 
+/// Waits until the sidecar has learned `model` from the engine's model list (its series exist).
+pub async fn model_learned(sidecar: &Sidecar, model: &str) {
+    let series = format!("model=\"{model}\"");
+    for _ in 0..100 {
+        if sidecar.metrics.encode().contains(&series) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("`{model}` was never learned from the engine's model list");
+}
+
 /// A fixed-delay engine: `ttft`, `tpot` in milliseconds.
 pub fn timed_engine(ttft_ms: u64, tpot_ms: u64) -> SimOptions {
     SimOptions {
