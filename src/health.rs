@@ -4,13 +4,14 @@
 use crate::metrics::Metrics;
 use crate::provider;
 use crate::proxy::client::UpstreamClient;
+use crate::proxy::error::innermost_cause;
 use http::StatusCode;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 /// When the engine last answered its health path with a success status.
 #[derive(Debug)]
@@ -62,7 +63,7 @@ pub const FALLBACK_HEALTH_PATH: &str = "/v1/models";
 /// Every `interval` until `shutdown`: learns what the engine serves (until it answers) and
 /// probes its health path, or `/v1/models` once the health path answered 404.
 pub async fn probe_upstream(client: UpstreamClient, probe: Probe, shutdown: CancellationToken) {
-    let mut was_ready = false;
+    let mut was_ready: Option<bool> = None;
     let mut identified = false;
     let mut path = probe.path.as_str();
     loop {
@@ -81,16 +82,29 @@ pub async fn probe_upstream(client: UpstreamClient, probe: Probe, shutdown: Canc
             path = FALLBACK_HEALTH_PATH;
             answer = tokio::time::timeout(probe.interval, client.get(path)).await;
         }
-        let ok = matches!(answer, Ok(Ok((status, _))) if status.is_success());
+        let failure = match answer {
+            Ok(Ok((status, _))) if status.is_success() => None,
+            Ok(Ok((status, _))) => Some(format!("{path} answered {status}")),
+            Ok(Err(error)) => Some(format!("{path}: {}", innermost_cause(&error))),
+            Err(_) => Some(format!(
+                "{path} did not answer within {}",
+                humantime::format_duration(probe.interval)
+            )),
+        };
+        let ok = failure.is_none();
         if ok {
             probe.readiness.mark_ok(Instant::now());
-        } else {
-            debug!(path, "upstream health probe failed");
         }
-        if ok != was_ready {
-            info!(ready = ok, "upstream readiness changed");
-            was_ready = ok;
+        // Logged once when readiness is lost (or never came), once when it comes back.
+        match (&failure, was_ready) {
+            (None, Some(true)) => {}
+            (None, _) => info!(path, "upstream is ready"),
+            (Some(reason), None | Some(true)) => {
+                warn!(%reason, "upstream is not ready: /readyz answers 503 until it is")
+            }
+            (Some(reason), Some(false)) => debug!(%reason, "upstream still not ready"),
         }
+        was_ready = Some(ok);
         tokio::select! {
             _ = shutdown.cancelled() => return,
             _ = tokio::time::sleep(probe.interval) => {}

@@ -38,8 +38,8 @@ pub struct Sidecar {
 impl Sidecar {
     /// Binds both ports and starts serving.
     pub async fn start(config: &Config) -> std::io::Result<Self> {
-        let proxy_listener = TcpListener::bind(config.listen).await?;
-        let metrics_listener = TcpListener::bind(config.metrics_listen).await?;
+        let proxy_listener = bind(config.listen, "the proxy", "--listen").await?;
+        let metrics_listener = bind(config.metrics_listen, "/metrics", "--metrics-listen").await?;
         let proxy_addr = proxy_listener.local_addr()?;
         let metrics_addr = metrics_listener.local_addr()?;
 
@@ -153,6 +153,16 @@ impl Sidecar {
         while self.tasks.join_next().await.is_some() {}
         info!("llmslo sidecar stopped");
     }
+}
+
+/// Binds `addr`; the error says which address it was for and the flag that changes it.
+async fn bind(addr: SocketAddr, what: &str, flag: &str) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot listen on {addr} for {what} ({e}); choose another address with {flag}"),
+        )
+    })
 }
 
 /// How often the config file is checked for changes (a ConfigMap update, an edit).

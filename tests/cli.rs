@@ -277,3 +277,75 @@ fn an_slo_objective_written_as_a_ratio_is_refused_with_its_file_and_line() {
     );
     std::fs::remove_file(path).unwrap();
 }
+
+#[test]
+fn a_busy_port_names_its_address_and_the_flag_that_changes_it() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let cases: [(&[&str], &str); 3] = [
+        (
+            &[
+                "run",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--listen",
+                &addr,
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ],
+            "--listen",
+        ),
+        (
+            &[
+                "run",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                &addr,
+            ],
+            "--metrics-listen",
+        ),
+        (&["demo", "--listen", &addr, "--duration", "1s"], "--listen"),
+    ];
+    for (args, flag) in cases {
+        let (code, stderr) = run_and_fail(llmslo().args(args));
+        assert_ne!(code, 0, "{args:?}");
+        assert!(
+            stderr.contains(&format!("cannot listen on {addr}")),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            stderr.contains(&format!("choose another address with {flag}")),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+#[test]
+fn an_unreachable_upstream_is_logged_once_with_the_reason() {
+    let mut child = llmslo()
+        .args(["run", "--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"])
+        .args(["--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut log = String::new();
+        BufReader::new(stderr).read_to_string(&mut log).unwrap();
+        log
+    });
+    std::thread::sleep(std::time::Duration::from_secs(12)); // three probes, 5 s apart
+    terminate(&mut child);
+    let log = reader.join().unwrap();
+    let lost: Vec<&str> = log.lines().filter(|l| l.contains("upstream is not ready")).collect();
+    assert_eq!(lost.len(), 1, "once, not every probe:\n{log}");
+    assert!(
+        lost[0].contains("Connection refused") && lost[0].contains("WARN"),
+        "{}",
+        lost[0]
+    );
+}

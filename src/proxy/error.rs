@@ -96,3 +96,12 @@ impl ProxyError {
             .expect("static response parts are valid")
     }
 }
+
+/// The innermost cause of an error: "Connection refused" rather than "client error (Connect)".
+pub fn innermost_cause(error: &dyn std::error::Error) -> String {
+    let mut cause = error;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    cause.to_string()
+}

@@ -204,7 +204,7 @@ impl Proxy {
         };
         let error = ProxyError::Unavailable {
             upstream: self.settings.upstream.clone(),
-            reason: reason(error),
+            reason: error::innermost_cause(error),
         };
         self.fail(tracker, outcome, error)
     }
@@ -305,13 +305,4 @@ impl Proxy {
 /// The request's declared Content-Length, when it has a valid one.
 fn content_length(headers: &http::HeaderMap) -> Option<u64> {
     headers.get(header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
-}
-
-/// The innermost cause of a client error: "Connection refused" rather than "client error (Connect)".
-fn reason(error: &dyn std::error::Error) -> String {
-    let mut cause = error;
-    while let Some(source) = cause.source() {
-        cause = source;
-    }
-    cause.to_string()
 }
