@@ -53,7 +53,7 @@ enum Command {
     Inject(InjectArgs),
     /// Serve the MutatingAdmissionWebhook that injects the sidecar into labelled Pods.
     Webhook(WebhookArgs),
-    /// Measure the proxy's overhead against no proxy and nginx, side by side (DESIGN §8).
+    /// Measure the proxy's overhead against no proxy and nginx, side by side.
     Bench(BenchArgs),
     /// Stream through a sidecar for a long time, sampling its memory, file descriptors and scrape latency.
     Soak(SoakArgs),
@@ -65,17 +65,17 @@ struct SoakArgs {
     #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     streams: u64,
     /// How long they stream.
-    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10m", value_parser = duration)]
     duration: Duration,
     /// Time between samples.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = duration)]
     sample_every: Duration,
     /// Warm-up left out of the memory flatness check.
-    #[arg(long, default_value = "1m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1m", value_parser = duration)]
     settle: Duration,
     /// How long the file descriptors may take to come back once the load stops (idle pooled
     /// engine connections close after 90 s).
-    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "2m", value_parser = duration)]
     fd_wait: Duration,
     #[command(flatten)]
     engine: bench::EngineTiming,
@@ -88,10 +88,10 @@ struct BenchArgs {
           value_parser = clap::value_parser!(u64).range(1..=10_000))]
     streams: Vec<u64>,
     /// How long each target streams at each concurrency, after the warm-up.
-    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = duration)]
     duration: Duration,
     /// Unrecorded streaming before each measurement, to open connections.
-    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = duration)]
     warmup: Duration,
     #[command(flatten)]
     engine: bench::EngineTiming,
@@ -164,7 +164,7 @@ struct RunArgs {
 /// The settings `run` takes from flags and the environment.
 #[derive(Debug, Args)]
 struct Endpoints {
-    /// The engine's base URL, e.g. http://127.0.0.1:8000.
+    /// The engine's base URL, e.g. http://127.0.0.1:8000 (required: here, in LLMSLO_UPSTREAM or as `upstream:` in --config).
     #[arg(long, env = "LLMSLO_UPSTREAM")]
     upstream: Option<String>,
     /// Address the proxy listens on [default: 0.0.0.0:8080].
@@ -242,12 +242,23 @@ struct DemoArgs {
     /// Concurrent streaming clients.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     concurrency: u64,
-    /// Seconds between table prints.
-    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    /// Time between table prints: `5s`, `500ms`, or a number of seconds.
+    #[arg(long, default_value = "5s", value_parser = duration)]
     interval: Duration,
     /// Stop after this long (default: run until Ctrl-C).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, value_parser = duration)]
     duration: Option<Duration>,
+}
+
+/// A duration flag: `1m30s`, `250ms`, or a bare number of seconds (`2`, `0.5`).
+pub fn duration(text: &str) -> Result<Duration, String> {
+    match text.parse::<f64>() {
+        Ok(seconds) if seconds.is_finite() && seconds >= 0.0 => Ok(Duration::from_secs_f64(seconds)),
+        Ok(_) => Err(format!("`{text}` is not a duration")),
+        Err(_) => {
+            humantime::parse_duration(text).map_err(|e| format!("`{text}` is not a duration like 5s or 250ms: {e}"))
+        }
+    }
 }
 
 fn probability(text: &str) -> Result<f64, String> {
@@ -546,6 +557,37 @@ fn find_nginx() -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn durations_take_units_or_bare_seconds() {
+        assert_eq!(duration("2"), Ok(Duration::from_secs(2)));
+        assert_eq!(duration("0.5"), Ok(Duration::from_millis(500)));
+        assert_eq!(duration("1m30s"), Ok(Duration::from_secs(90)));
+        assert!(duration("-1").is_err());
+        assert!(duration("soon").unwrap_err().contains("like 5s"));
+    }
+
+    #[test]
+    fn help_text_is_for_users() {
+        use clap::CommandFactory;
+        let mut command = Cli::command();
+        for sub in [
+            "run",
+            "demo",
+            "bench",
+            "soak",
+            "simulate",
+            "rules",
+            "check-config",
+            "inject",
+            "webhook",
+        ] {
+            let help = command.find_subcommand_mut(sub).unwrap().render_long_help().to_string();
+            assert!(!help.contains("crate::") && !help.contains("DESIGN"), "{sub}: {help}");
+        }
+        let top = command.render_long_help().to_string();
+        assert!(!top.contains("DESIGN"), "{top}");
+    }
 
     #[test]
     fn colour_only_on_a_terminal_without_no_color() {

@@ -99,7 +99,7 @@ pub enum LogFormat {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum EngineSetting {
-    /// Learn it from the upstream (see [`crate::provider`]).
+    /// Learn it from the upstream's answers (/v1/models, /info, response headers).
     Auto,
     /// vLLM.
     Vllm,

@@ -2,6 +2,7 @@
 
 pub mod buckets;
 pub mod labels;
+mod order;
 pub mod server;
 
 use crate::config::Engine;
@@ -410,11 +411,11 @@ impl Metrics {
         self.slo.record(record);
     }
 
-    /// The whole registry in the OpenMetrics text format.
+    /// The whole registry in the OpenMetrics text format, each family's series in label order.
     pub fn encode(&self) -> String {
         let mut out = String::with_capacity(16 * 1024);
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
-        out
+        order::sorted(&out)
     }
 
     fn request_labels(&self, model: &str, operation: Operation) -> RequestLabels {
