@@ -50,6 +50,7 @@ fn nginx() -> Option<String> {
 }
 
 #[test]
+#[ignore = "needs nginx (apt-get install nginx-light); run with cargo test -- --include-ignored"]
 fn every_target_gets_a_complete_row_at_every_concurrency() {
     let Some(nginx) = nginx() else { return };
     let (code, out, err) = bench(&["--nginx", &nginx]);

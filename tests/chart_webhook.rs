@@ -44,6 +44,7 @@ impl Drop for Killed {
 }
 
 #[tokio::test]
+#[ignore = "needs helm (.ci/k8s/validate.sh installs it); run with cargo test -- --include-ignored"]
 async fn the_rendered_injector_answers_the_api_server_over_the_rendered_certificate() {
     let Some(helm) = required_tool("helm", &["target/ci/tools/helm"], ".ci/k8s/validate.sh installs it") else {
         return;

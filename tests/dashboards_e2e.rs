@@ -100,6 +100,7 @@ fn metric_names(expr: &str) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs prometheus (apt-get install prometheus); run with cargo test -- --include-ignored"]
 async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
     let (panels, variables) = dashboard_queries();
     let Some(binary) = prometheus::binary() else {

@@ -163,6 +163,7 @@ fn bad_certificate_files_exit_64_naming_the_flag() {
 /// Real AdmissionReviews (as the API server sends them, defaults filled in) in, the JSONPatch out,
 /// applied, and the patched Pod validated against the Kubernetes 1.29 and 1.33 schemas.
 #[test]
+#[ignore = "needs kubernetes-validate (.ci/k8s/validate.sh installs it); run with cargo test -- --include-ignored"]
 fn patched_pods_from_admission_fixtures_are_valid_kubernetes() {
     let Some(validator) = required_tool(
         "kubernetes-validate",

@@ -397,8 +397,10 @@ pub fn llmslo_output(args: &[&str]) -> (i32, String, String) {
 }
 
 /// An external tool an end-to-end test needs: the first of `candidates` (relative to the crate
-/// root) that exists, else `name` on PATH. Missing, the test is skipped, except under CI
-/// (`CI` set), which installs every tool (`install` says how) and must never skip.
+/// root) that exists, else `name` on PATH. Such tests are `#[ignore]`d with the tool named, so
+/// a plain `cargo test` says how many it left out; `-- --include-ignored` runs them, and a
+/// missing tool then skips the test, except under CI (`CI` set), which installs every tool
+/// (`install` says how) and must never skip.
 pub fn required_tool(name: &str, candidates: &[&str], install: &str) -> Option<std::path::PathBuf> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let path = std::env::var_os("PATH").unwrap_or_default();
