@@ -5,6 +5,7 @@ use crate::config::{Config, EngineSetting, LogFormat, Overrides};
 use crate::demo::{self, DemoOptions};
 use crate::inject::{self, InjectOptions, SidecarMode};
 use crate::sidecar::{termination_signal, Sidecar};
+use crate::simulate::batching::BatchingOptions;
 use crate::simulate::delay::Delay;
 use crate::simulate::shape::Flavor;
 use crate::simulate::{SimEngine, SimOptions};
@@ -229,6 +230,25 @@ struct SimulateArgs {
     /// Seed for token text, timings and faults.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Continuous batching: one loop of decode steps shared by every request, so latency
+    /// depends on load (--ttft and --tpot are then unused).
+    #[arg(long)]
+    batching: bool,
+    /// Batching: fixed cost of a decode step.
+    #[arg(long, default_value = "12ms", value_parser = duration, requires = "batching")]
+    step_base: Duration,
+    /// Batching: added to a step per running sequence.
+    #[arg(long, default_value = "100us", value_parser = duration, requires = "batching")]
+    step_per_seq: Duration,
+    /// Batching: added to a step per prompt token admitted in it (prefill).
+    #[arg(long, default_value = "30us", value_parser = duration, requires = "batching")]
+    prefill_per_token: Duration,
+    /// Batching: sequences that run at once; the rest wait in order.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..=100_000), requires = "batching")]
+    max_batch: u64,
+    /// Batching: KV-cache budget in tokens (prompt plus output of the running sequences).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..), requires = "batching")]
+    kv_tokens: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -412,6 +432,13 @@ impl Cli {
                     midstream_error_rate: args.midstream_error_rate,
                     abort_rate: args.abort_rate,
                     seed: args.seed,
+                    batching: args.batching.then_some(BatchingOptions {
+                        step_base: args.step_base,
+                        step_per_seq: args.step_per_seq,
+                        prefill_per_token: args.prefill_per_token,
+                        max_batch: args.max_batch as usize,
+                        kv_tokens: args.kv_tokens,
+                    }),
                 });
                 tracing::info!(listen = %args.listen, "simulated engine serving");
                 let shutdown = CancellationToken::new();

@@ -122,3 +122,65 @@ async fn models_health_and_errors() {
     let (status, _) = post_collect(engine, "/v1/chat/completions", "not json".into()).await;
     assert_eq!(status, 400);
 }
+
+/// The stamps of the token-carrying events of one streamed request, as a client sees them.
+async fn token_stamps(engine: std::net::SocketAddr, tokens: u32) -> Vec<tokio::time::Instant> {
+    let response = post(engine, "/v1/chat/completions", chat_body(tokens, true, false)).await;
+    let mut body = response.into_body();
+    let mut stamps = Vec::new();
+    while let Some(frame) = body.frame().await {
+        let frame = frame.unwrap();
+        let Some(data) = frame.data_ref() else { continue };
+        let text = String::from_utf8_lossy(data);
+        for event in text.split("\n\n").filter(|e| e.contains("\"content\":\" ")) {
+            let _ = event;
+            stamps.push(tokio::time::Instant::now());
+        }
+    }
+    stamps
+}
+
+#[tokio::test(start_paused = true)]
+async fn batching_tpot_is_the_step_model_at_every_concurrency() {
+    use llmslo::simulate::batching::BatchingOptions;
+    use std::time::Duration;
+    let batching = BatchingOptions {
+        step_base: Duration::from_millis(10),
+        step_per_seq: Duration::from_micros(500),
+        prefill_per_token: Duration::ZERO,
+        max_batch: 64,
+        kv_tokens: None,
+    };
+    for clients in [1u32, 8, 64] {
+        let (engine, stop) = start_engine(SimOptions {
+            batching: Some(batching),
+            ..SimOptions::default()
+        })
+        .await;
+        let expected = 10.0 + 0.5 * f64::from(clients);
+        let tasks: Vec<_> = (0..clients)
+            .map(|_| {
+                tokio::spawn(async move {
+                    let mut tpots = Vec::new();
+                    for _ in 0..3 {
+                        let stamps = token_stamps(engine, 32).await;
+                        assert_eq!(stamps.len(), 32);
+                        let span = (stamps[31] - stamps[0]).as_secs_f64() * 1e3;
+                        tpots.push(span / 31.0);
+                    }
+                    tpots
+                })
+            })
+            .collect();
+        for task in tasks {
+            for tpot in task.await.unwrap() {
+                let off = (tpot - expected).abs() / expected;
+                assert!(
+                    off <= 0.02,
+                    "{clients} clients: TPOT {tpot:.3} ms against {expected} ms"
+                );
+            }
+        }
+        stop.cancel();
+    }
+}

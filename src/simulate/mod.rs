@@ -3,10 +3,12 @@
 //! per chunk, `n > 1`, reasoning deltas and injected faults. It is what the tests run
 //! against and what `llmslo demo` serves.
 
+pub mod batching;
 pub mod delay;
 pub mod shape;
 
 use crate::observe::record::Operation;
+use batching::{Batcher, BatchingOptions};
 use bytes::Bytes;
 use delay::Delay;
 use http::{header, Method, Request, Response, StatusCode};
@@ -19,7 +21,7 @@ use shape::{error_body, Flavor, Shape};
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
@@ -73,6 +75,9 @@ pub struct SimOptions {
     pub abort_rate: f64,
     /// Seed for token text, timing draws and fault decisions.
     pub seed: u64,
+    /// Continuous batching instead of the fixed delays: every request shares one loop of
+    /// decode steps, so latency depends on load (`ttft` and `tpot` are then unused).
+    pub batching: Option<BatchingOptions>,
 }
 
 impl Default for SimOptions {
@@ -89,6 +94,7 @@ impl Default for SimOptions {
             midstream_error_rate: 0.0,
             abort_rate: 0.0,
             seed: 0,
+            batching: None,
         }
     }
 }
@@ -98,6 +104,8 @@ impl Default for SimOptions {
 pub struct SimEngine {
     options: SimOptions,
     requests: AtomicU64,
+    /// The engine loop, in batching mode, started with the server.
+    batcher: OnceLock<Batcher>,
 }
 
 /// The fields of a generation request the simulator honours.
@@ -151,11 +159,16 @@ impl SimEngine {
         Arc::new(Self {
             options,
             requests: AtomicU64::new(0),
+            batcher: OnceLock::new(),
         })
     }
 
     /// Serves on `listener` until `shutdown`.
     pub async fn serve(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
+        if let Some(batching) = self.options.batching {
+            let batcher = Batcher::start(batching, self.options.tokens_per_chunk, shutdown.clone());
+            let _ = self.batcher.set(batcher);
+        }
         crate::serve::serve(
             listener,
             move |request, _peer| self.clone().handle(request),
@@ -299,26 +312,26 @@ impl SimEngine {
         }
     }
 
-    /// Streams the response: opening chunks at once, first content after TTFT, then one
-    /// chunk per choice of `tokens_per_chunk` tokens every `tokens_per_chunk` × TPOT.
+    /// Streams the response: opening chunks at once, then one chunk per choice each time the
+    /// pacer says tokens are ready (fixed delays, or the batching loop's steps).
     fn stream(&self, shape: Shape, plan: Plan, mut rng: SmallRng) -> Response<SimBody> {
         let (tx, rx) = mpsc::channel(16);
         let options = self.options.clone();
+        let mut pacer = self.pacer(&plan, &mut rng);
         tokio::spawn(async move {
-            let start = Instant::now();
             let send = |event: String| tx.send(Ok(Frame::data(Bytes::from(event))));
             for event in shape.opening(plan.choices) {
                 if send(event).await.is_err() {
                     return;
                 }
             }
-            let per_chunk = options.tokens_per_chunk.max(1);
             let fault_at = plan.max_tokens / 2;
-            let mut due = start + options.ttft.sample(&mut rng);
             let mut texts = vec![String::new(); plan.choices as usize];
             let mut sent = 0;
             while sent < plan.max_tokens {
-                sleep_until(due).await;
+                let Some(n) = pacer.next(plan.max_tokens - sent, &mut rng).await else {
+                    return; // the engine loop stopped
+                };
                 if plan.fault != Fault::None && sent >= fault_at.max(1) {
                     if plan.fault == Fault::MidstreamError {
                         let _ = send(shape.error()).await;
@@ -330,7 +343,6 @@ impl SimEngine {
                     }
                     return;
                 }
-                let n = per_chunk.min(plan.max_tokens - sent);
                 let reasoning = shape.operation == Operation::Chat && sent < options.reasoning_tokens;
                 sent += n;
                 for (choice, all) in texts.iter_mut().enumerate() {
@@ -343,9 +355,6 @@ impl SimEngine {
                     {
                         return; // the client went away
                     }
-                }
-                for _ in 0..per_chunk {
-                    due += options.tpot.sample(&mut rng);
                 }
             }
             let completion_tokens = u64::from(plan.max_tokens) * u64::from(plan.choices);
@@ -366,13 +375,29 @@ impl SimEngine {
             .expect("static response parts are valid")
     }
 
-    /// Waits as long as generating all tokens would take, then answers with one JSON body.
-    async fn whole(&self, shape: Shape, plan: Plan, mut rng: SmallRng) -> Response<SimBody> {
-        let mut total = self.options.ttft.sample(&mut rng);
-        for _ in 1..plan.max_tokens {
-            total += self.options.tpot.sample(&mut rng);
+    /// What paces a response's tokens: the batching loop when it runs, else fixed delays
+    /// counted from now.
+    fn pacer(&self, plan: &Plan, rng: &mut SmallRng) -> Pacer {
+        match self.batcher.get() {
+            Some(batcher) => Pacer::Batch(batcher.submit(plan.prompt_tokens, plan.max_tokens, plan.choices)),
+            None => Pacer::Delays {
+                due: Instant::now() + self.options.ttft.sample(rng),
+                tpot: self.options.tpot,
+                per_chunk: self.options.tokens_per_chunk.max(1),
+            },
         }
-        tokio::time::sleep(total).await;
+    }
+
+    /// Waits as long as generating all tokens takes, then answers with one JSON body.
+    async fn whole(&self, shape: Shape, plan: Plan, mut rng: SmallRng) -> Response<SimBody> {
+        let mut pacer = self.pacer(&plan, &mut rng);
+        let mut generated = 0;
+        while generated < plan.max_tokens {
+            match pacer.next(plan.max_tokens - generated, &mut rng).await {
+                Some(n) => generated += n,
+                None => break,
+            }
+        }
         if plan.fault != Fault::None {
             let body = error_body("simulated engine failure", "InternalServerError", 500);
             return json_response(StatusCode::INTERNAL_SERVER_ERROR, body.to_string());
@@ -381,6 +406,30 @@ impl SimEngine {
         let completion_tokens = u64::from(plan.max_tokens) * u64::from(plan.choices);
         let body = shape.whole(&texts, plan.prompt_tokens, completion_tokens);
         json_response(StatusCode::OK, body.to_string())
+    }
+}
+
+/// When a response's next tokens are ready.
+enum Pacer {
+    /// Fixed (or sampled) delays: the first chunk at `due`, then a TPOT per token.
+    Delays { due: Instant, tpot: Delay, per_chunk: u32 },
+    /// The batching loop's steps.
+    Batch(mpsc::UnboundedReceiver<u32>),
+}
+
+impl Pacer {
+    /// Waits for the next chunk; its tokens (at most `remaining`), or `None` when the engine stopped.
+    async fn next(&mut self, remaining: u32, rng: &mut SmallRng) -> Option<u32> {
+        match self {
+            Pacer::Delays { due, tpot, per_chunk } => {
+                sleep_until(*due).await;
+                for _ in 0..*per_chunk {
+                    *due += tpot.sample(rng);
+                }
+                Some((*per_chunk).min(remaining))
+            }
+            Pacer::Batch(ticks) => ticks.recv().await,
+        }
     }
 }
 
@@ -401,23 +450,28 @@ struct Plan {
     fault: Fault,
 }
 
-/// A rough prompt token count: words in the messages or prompt.
+/// A rough prompt token count: the text of the messages or prompt, four characters a token
+/// (at least one).
 fn prompt_tokens(request: &GenerationRequest) -> u64 {
-    fn count_words(value: &serde_json::Value) -> u64 {
+    fn count_chars(value: &serde_json::Value) -> u64 {
         match value {
-            serde_json::Value::String(s) => s.split_whitespace().count() as u64,
-            serde_json::Value::Array(items) => items.iter().map(count_words).sum(),
-            serde_json::Value::Object(map) => map.get("content").map_or(0, count_words),
+            serde_json::Value::String(s) => s.chars().count() as u64,
+            serde_json::Value::Array(items) => items.iter().map(count_chars).sum(),
+            serde_json::Value::Object(map) => ["content", "text"]
+                .iter()
+                .filter_map(|k| map.get(*k))
+                .map(count_chars)
+                .sum(),
             _ => 0,
         }
     }
-    let messages = request.messages.iter().flatten().map(count_words).sum::<u64>();
+    let messages = request.messages.iter().flatten().map(count_chars).sum::<u64>();
     let prompt = request
         .prompt
         .as_ref()
         .or(request.inputs.as_ref())
-        .map_or(0, count_words);
-    (messages + prompt).max(1)
+        .map_or(0, count_chars);
+    ((messages + prompt) / 4).max(1)
 }
 
 fn unix_now() -> u64 {
@@ -467,13 +521,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn prompt_tokens_counts_words_of_messages_and_prompts() {
+    fn prompt_tokens_are_a_quarter_of_the_text() {
         let request: GenerationRequest = serde_json::from_str(
-            r#"{"messages":[{"role":"user","content":"one two three"},{"role":"user","content":[{"type":"text","text":"x"}]}]}"#,
+            r#"{"messages":[{"role":"user","content":"one two three"},{"role":"user","content":[{"type":"text","text":"xyz"}]}]}"#,
         )
         .unwrap();
-        assert_eq!(prompt_tokens(&request), 3);
+        assert_eq!(prompt_tokens(&request), 4, "16 characters");
         let request: GenerationRequest = serde_json::from_str(r#"{"prompt":"a b"}"#).unwrap();
-        assert_eq!(prompt_tokens(&request), 2);
+        assert_eq!(prompt_tokens(&request), 1, "at least one");
     }
 }
