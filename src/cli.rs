@@ -259,9 +259,13 @@ struct DemoArgs {
     /// Address for the sidecar's /metrics.
     #[arg(long, default_value = "127.0.0.1:9464")]
     metrics_listen: SocketAddr,
-    /// Concurrent streaming clients.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+    /// Streaming clients at the peak of the load (the knee of the demo's engine is about 23).
+    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     concurrency: u64,
+    /// One ramp of the load, from an eighth of --concurrency up to all of it and back
+    /// (`0` holds it at --concurrency).
+    #[arg(long, default_value = "2m", value_parser = duration)]
+    ramp: Duration,
     /// Time between table prints: `5s`, `500ms`, or a number of seconds.
     #[arg(long, default_value = "5s", value_parser = duration)]
     interval: Duration,
@@ -526,6 +530,7 @@ impl Cli {
                     listen: args.listen,
                     metrics_listen: args.metrics_listen,
                     concurrency: args.concurrency as usize,
+                    ramp: args.ramp,
                     interval: args.interval,
                     duration: args.duration,
                 };

@@ -1,9 +1,11 @@
-//! `llmslo demo`: a simulated engine, the sidecar in front of it, a small streaming load,
-//! and a live table of what the sidecar measures, read from its own `/metrics` the way
-//! Prometheus's `histogram_quantile` would.
+//! `llmslo demo`: a continuous-batching simulated engine, the sidecar in front of it, a
+//! streaming load that ramps up past the engine's knee and back, and a live view of what the
+//! sidecar measures, read from its own `/metrics`: latency percentiles the way Prometheus's
+//! `histogram_quantile` computes them, and each SLO's attainment, burn rate and budget.
 
 use crate::config::Config;
 use crate::sidecar::{termination_signal, Sidecar};
+use crate::simulate::batching::BatchingOptions;
 use crate::simulate::{SimEngine, SimOptions};
 use bytes::Bytes;
 use http::{header, Request};
@@ -13,7 +15,10 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rand::Rng;
 use std::collections::BTreeMap;
+use std::io::IsTerminal;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -26,8 +31,10 @@ pub struct DemoOptions {
     pub listen: SocketAddr,
     /// Sidecar metrics address.
     pub metrics_listen: SocketAddr,
-    /// Concurrent streaming clients.
+    /// Streaming clients at the peak of the load.
     pub concurrency: usize,
+    /// One ramp of the load up to `concurrency` and back; zero holds it there.
+    pub ramp: Duration,
     /// Time between table prints.
     pub interval: Duration,
     /// Stop after this long; `None` runs until Ctrl-C.
@@ -35,6 +42,16 @@ pub struct DemoOptions {
 }
 
 const MODELS: [&str; 2] = ["llama-sim-8b", "qwen-sim-1.5b"];
+
+/// The demo engine's batching: TPOT is 15 ms + 1.5 ms per running sequence, so the 50 ms TPOT
+/// SLO holds up to about 23 concurrent streams: the knee the ramp goes past.
+const DEMO_BATCHING: BatchingOptions = BatchingOptions {
+    step_base: Duration::from_millis(15),
+    step_per_seq: Duration::from_micros(1500),
+    prefill_per_token: Duration::from_micros(20),
+    max_batch: 128,
+    kv_tokens: None,
+};
 
 type DemoClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -53,10 +70,10 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
     let engine_addr = engine_listener.local_addr()?;
     let engine = SimEngine::new(SimOptions {
         models: MODELS.iter().map(|m| m.to_string()).collect(),
-        ttft: "uniform:60ms..300ms".parse()?,
-        tpot: "normal:25ms,5ms".parse()?,
-        error_rate: 0.01,
-        midstream_error_rate: 0.01,
+        // Rare engine faults: the availability SLO stays healthy, the TPOT SLO tells the story.
+        error_rate: 0.0005,
+        midstream_error_rate: 0.0005,
+        batching: Some(DEMO_BATCHING),
         ..SimOptions::default()
     });
     let engine_task = tokio::spawn(engine.serve(engine_listener, shutdown.clone()));
@@ -80,12 +97,14 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     let client: DemoClient = Client::builder(TokioExecutor::new()).build(connector);
+    let active = Arc::new(AtomicUsize::new(options.concurrency));
     let mut load = JoinSet::new();
     for worker in 0..options.concurrency {
         load.spawn(stream_forever(
             client.clone(),
             sidecar.proxy_addr,
             worker,
+            active.clone(),
             shutdown.clone(),
         ));
     }
@@ -106,12 +125,30 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
         tokens: BTreeMap::new(),
         at: started,
     };
+    // On a terminal the view is redrawn in place; otherwise each one is appended.
+    let redraw = std::io::stdout().is_terminal();
+    let mut ramp = tokio::time::interval(Duration::from_millis(250));
     loop {
         tokio::select! {
             _ = &mut stop => break,
+            _ = ramp.tick() => {
+                active.store(clients_at(started.elapsed(), options.concurrency, options.ramp), Ordering::Relaxed);
+            }
             _ = ticker.tick() => {
                 let text = scrape(&client, sidecar.metrics_addr).await?;
-                print!("{}", render_table(&text, &mut previous));
+                let clients = active.load(Ordering::Relaxed);
+                let view = format!(
+                    "{:.0?} in, {clients} of {} clients streaming\n\n{}{}",
+                    started.elapsed(),
+                    options.concurrency,
+                    render_table(&text, &mut previous),
+                    render_slos(&text),
+                );
+                if redraw {
+                    print!("\x1b[2J\x1b[H{view}");
+                } else {
+                    print!("{view}");
+                }
             }
         }
     }
@@ -129,9 +166,34 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
     Ok(())
 }
 
-/// One client: streams chat completions back to back until `shutdown`.
-async fn stream_forever(client: DemoClient, proxy: SocketAddr, worker: usize, shutdown: CancellationToken) {
+/// Clients streaming `elapsed` into the run: a triangle from an eighth of `peak` up to `peak`
+/// and back down over each `ramp`, or `peak` throughout when `ramp` is zero.
+fn clients_at(elapsed: Duration, peak: usize, ramp: Duration) -> usize {
+    if ramp.is_zero() {
+        return peak;
+    }
+    let low = (peak / 8).max(1);
+    let phase = (elapsed.as_secs_f64() / ramp.as_secs_f64()).fract();
+    let height = 1.0 - (2.0 * phase - 1.0).abs(); // 0 → 1 → 0
+    low + ((peak - low) as f64 * height).round() as usize
+}
+
+/// One client: streams chat completions back to back until `shutdown`, while the ramp has
+/// it among the active ones.
+async fn stream_forever(
+    client: DemoClient,
+    proxy: SocketAddr,
+    worker: usize,
+    active: Arc<AtomicUsize>,
+    shutdown: CancellationToken,
+) {
     while !shutdown.is_cancelled() {
+        if worker >= active.load(Ordering::Relaxed) {
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(200)) => continue,
+                _ = shutdown.cancelled() => return,
+            }
+        }
         let (model, max_tokens) = {
             let mut rng = rand::rng();
             (MODELS[worker % MODELS.len()], rng.random_range(16..=96))
@@ -209,6 +271,54 @@ fn render_table(text: &str, previous: &mut Previous) -> String {
            percentiles are what histogram_quantile computes from the exported buckets)\n\n"
 }
 
+/// Each SLO's state per model: good events over the last 5 minutes, burn rate over 5m and 1h,
+/// error budget left; then goodput.
+fn render_slos(text: &str) -> String {
+    let exposition = Exposition::parse(text);
+    let mut slos: Vec<&str> = exposition
+        .samples
+        .iter()
+        .filter(|(n, _, _)| *n == "llmslo_slo_error_budget_remaining_ratio")
+        .filter_map(|(_, labels, _)| Exposition::label(labels, "slo"))
+        .collect();
+    slos.dedup();
+    let pct = |v: Option<f64>| {
+        v.filter(|v| v.is_finite())
+            .map_or("-".to_string(), |v| format!("{:.1}%", v * 100.0))
+    };
+    let num = |v: Option<f64>| {
+        v.filter(|v| v.is_finite())
+            .map_or("-".to_string(), |v| format!("{v:.2}"))
+    };
+    let mut out = format!(
+        "{:<16} {:<16} {:>9} {:>8} {:>8} {:>12}\n",
+        "SLO", "model", "good 5m", "burn 5m", "burn 1h", "budget left"
+    );
+    for slo in slos {
+        for model in MODELS {
+            let gauge =
+                |name: &str, window: Option<&str>| exposition.gauge(name, &[("slo", slo), ("model", model)], window);
+            out += &format!(
+                "{slo:<16} {model:<16} {:>9} {:>8} {:>8} {:>12}\n",
+                pct(gauge("llmslo_slo_error_ratio", Some("5m")).map(|r| 1.0 - r)),
+                num(gauge("llmslo_slo_burn_rate", Some("5m"))),
+                num(gauge("llmslo_slo_burn_rate", Some("1h"))),
+                pct(gauge("llmslo_slo_error_budget_remaining_ratio", None)),
+            );
+        }
+    }
+    for model in MODELS {
+        let gauge = |name: &str| exposition.gauge(name, &[("model", model)], Some("5m"));
+        out += &format!(
+            "goodput {model:<16} {} requests/s, {} tokens/s, {} of valid requests meet every goodput SLO\n",
+            num(gauge("llmslo_goodput_requests_per_second")),
+            num(gauge("llmslo_goodput_output_tokens_per_second")),
+            pct(gauge("llmslo_slo_attainment_ratio")),
+        );
+    }
+    out + "(\"-\": fewer than min_events requests in the window yet; burn rate 1 spends the budget in exactly its period)\n\n"
+}
+
 /// A minimal reading of the text exposition: sample name, labels, value.
 struct Exposition<'a> {
     samples: Vec<(&'a str, &'a str, f64)>,
@@ -232,6 +342,18 @@ impl<'a> Exposition<'a> {
         let start = labels.find(&format!("{key}=\""))? + key.len() + 2;
         let end = labels[start..].find('"')? + start;
         Some(&labels[start..end])
+    }
+
+    /// The value of the gauge `name` whose labels include `labels` (and `window`, when given).
+    fn gauge(&self, name: &str, labels: &[(&str, &str)], window: Option<&str>) -> Option<f64> {
+        self.samples
+            .iter()
+            .find(|(n, l, _)| {
+                *n == name
+                    && labels.iter().all(|(k, v)| Self::label(l, k) == Some(v))
+                    && window.is_none_or(|w| Self::label(l, "window") == Some(w))
+            })
+            .map(|(_, _, v)| *v)
     }
 
     fn sum(&self, name: &str, model: &str, outcome: Option<&str>) -> f64 {
@@ -285,6 +407,16 @@ impl<'a> Exposition<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_load_ramps_up_to_the_peak_and_back() {
+        let at = |secs: u64| clients_at(Duration::from_secs(secs), 40, Duration::from_secs(120));
+        assert_eq!(at(0), 5, "an eighth of the peak");
+        assert_eq!(at(60), 40, "the peak half-way");
+        assert_eq!(at(30), 23);
+        assert_eq!(at(120), 5, "and back");
+        assert_eq!(clients_at(Duration::from_secs(7), 40, Duration::ZERO), 40, "no ramp");
+    }
 
     #[test]
     fn quantile_interpolates_like_prometheus() {
