@@ -97,7 +97,11 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     let client: DemoClient = Client::builder(TokioExecutor::new()).build(connector);
-    let active = Arc::new(AtomicUsize::new(options.concurrency));
+    let active = Arc::new(AtomicUsize::new(clients_at(
+        Duration::ZERO,
+        options.concurrency,
+        options.ramp,
+    )));
     let mut load = JoinSet::new();
     for worker in 0..options.concurrency {
         load.spawn(stream_forever(
@@ -124,6 +128,7 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
     let mut previous = Previous {
         tokens: BTreeMap::new(),
         at: started,
+        text: String::new(),
     };
     // On a terminal the view is redrawn in place; otherwise each one is appended.
     let redraw = std::io::stdout().is_terminal();
@@ -158,6 +163,7 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
     let mut whole_run = Previous {
         tokens: BTreeMap::new(),
         at: started,
+        text: String::new(),
     };
     println!("whole run ({:.0?}):", started.elapsed());
     print!("{}", render_table(&text, &mut whole_run));
@@ -230,6 +236,8 @@ async fn scrape(client: &DemoClient, metrics: SocketAddr) -> Result<String, Box<
 struct Previous {
     tokens: BTreeMap<String, f64>,
     at: tokio::time::Instant,
+    /// The previous scrape, so percentiles cover only what happened since.
+    text: String,
 }
 
 /// Outcomes that count against the engine (not the client's own doing).
@@ -238,10 +246,12 @@ const ENGINE_ERRORS: [&str; 3] = ["upstream_error", "timeout", "connect_error"];
 /// The table for one scrape.
 fn render_table(text: &str, previous: &mut Previous) -> String {
     let exposition = Exposition::parse(text);
+    let earlier_text = std::mem::replace(&mut previous.text, text.to_string());
+    let earlier = Exposition::parse(&earlier_text);
     let elapsed = std::mem::replace(&mut previous.at, tokio::time::Instant::now()).elapsed();
     let mut out = format!(
-        "{:<16} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10}\n",
-        "model", "requests", "errors", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "tokens/s"
+        "{:<16} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}\n",
+        "model", "requests", "errors", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "tok/s/user", "tokens/s"
     );
     for model in MODELS {
         let requests = exposition.sum("llmslo_requests_total", model, None);
@@ -252,23 +262,21 @@ fn render_table(text: &str, previous: &mut Previous) -> String {
         let tokens = exposition.sum("llmslo_output_tokens_total", model, None);
         let before = previous.tokens.insert(model.to_string(), tokens).unwrap_or(0.0);
         let rate = (tokens - before) / elapsed.as_secs_f64().max(1e-3);
-        let q = |name: &str, quantile: f64| {
-            exposition
-                .quantile(name, model, quantile)
-                .map_or("-".to_string(), |s| format!("{:.1}ms", s * 1e3))
-        };
+        let q = |name: &str, quantile: f64| exposition.quantile_since(&earlier, name, model, quantile);
+        let ms = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.1}ms", s * 1e3));
         let ttft = "gen_ai_server_time_to_first_token_seconds_bucket";
         let tpot = "gen_ai_server_time_per_output_token_seconds_bucket";
+        let per_user = q(tpot, 0.5).map_or("-".to_string(), |s| format!("{:.1}", 1.0 / s));
         out += &format!(
-            "{model:<16} {requests:>8} {errors:>8} {:>9} {:>9} {:>9} {:>9} {rate:>10.1}\n",
-            q(ttft, 0.5),
-            q(ttft, 0.99),
-            q(tpot, 0.5),
-            q(tpot, 0.99),
+            "{model:<16} {requests:>8} {errors:>8} {:>9} {:>9} {:>9} {:>9} {per_user:>10} {rate:>10.1}\n",
+            ms(q(ttft, 0.5)),
+            ms(q(ttft, 0.99)),
+            ms(q(tpot, 0.5)),
+            ms(q(tpot, 0.99)),
         );
     }
-    out + "(requests include client_cancelled; errors are upstream_error, timeout and connect_error;\n \
-           percentiles are what histogram_quantile computes from the exported buckets)\n\n"
+    out + "(requests and errors since the start, the rest since the last view; errors are upstream_error,\n \
+           timeout and connect_error; percentiles as histogram_quantile computes them from the buckets)\n\n"
 }
 
 /// Each SLO's state per model: good events over the last 5 minutes, burn rate over 5m and 1h,
@@ -369,17 +377,21 @@ impl<'a> Exposition<'a> {
     }
 
     /// `histogram_quantile` over every series of `model` in the `_bucket` family `name`.
-    fn quantile(&self, name: &str, model: &str, q: f64) -> Option<f64> {
+    /// `histogram_quantile` over every series of `model` in the `_bucket` family `name`,
+    /// counting only what the buckets gained since `earlier` (an earlier scrape, or nothing).
+    fn quantile_since(&self, earlier: &Exposition, name: &str, model: &str, q: f64) -> Option<f64> {
         let mut buckets: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
-        for (n, labels, value) in &self.samples {
-            if *n != name || Self::label(labels, "model") != Some(model) {
-                continue;
+        for (exposition, sign) in [(self, 1.0), (earlier, -1.0)] {
+            for (n, labels, value) in &exposition.samples {
+                if *n != name || Self::label(labels, "model") != Some(model) {
+                    continue;
+                }
+                let le = match Self::label(labels, "le")? {
+                    "+Inf" => f64::INFINITY,
+                    edge => edge.parse().ok()?,
+                };
+                buckets.entry(le.to_bits()).or_insert((le, 0.0)).1 += sign * value;
             }
-            let le = match Self::label(labels, "le")? {
-                "+Inf" => f64::INFINITY,
-                edge => edge.parse().ok()?,
-            };
-            buckets.entry(le.to_bits()).or_insert((le, 0.0)).1 += value;
         }
         let mut buckets: Vec<(f64, f64)> = buckets.into_values().collect();
         buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
@@ -422,9 +434,13 @@ mod tests {
     fn quantile_interpolates_like_prometheus() {
         let text = "h_bucket{le=\"0.1\",model=\"m\"} 50\nh_bucket{le=\"0.2\",model=\"m\"} 100\nh_bucket{le=\"+Inf\",model=\"m\"} 100\n";
         let e = Exposition::parse(text);
-        assert!((e.quantile("h_bucket", "m", 0.5).unwrap() - 0.1).abs() < 1e-9);
-        assert!((e.quantile("h_bucket", "m", 0.75).unwrap() - 0.15).abs() < 1e-9);
-        assert_eq!(e.quantile("h_bucket", "other", 0.5), None);
+        let nothing = Exposition { samples: Vec::new() };
+        assert!((e.quantile_since(&nothing, "h_bucket", "m", 0.5).unwrap() - 0.1).abs() < 1e-9);
+        assert!((e.quantile_since(&nothing, "h_bucket", "m", 0.75).unwrap() - 0.15).abs() < 1e-9);
+        assert_eq!(e.quantile_since(&nothing, "h_bucket", "other", 0.5), None);
+        // Since an earlier scrape that held the first 50 (all under 0.1): the rest are in (0.1, 0.2].
+        let earlier = Exposition::parse("h_bucket{le=\"0.1\",model=\"m\"} 50\nh_bucket{le=\"0.2\",model=\"m\"} 50\nh_bucket{le=\"+Inf\",model=\"m\"} 50\n");
+        assert!((e.quantile_since(&earlier, "h_bucket", "m", 0.5).unwrap() - 0.15).abs() < 1e-9);
     }
 
     #[test]

@@ -157,7 +157,17 @@ fn flags_beat_env_beat_file_and_sigterm_exits_0() {
 #[test]
 fn demo_runs_and_prints_a_table() {
     let output = llmslo()
-        .args(["demo", "--duration", "4s", "--interval", "2", "--concurrency", "4", "--ramp", "4s"])
+        .args([
+            "demo",
+            "--duration",
+            "4s",
+            "--interval",
+            "2",
+            "--concurrency",
+            "4",
+            "--ramp",
+            "4s",
+        ])
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
         .output()
         .unwrap();
@@ -174,12 +184,18 @@ fn demo_runs_and_prints_a_table() {
     assert!(last_row.contains("ms"), "percentiles shown: {last_row}");
     // The SLO view: every SLO for every model, goodput, and the ramp's client count.
     for slo in ["ttft-500ms", "tpot-50ms", "availability"] {
-        assert!(stdout.lines().any(|l| l.starts_with(slo) && l.contains("llama-sim-8b")), "{slo}: {stdout}");
+        assert!(
+            stdout.lines().any(|l| l.starts_with(slo) && l.contains("llama-sim-8b")),
+            "{slo}: {stdout}"
+        );
     }
     assert!(stdout.contains("burn 5m") && stdout.contains("budget left"), "{stdout}");
     assert!(stdout.contains("goodput llama-sim-8b"), "{stdout}");
     assert!(stdout.contains("of 4 clients streaming"), "{stdout}");
-    assert!(!stdout.contains('\x1b'), "no redraw codes when stdout is not a terminal");
+    assert!(
+        !stdout.contains('\x1b'),
+        "no redraw codes when stdout is not a terminal"
+    );
 }
 
 #[test]
