@@ -127,10 +127,7 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
             refuse_over_capacity(stream, peer, &limits);
             continue;
         };
-        let open = limits
-            .metrics
-            .as_ref()
-            .map(|m| OpenConnection::new(m.open_connections().clone()));
+        let open = limits.metrics.as_ref().map(|m| m.connection_opened());
         let (handler, wrap, builder, watcher) = (handler.clone(), wrap.clone(), builder.clone(), graceful.watcher());
         tokio::spawn(async move {
             let _held = (slot, open);
@@ -192,20 +189,4 @@ fn refuse_over_capacity(mut stream: TcpStream, peer: SocketAddr, limits: &Connec
         })
         .await;
     });
-}
-
-/// Counts one open connection in a gauge for as long as it lives.
-struct OpenConnection(prometheus_client::metrics::gauge::Gauge);
-
-impl OpenConnection {
-    fn new(gauge: prometheus_client::metrics::gauge::Gauge) -> Self {
-        gauge.inc();
-        Self(gauge)
-    }
-}
-
-impl Drop for OpenConnection {
-    fn drop(&mut self) {
-        self.0.dec();
-    }
 }

@@ -87,14 +87,22 @@ pub struct RequestHandles {
     pub operation: Operation,
     /// Inter-chunk latency histogram for this request's labels.
     pub inter_chunk: Histogram,
-    _in_flight: InFlight,
+    _in_flight: GaugeGuard,
 }
 
-/// Counts a request in `llmslo_requests_in_flight` for as long as it lives.
+/// Counts one in a gauge for as long as it lives: a request in flight, an open connection.
 #[derive(Debug)]
-struct InFlight(Gauge);
+pub struct GaugeGuard(Gauge);
 
-impl Drop for InFlight {
+impl GaugeGuard {
+    /// Increments `gauge` now; the drop decrements it.
+    pub fn new(gauge: Gauge) -> Self {
+        gauge.inc();
+        Self(gauge)
+    }
+}
+
+impl Drop for GaugeGuard {
     fn drop(&mut self) {
         self.0.dec();
     }
@@ -347,7 +355,7 @@ impl Metrics {
     }
 
     /// The in-flight count and inter-chunk histogram of a request labelled `model`.
-    fn request_series(&self, model: &str, operation: Operation) -> (InFlight, Histogram) {
+    fn request_series(&self, model: &str, operation: Operation) -> (GaugeGuard, Histogram) {
         let gauge = self
             .in_flight
             .get_or_create(&InFlightLabels {
@@ -355,12 +363,11 @@ impl Metrics {
                 operation,
             })
             .clone();
-        gauge.inc();
         let inter_chunk = self
             .inter_chunk
             .get_or_create(&self.request_labels(model, operation))
             .clone();
-        (InFlight(gauge), inter_chunk)
+        (GaugeGuard::new(gauge), inter_chunk)
     }
 
     /// Counts work refused because a sidecar limit was reached.
@@ -373,9 +380,9 @@ impl Metrics {
         self.unmeasured.get_or_create(&UnmeasuredLabels { reason }).inc();
     }
 
-    /// The gauge of client connections open on the proxy port.
-    pub fn open_connections(&self) -> &Gauge {
-        &self.open_connections
+    /// Counts one client connection open on the proxy port, until the guard is dropped.
+    pub fn connection_opened(&self) -> GaugeGuard {
+        GaugeGuard::new(self.open_connections.clone())
     }
 
     /// Records a finished request into every family it touches.
