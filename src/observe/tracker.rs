@@ -289,7 +289,13 @@ impl RequestTracker {
                 record.input_tokens = summary.input_tokens;
                 record.token_events = summary.token_events;
                 if summary.gave_up {
-                    warn_oversized_event(self.max_event_bytes);
+                    // An engine that sends them sends them all the time: warned once.
+                    warn_once(
+                        &OVERSIZED_WARNED,
+                        "a stream event exceeded max_event_bytes; measurement of such responses stops there \
+                         (warned once)",
+                        &self.max_event_bytes.to_string(),
+                    );
                     self.metrics.count_unmeasured(UnmeasuredReason::OversizedEvent);
                 }
                 let cut_short = !summary.saw_done && !summary.gave_up;
@@ -333,6 +339,7 @@ impl RequestTracker {
 
 static UNDECODABLE_WARNED: AtomicBool = AtomicBool::new(false);
 static UNSTRIPPED_WARNED: AtomicBool = AtomicBool::new(false);
+static OVERSIZED_WARNED: AtomicBool = AtomicBool::new(false);
 
 /// Logs `message` at warn level the first time, at debug level after that.
 fn warn_once(flag: &AtomicBool, message: &'static str, detail: &str) {
@@ -340,20 +347,6 @@ fn warn_once(flag: &AtomicBool, message: &'static str, detail: &str) {
         debug!(detail, "{message}");
     } else {
         warn!(detail, "{message}");
-    }
-}
-
-/// Warns once per process about oversized events (an engine that sends them sends them
-/// all the time); later ones go to the debug log.
-fn warn_oversized_event(max_event_bytes: usize) {
-    static WARNED: AtomicBool = AtomicBool::new(false);
-    if WARNED.swap(true, Ordering::Relaxed) {
-        debug!(max_event_bytes, "a stream event exceeded max_event_bytes");
-    } else {
-        warn!(
-            max_event_bytes,
-            "a stream event exceeded max_event_bytes; measurement of such responses stops there (warned once)"
-        );
     }
 }
 
