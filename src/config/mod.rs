@@ -338,31 +338,29 @@ pub mod defaults {
 impl Config {
     /// Merges flags/env over the optional file over defaults, and validates the result.
     pub fn load(overrides: Overrides, file: Option<&Path>) -> Result<Self, ConfigError> {
-        let Some(path) = file else {
-            return Self::merge(overrides, FileConfig::default());
-        };
-        let (file_config, text) = read_file(path)?;
-        let mut config = Self::merge(overrides, file_config).map_err(|e| e.located(path, &text))?;
-        config.file = Some(path.to_path_buf());
-        Ok(config)
+        match file {
+            Some(path) => Self::from_file(overrides, path, false).map(|(config, _)| config),
+            None => Self::merge(overrides, FileConfig::default()),
+        }
     }
 
     /// Validates `file` as `check-config` does: a file without an upstream (an SLO-only file,
     /// as the chart's ConfigMap holds) is checked for everything it does hold. Returns the
     /// effective config and whether an upstream was given.
     pub fn check(overrides: Overrides, file: &Path) -> Result<(Self, bool), ConfigError> {
-        let (file_config, text) = read_file(file)?;
+        Self::from_file(overrides, file, true)
+    }
+
+    /// `path` merged under `overrides`, its errors placed at their lines; with
+    /// `upstream_optional`, a missing upstream is stood in for. Also says whether one was given.
+    fn from_file(mut overrides: Overrides, path: &Path, upstream_optional: bool) -> Result<(Self, bool), ConfigError> {
+        let (file_config, text) = read_file(path)?;
         let upstream_given = overrides.upstream.is_some() || file_config.upstream.is_some();
-        let overrides = if upstream_given {
-            overrides
-        } else {
-            Overrides {
-                upstream: Some(CHECK_PLACEHOLDER_UPSTREAM.to_string()),
-                ..overrides
-            }
-        };
-        let mut config = Self::merge(overrides, file_config).map_err(|e| e.located(file, &text))?;
-        config.file = Some(file.to_path_buf());
+        if upstream_optional && !upstream_given {
+            overrides.upstream = Some(CHECK_PLACEHOLDER_UPSTREAM.to_string());
+        }
+        let mut config = Self::merge(overrides, file_config).map_err(|e| e.located(path, &text))?;
+        config.file = Some(path.to_path_buf());
         Ok((config, upstream_given))
     }
 
