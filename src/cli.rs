@@ -58,6 +58,8 @@ enum Command {
     Bench(BenchArgs),
     /// Stream through a sidecar for a long time, sampling its memory, file descriptors and scrape latency.
     Soak(SoakArgs),
+    /// Load an OpenAI-compatible endpoint step by step, judge each step against the SLOs and find the knee.
+    Sweep(crate::sweep::args::SweepArgs),
 }
 
 #[derive(Debug, Args)]
@@ -521,6 +523,13 @@ impl Cli {
                     }
                 }
             }
+            Command::Sweep(args) => {
+                init_logging(
+                    self.log.as_deref().unwrap_or("warn"),
+                    self.log_format.unwrap_or(LogFormat::Text),
+                );
+                crate::sweep::args::run(args).await
+            }
             Command::Demo(args) => {
                 init_logging(
                     self.log.as_deref().unwrap_or("warn"),
@@ -608,6 +617,7 @@ mod tests {
             "demo",
             "bench",
             "soak",
+            "sweep",
             "simulate",
             "rules",
             "check-config",

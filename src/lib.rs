@@ -17,4 +17,5 @@ pub mod serve;
 pub mod sidecar;
 pub mod simulate;
 pub mod slo;
+pub mod sweep;
 pub mod webhook;

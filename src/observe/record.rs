@@ -1,7 +1,8 @@
 //! The per-request record: what one finished request measured, ready for metrics and SLOs.
 
-use super::stream::CountSource;
+use super::stream::{CountSource, StreamSummary};
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// The kind of generation a request asked for, from its route.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -132,6 +133,20 @@ impl RequestRecord {
     /// The request's TPOT: its slowest choice's (for `n = 1`, simply its TPOT).
     pub fn tpot(&self) -> Option<Duration> {
         self.tpot_per_choice.iter().max().copied()
+    }
+
+    /// Takes the stream's measurements, timed from the request head at `t0`; returns the
+    /// outcome the events imply when they show a failure (an error payload, or a stream cut
+    /// short before its end signal).
+    pub fn apply_stream(&mut self, summary: StreamSummary, t0: Instant) -> Option<Outcome> {
+        self.ttft = summary.first_token.map(|first| first - t0);
+        self.tpot_per_choice = summary.tpot_per_choice;
+        self.count_source = summary.count_source;
+        self.output_tokens = summary.output_tokens;
+        self.input_tokens = summary.input_tokens;
+        self.token_events = summary.token_events;
+        let cut_short = !summary.saw_done && !summary.gave_up;
+        (summary.saw_error || cut_short).then_some(Outcome::UpstreamError)
     }
 
     /// Mean output tokens per token-carrying stream event, when both are known.

@@ -281,13 +281,7 @@ impl RequestTracker {
             }
             ResponseKind::Stream(decoder, _) => {
                 let summary = decoder.sink().observer.summary();
-                record.ttft = summary.first_token.map(|first| first - self.t0);
                 first_event = summary.first_token_event.map(|first| first - self.t0);
-                record.tpot_per_choice = summary.tpot_per_choice;
-                record.count_source = summary.count_source;
-                record.output_tokens = summary.output_tokens;
-                record.input_tokens = summary.input_tokens;
-                record.token_events = summary.token_events;
                 if summary.gave_up {
                     // An engine that sends them sends them all the time: warned once.
                     warn_once(
@@ -298,8 +292,7 @@ impl RequestTracker {
                     );
                     self.metrics.count_unmeasured(UnmeasuredReason::OversizedEvent);
                 }
-                let cut_short = !summary.saw_done && !summary.gave_up;
-                (summary.saw_error || cut_short).then_some(Outcome::UpstreamError)
+                record.apply_stream(summary, self.t0)
             }
             ResponseKind::Json(decoder) => {
                 let sink = decoder.sink();

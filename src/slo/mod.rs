@@ -57,6 +57,12 @@ pub fn classify(slo: &Slo, record: &RequestRecord) -> Verdict {
     }
 }
 
+/// Whether `record` counts as goodput: it succeeded and no SLO of `goodput.require` judged it
+/// bad (`verdicts` holds its verdict for each SLO of `set`, in order).
+pub fn is_goodput(set: &SloSet, record: &RequestRecord, verdicts: &[Verdict]) -> bool {
+    record.outcome == Outcome::Success && set.goodput_require.iter().all(|&i| verdicts[i] != Verdict::Bad)
+}
+
 /// `slo`, `model`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
 pub struct SloLabels {
@@ -203,8 +209,7 @@ impl SloEngine {
         let now = Instant::now();
         let verdicts: Vec<Verdict> = set.slos.iter().map(|slo| classify(slo, record)).collect();
         let valid = !matches!(record.outcome, Outcome::ClientError | Outcome::ClientCancelled);
-        let good =
-            record.outcome == Outcome::Success && set.goodput_require.iter().all(|&i| verdicts[i] != Verdict::Bad);
+        let good = is_goodput(&set, record, &verdicts);
         let tokens = if good { record.output_tokens.unwrap_or(0) } else { 0 };
 
         let mut state = self.state.lock().expect("slo state lock");

@@ -1,0 +1,328 @@
+//! One streamed request as a user's client sees it, measured with the sidecar's own stream
+//! observer (DESIGN §2), from the moment the request is sent.
+
+use super::prompts::Prompt;
+use crate::observe::record::{Operation, Outcome, Protocol, RequestRecord};
+use crate::observe::stream::StreamObserver;
+use bytes::Bytes;
+use http::{header, HeaderValue, Request, StatusCode, Uri};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Largest stream event the observer reads.
+const MAX_EVENT_BYTES: usize = 1 << 20;
+/// How much of an error answer is kept to show the user.
+const ERROR_SNIPPET_BYTES: usize = 200;
+
+/// Which OpenAI-compatible route the sweep calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions` with one user message (or the dataset's messages).
+    Chat,
+    /// `POST /v1/completions` with a plain prompt.
+    Completions,
+}
+
+impl Endpoint {
+    fn path(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        }
+    }
+
+    fn operation(self) -> Operation {
+        match self {
+            Endpoint::Chat => Operation::Chat,
+            Endpoint::Completions => Operation::TextCompletion,
+        }
+    }
+}
+
+/// What the sweep asks of every request.
+#[derive(Debug, Clone)]
+pub struct RequestShape {
+    /// The target's base URL, without `/v1`.
+    pub base: String,
+    /// The route.
+    pub endpoint: Endpoint,
+    /// The `model` field.
+    pub model: String,
+    /// `Authorization: Bearer` token, when the target needs one.
+    pub api_key: Option<String>,
+    /// Ask the engine to generate exactly `max_tokens` (vLLM and SGLang's `ignore_eos`).
+    pub ignore_eos: bool,
+    /// Longest a request may take before it counts as a timeout.
+    pub timeout: Duration,
+}
+
+/// One measured request.
+#[derive(Debug, Clone)]
+pub struct Sample {
+    /// When it was sent.
+    pub sent: Instant,
+    /// What was measured, with the sidecar's definitions (model and operation are the sweep's).
+    pub record: RequestRecord,
+    /// Gaps between its token events (inter-chunk latency).
+    pub gaps: Vec<Duration>,
+    /// For a failure: what the target said or what went wrong, bounded.
+    pub failure: Option<String>,
+}
+
+/// A pooled HTTP client that sends the sweep's requests.
+#[derive(Debug, Clone)]
+pub struct Requester {
+    client: Client<HttpConnector, Full<Bytes>>,
+    shape: RequestShape,
+    uri: Uri,
+}
+
+impl Requester {
+    /// A client for `shape`; the base URL must be `http://`.
+    pub fn new(shape: RequestShape) -> Result<Self, String> {
+        let uri: Uri = format!("{}{}", shape.base, shape.endpoint.path())
+            .parse()
+            .map_err(|e| format!("--target {}: not a URL ({e})", shape.base))?;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(10)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_max_idle_per_host(usize::MAX)
+            .build(connector);
+        Ok(Self { client, shape, uri })
+    }
+
+    /// The model every request asks for.
+    pub fn model(&self) -> &str {
+        &self.shape.model
+    }
+
+    /// The request body for `prompt` asking for `output_tokens`.
+    pub fn body(&self, prompt: &Prompt, output_tokens: u32) -> Bytes {
+        let mut body = serde_json::json!({
+            "model": self.shape.model,
+            "max_tokens": output_tokens,
+            "stream": true,
+            "stream_options": {"include_usage": true},
+        });
+        match self.shape.endpoint {
+            Endpoint::Chat => body["messages"] = prompt.messages(),
+            Endpoint::Completions => body["prompt"] = prompt.text().into(),
+        }
+        if self.shape.ignore_eos {
+            body["ignore_eos"] = true.into();
+        }
+        Bytes::from(body.to_string())
+    }
+
+    /// Sends one request and measures it to its end (or its timeout).
+    pub async fn send(&self, body: Bytes) -> Sample {
+        let sent = Instant::now();
+        let mut sample = Sample {
+            sent,
+            record: RequestRecord {
+                model: self.shape.model.clone(),
+                operation: self.shape.endpoint.operation(),
+                outcome: Outcome::Success,
+                ttft: None,
+                tpot_per_choice: Vec::new(),
+                e2e: Duration::ZERO,
+                output_tokens: None,
+                input_tokens: None,
+                token_events: 0,
+                count_source: None,
+            },
+            gaps: Vec::new(),
+            failure: None,
+        };
+        let outcome = match tokio::time::timeout(self.shape.timeout, self.exchange(body, sent, &mut sample)).await {
+            Ok(Ok(())) => Outcome::Success,
+            Ok(Err((outcome, message))) => {
+                sample.failure = Some(message);
+                outcome
+            }
+            Err(_) => {
+                sample.failure = Some(format!(
+                    "no complete answer within {:?} (--request-timeout)",
+                    self.shape.timeout
+                ));
+                Outcome::Timeout
+            }
+        };
+        sample.record.outcome = outcome;
+        sample.record.e2e = sent.elapsed();
+        sample
+    }
+
+    async fn exchange(&self, body: Bytes, sent: Instant, sample: &mut Sample) -> Result<(), (Outcome, String)> {
+        let mut request = Request::post(self.uri.clone())
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "text/event-stream")
+            .header(header::ACCEPT_ENCODING, "identity");
+        if let Some(key) = &self.shape.api_key {
+            let value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                (
+                    Outcome::ClientError,
+                    "the API key holds characters a header cannot".to_string(),
+                )
+            })?;
+            request = request.header(header::AUTHORIZATION, value);
+        }
+        let request = request.body(Full::new(body)).expect("a valid request");
+        let response = self.client.request(request).await.map_err(|e| {
+            let cause = crate::proxy::error::innermost_cause(&e);
+            (Outcome::ConnectError, format!("cannot reach {}: {cause}", self.uri))
+        })?;
+        let status = response.status();
+        if !status.is_success() {
+            let outcome = Outcome::from_status(status.as_u16()).unwrap_or(Outcome::UpstreamError);
+            let body = Limited::new(response.into_body(), 64 << 10).collect().await;
+            let text = body.map(|b| b.to_bytes()).unwrap_or_default();
+            return Err((outcome, answer_message(status, &text)));
+        }
+        let content_type = response
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("none")
+            .to_string();
+        if !content_type.to_ascii_lowercase().starts_with("text/event-stream") {
+            return Err((
+                Outcome::UpstreamError,
+                format!("answered {status} with Content-Type {content_type}, not an event stream: the endpoint does not stream"),
+            ));
+        }
+        let mut observer = StreamObserver::new(Protocol::OpenAi, MAX_EVENT_BYTES, false);
+        let mut body = response.into_body();
+        let gaps = &mut sample.gaps;
+        let mut broken = None;
+        while let Some(frame) = body.frame().await {
+            match frame {
+                Ok(frame) => {
+                    if let Some(data) = frame.data_ref() {
+                        observer.feed(data, Instant::now(), |gap| gaps.push(gap));
+                    }
+                }
+                Err(e) => {
+                    broken = Some(format!(
+                        "the stream broke: {}",
+                        crate::proxy::error::innermost_cause(&e)
+                    ));
+                    break;
+                }
+            }
+        }
+        let failed = sample.record.apply_stream(observer.summary(), sent);
+        match (broken, failed) {
+            (Some(message), _) => Err((Outcome::UpstreamError, message)),
+            (None, Some(outcome)) => Err((
+                outcome,
+                "the stream carried an error or ended before [DONE]".to_string(),
+            )),
+            (None, None) => Ok(()),
+        }
+    }
+
+    /// GETs `/v1/models` and returns the first model's id, if the target lists one.
+    pub async fn first_model(&self) -> Result<Option<String>, String> {
+        let uri = format!("{}/v1/models", self.shape.base);
+        let mut request = Request::get(&uri);
+        if let Some(key) = &self.shape.api_key {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {key}"));
+        }
+        let request = request
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| format!("{uri}: {e}"))?;
+        let response = self
+            .client
+            .request(request)
+            .await
+            .map_err(|e| format!("cannot reach {uri}: {}", crate::proxy::error::innermost_cause(&e)))?;
+        if response.status() != StatusCode::OK {
+            return Ok(None);
+        }
+        let body = Limited::new(response.into_body(), 1 << 20).collect().await;
+        let body = body.map(|b| b.to_bytes()).unwrap_or_default();
+        let listed: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+        Ok(listed["data"][0]["id"].as_str().map(str::to_string))
+    }
+}
+
+/// `status: message`, the message taken from an OpenAI error body when there is one, bounded.
+fn answer_message(status: StatusCode, body: &[u8]) -> String {
+    let parsed: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
+    let message = parsed["error"]["message"]
+        .as_str()
+        .or_else(|| parsed["message"].as_str())
+        .or_else(|| parsed["error"].as_str())
+        .map(str::to_string)
+        .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_string());
+    let mut message: String = message.chars().filter(|c| !c.is_control()).collect();
+    if message.len() > ERROR_SNIPPET_BYTES {
+        let mut cut = ERROR_SNIPPET_BYTES;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push('…');
+    }
+    if message.is_empty() {
+        status.to_string()
+    } else {
+        format!("{status}: {message}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_answers_are_short_and_readable() {
+        let openai = br#"{"error": {"message": "The model `x` does not exist.", "type": "NotFoundError"}}"#;
+        assert_eq!(
+            answer_message(StatusCode::NOT_FOUND, openai),
+            "404 Not Found: The model `x` does not exist."
+        );
+        assert_eq!(answer_message(StatusCode::BAD_GATEWAY, b""), "502 Bad Gateway");
+        let long = "x".repeat(1000);
+        let message = answer_message(StatusCode::INTERNAL_SERVER_ERROR, long.as_bytes());
+        assert!(message.len() < 260 && message.ends_with('…'), "{message}");
+        assert_eq!(
+            answer_message(StatusCode::BAD_REQUEST, b"bad\r\ninput\x1b"),
+            "400 Bad Request: badinput"
+        );
+    }
+
+    #[test]
+    fn bodies_ask_for_a_stream_with_usage() {
+        let shape = RequestShape {
+            base: "http://127.0.0.1:1".into(),
+            endpoint: Endpoint::Completions,
+            model: "m".into(),
+            api_key: None,
+            ignore_eos: true,
+            timeout: Duration::from_secs(1),
+        };
+        let requester = Requester::new(shape.clone()).unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&requester.body(&Prompt::Text("hi".into()), 7)).unwrap();
+        assert_eq!(body["prompt"], "hi");
+        assert_eq!(body["max_tokens"], 7);
+        assert_eq!(body["stream_options"]["include_usage"], true);
+        assert_eq!(body["ignore_eos"], true);
+        let chat = Requester::new(RequestShape {
+            endpoint: Endpoint::Chat,
+            ignore_eos: false,
+            ..shape
+        })
+        .unwrap();
+        let body: serde_json::Value = serde_json::from_slice(&chat.body(&Prompt::Text("hi".into()), 7)).unwrap();
+        assert_eq!(body["messages"][0]["content"], "hi");
+        assert!(body.get("ignore_eos").is_none());
+    }
+}

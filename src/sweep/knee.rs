@@ -1,0 +1,112 @@
+//! The search for the knee: double the concurrency from 1 until the SLOs fail, then bisect
+//! between the last passing and the first failing concurrency until they are within 10 %.
+
+/// How close the last passing and first failing concurrency must come.
+pub const TOLERANCE: f64 = 0.10;
+/// Bisection steps after the doubling, at most.
+pub const MAX_BISECTIONS: u32 = 8;
+
+/// Where the search stands.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KneeSearch {
+    max: usize,
+    passing: Option<usize>,
+    failing: Option<usize>,
+    bisections: u32,
+}
+
+impl KneeSearch {
+    /// A search that goes no higher than `max` clients.
+    pub fn new(max: usize) -> Self {
+        Self {
+            max: max.max(1),
+            passing: None,
+            failing: None,
+            bisections: 0,
+        }
+    }
+
+    /// The next concurrency to measure, or `None` when the search is over.
+    pub fn next(&self) -> Option<usize> {
+        match (self.passing, self.failing) {
+            (None, None) => Some(1),
+            (None, Some(_)) => None,
+            (Some(pass), None) if pass >= self.max => None,
+            (Some(pass), None) => Some((pass * 2).min(self.max)),
+            (Some(pass), Some(fail)) => {
+                let close = (fail - pass) as f64 <= (TOLERANCE * pass as f64).max(1.0);
+                (!close && self.bisections < MAX_BISECTIONS).then(|| pass + (fail - pass) / 2)
+            }
+        }
+    }
+
+    /// Takes the verdict of a measured concurrency.
+    pub fn observe(&mut self, concurrency: usize, met_slos: bool) {
+        if self.passing.is_some() && self.failing.is_some() {
+            self.bisections += 1;
+        }
+        if met_slos {
+            self.passing = Some(self.passing.map_or(concurrency, |p| p.max(concurrency)));
+        } else {
+            self.failing = Some(self.failing.map_or(concurrency, |f| f.min(concurrency)));
+        }
+    }
+
+    /// The highest concurrency that met the SLOs, once the search is over.
+    pub fn knee(&self) -> Option<usize> {
+        self.passing
+    }
+
+    /// The search stopped at `max` without the SLOs failing: the knee is at least that.
+    pub fn reached_max(&self) -> bool {
+        self.failing.is_none() && self.passing.is_some_and(|p| p >= self.max)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Runs a search against a knee at `true_knee` and returns the concurrencies measured.
+    fn search(true_knee: usize, max: usize) -> (Vec<usize>, KneeSearch) {
+        let mut s = KneeSearch::new(max);
+        let mut measured = Vec::new();
+        while let Some(c) = s.next() {
+            measured.push(c);
+            s.observe(c, c <= true_knee);
+            assert!(measured.len() < 40, "the search must end");
+        }
+        (measured, s)
+    }
+
+    #[test]
+    fn doubles_then_bisects_to_within_ten_percent() {
+        let (measured, s) = search(40, 1024);
+        assert_eq!(measured, [1, 2, 4, 8, 16, 32, 64, 48, 40, 44]);
+        assert_eq!(s.knee(), Some(40));
+        let (measured, s) = search(200, 1024);
+        assert_eq!(s.knee(), Some(192), "within 10 % of 200");
+        assert!(measured.len() <= 9 + MAX_BISECTIONS as usize, "{measured:?}");
+    }
+
+    #[test]
+    fn every_knee_is_found_within_the_tolerance() {
+        for knee in 1..=300 {
+            let (_, s) = search(knee, 1024);
+            let found = s.knee().unwrap();
+            assert!(
+                found <= knee && (knee - found) as f64 <= TOLERANCE * knee as f64 + 1.0,
+                "{knee}: {found}"
+            );
+        }
+    }
+
+    #[test]
+    fn failing_at_one_or_passing_at_max_end_the_search() {
+        let (measured, s) = search(0, 1024);
+        assert_eq!((measured, s.knee()), (vec![1], None));
+        let (measured, s) = search(5000, 100);
+        assert_eq!(measured, [1, 2, 4, 8, 16, 32, 64, 100]);
+        assert!(s.reached_max() && s.knee() == Some(100));
+    }
+}

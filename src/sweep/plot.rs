@@ -1,0 +1,202 @@
+//! The sweep's plot (SVG): per-user against aggregate output tokens/s with each point's load,
+//! the TPOT SLO's limit and the knee; beside it TTFT and TPOT p99 against load.
+
+use super::report::Report;
+use super::stats::{Load, StepResult};
+use crate::slo::spec::SloKind;
+use plotters::prelude::*;
+
+const KNEE_COLOUR: RGBColor = RGBColor(214, 39, 40);
+const TTFT_COLOUR: RGBColor = RGBColor(31, 119, 180);
+const TPOT_COLOUR: RGBColor = RGBColor(255, 127, 14);
+const LIMIT_COLOUR: RGBColor = RGBColor(120, 120, 120);
+
+/// The report as an SVG document.
+pub fn render(report: &Report) -> Result<String, String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1200, 500)).into_drawing_area();
+        root.fill(&WHITE).map_err(error)?;
+        let (left, right) = root.split_horizontally(600);
+        seesaw(&left, report).map_err(error)?;
+        latency(&right, report).map_err(error)?;
+        root.present().map_err(error)?;
+    }
+    Ok(svg)
+}
+
+fn error(e: impl std::fmt::Display) -> String {
+    format!("drawing the plot: {e}")
+}
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+type DrawResult = Result<(), Box<dyn std::error::Error>>;
+
+/// Per-user output tokens/s against aggregate output tokens/s.
+fn seesaw(area: &Area, report: &Report) -> DrawResult {
+    let steps: Vec<&StepResult> = report
+        .steps
+        .iter()
+        .filter(|s| s.output_tokens_per_second.is_finite() && s.per_user_tokens_per_second.is_finite())
+        .collect();
+    let tpot_limits: Vec<(String, f64)> = report
+        .slos
+        .slos
+        .iter()
+        .filter_map(|s| match s.kind {
+            SloKind::Tpot(t) => Some((s.name.clone(), 1.0 / t.as_secs_f64())),
+            _ => None,
+        })
+        .collect();
+    let x_max = steps.iter().map(|s| s.output_tokens_per_second).fold(1.0, f64::max) * 1.15;
+    let y_max = steps
+        .iter()
+        .map(|s| s.per_user_tokens_per_second)
+        .chain(tpot_limits.iter().map(|l| l.1))
+        .fold(1.0, f64::max)
+        * 1.15;
+    let mut chart = ChartBuilder::on(area)
+        .caption("Per-user speed against throughput", ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
+    chart
+        .configure_mesh()
+        .x_desc("aggregate output tokens/s")
+        .y_desc("output tokens/s per user")
+        .draw()?;
+    for (name, limit) in &tpot_limits {
+        chart
+            .draw_series(LineSeries::new(
+                [(0.0, *limit), (x_max, *limit)],
+                LIMIT_COLOUR.stroke_width(1),
+            ))?
+            .label(format!("{name}: {limit:.1} tok/s/user"))
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], LIMIT_COLOUR));
+    }
+    let points: Vec<(f64, f64)> = steps
+        .iter()
+        .map(|s| (s.output_tokens_per_second, s.per_user_tokens_per_second))
+        .collect();
+    chart.draw_series(LineSeries::new(points.clone(), TTFT_COLOUR.mix(0.4)))?;
+    chart.draw_series(steps.iter().map(|s| {
+        let at = (s.output_tokens_per_second, s.per_user_tokens_per_second);
+        let colour = if s.meets_slos() {
+            TTFT_COLOUR.to_rgba()
+        } else {
+            KNEE_COLOUR.mix(0.5)
+        };
+        EmptyElement::at(at)
+            + Circle::new((0, 0), 4, colour.filled())
+            + Text::new(load_label(s.load), (6, -14), ("sans-serif", 12))
+    }))?;
+    if let Some(knee) = steps.iter().find(|s| Some(s.load) == report.knee.load) {
+        chart
+            .draw_series([Circle::new(
+                (knee.output_tokens_per_second, knee.per_user_tokens_per_second),
+                9,
+                KNEE_COLOUR.stroke_width(2),
+            )])?
+            .label(format!("knee: {}", load_label(knee.load)))
+            .legend(|(x, y)| Circle::new((x + 10, y), 5, KNEE_COLOUR.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()?;
+    Ok(())
+}
+
+/// TTFT and TPOT p99 against load, with their SLO thresholds and the knee.
+fn latency(area: &Area, report: &Report) -> DrawResult {
+    let load_of = |s: &StepResult| match s.load {
+        Load::Concurrency(c) => c as f64,
+        Load::Rate(r) => r,
+    };
+    let x_name = match report.steps.first().map(|s| s.load) {
+        Some(Load::Rate(_)) => "request rate (req/s)",
+        _ => "concurrency",
+    };
+    let x_max = report.steps.iter().map(load_of).fold(1.0, f64::max) * 1.1;
+    let thresholds: Vec<(String, f64, RGBColor)> = report
+        .slos
+        .slos
+        .iter()
+        .filter_map(|s| match s.kind {
+            SloKind::Ttft(t) => Some((s.name.clone(), t.as_secs_f64() * 1e3, TTFT_COLOUR)),
+            SloKind::Tpot(t) => Some((s.name.clone(), t.as_secs_f64() * 1e3, TPOT_COLOUR)),
+            _ => None,
+        })
+        .collect();
+    let y_max = report
+        .steps
+        .iter()
+        .flat_map(|s| [s.ttft.p99 * 1e3, s.tpot.p99 * 1e3])
+        .filter(|v| v.is_finite())
+        .chain(thresholds.iter().map(|t| t.1))
+        .fold(1.0, f64::max)
+        * 1.15;
+    let mut chart = ChartBuilder::on(area)
+        .caption("p99 latency against load", ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
+    chart.configure_mesh().x_desc(x_name).y_desc("milliseconds").draw()?;
+    type Figure = fn(&StepResult) -> f64;
+    let figures: [(&str, Figure, RGBColor); 2] = [
+        ("TTFT p99", |s| s.ttft.p99, TTFT_COLOUR),
+        ("TPOT p99", |s| s.tpot.p99, TPOT_COLOUR),
+    ];
+    for (name, figure, colour) in figures {
+        let points: Vec<(f64, f64)> = report
+            .steps
+            .iter()
+            .map(|s| (load_of(s), figure(s) * 1e3))
+            .filter(|p| p.1.is_finite())
+            .collect();
+        chart
+            .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
+        chart.draw_series(points.iter().map(|p| Circle::new(*p, 3, colour.filled())))?;
+    }
+    for (name, threshold, colour) in &thresholds {
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(0.0, *threshold), (x_max, *threshold)],
+                6,
+                4,
+                colour.stroke_width(1),
+            ))?
+            .label(format!("{name} ≤ {threshold} ms"))
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(1)));
+    }
+    if let Some(knee) = report.knee.load {
+        let x = match knee {
+            Load::Concurrency(c) => c as f64,
+            Load::Rate(r) => r,
+        };
+        chart
+            .draw_series(LineSeries::new([(x, 0.0), (x, y_max)], KNEE_COLOUR.stroke_width(2)))?
+            .label(format!("knee: {}", load_label(knee)))
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], KNEE_COLOUR.stroke_width(2)));
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()?;
+    Ok(())
+}
+
+fn load_label(load: Load) -> String {
+    match load {
+        Load::Concurrency(c) => format!("c={c}"),
+        Load::Rate(r) => format!("{r}/s"),
+    }
+}

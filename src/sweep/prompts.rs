@@ -1,0 +1,156 @@
+//! What the sweep sends: synthetic prompts of a requested length, or prompts from a JSONL
+//! dataset (`{"prompt": …}`, `{"messages": […]}` or ShareGPT's `{"conversations": […]}`).
+
+use serde_json::Value;
+use std::path::Path;
+
+/// Short common words; with a leading space each is one token for BPE tokenizers and four
+/// characters for engines that estimate a token per four characters.
+const WORDS: [&str; 16] = [
+    "the", "cat", "sat", "red", "box", "sun", "map", "dog", "big", "car", "hot", "tea", "new", "day", "old", "way",
+];
+
+/// One prompt to send.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    /// Plain text, sent as one user message (chat) or as `prompt` (completions).
+    Text(String),
+    /// Chat messages as the dataset wrote them.
+    Messages(Value),
+}
+
+impl Prompt {
+    /// The prompt as plain text, for the completions endpoint: message contents joined.
+    pub fn text(&self) -> String {
+        match self {
+            Prompt::Text(text) => text.clone(),
+            Prompt::Messages(messages) => messages
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|m| m.get("content").and_then(Value::as_str))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        }
+    }
+
+    /// The prompt as chat messages.
+    pub fn messages(&self) -> Value {
+        match self {
+            Prompt::Text(text) => serde_json::json!([{"role": "user", "content": text}]),
+            Prompt::Messages(messages) => messages.clone(),
+        }
+    }
+}
+
+/// A prompt of about `tokens` tokens made of short common words.
+pub fn synthetic(tokens: u32) -> Prompt {
+    let words: Vec<&str> = (0..tokens.max(1) as usize)
+        .map(|i| WORDS[(i * 7 + i / 16) % WORDS.len()])
+        .collect();
+    Prompt::Text(words.join(" "))
+}
+
+/// Reads a JSONL dataset: one prompt per non-empty line.
+pub fn load_dataset(path: &Path) -> Result<Vec<Prompt>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut prompts = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let at = |message: &str| format!("{}:{}: {message}", path.display(), index + 1);
+        let value: Value = serde_json::from_str(line).map_err(|e| at(&format!("not JSON ({e})")))?;
+        prompts.push(parse_line(&value).ok_or_else(|| {
+            at(r#"expected {"prompt": "…"}, {"messages": [{"role": …, "content": …}]} or {"conversations": […]}"#)
+        })?);
+    }
+    if prompts.is_empty() {
+        return Err(format!("{}: no prompts in the file", path.display()));
+    }
+    Ok(prompts)
+}
+
+fn parse_line(value: &Value) -> Option<Prompt> {
+    if let Some(prompt) = value.get("prompt").and_then(Value::as_str) {
+        return Some(Prompt::Text(prompt.to_string()));
+    }
+    if let Some(messages) = value.get("messages").and_then(Value::as_array) {
+        let valid = !messages.is_empty()
+            && messages
+                .iter()
+                .all(|m| m.get("role").is_some_and(Value::is_string) && m.get("content").is_some());
+        return valid.then(|| Prompt::Messages(Value::Array(messages.clone())));
+    }
+    // ShareGPT: the first human turn is the prompt.
+    let turns = value.get("conversations").and_then(Value::as_array)?;
+    turns
+        .iter()
+        .find(|t| matches!(t.get("from").and_then(Value::as_str), Some("human" | "user")))
+        .and_then(|t| t.get("value").and_then(Value::as_str))
+        .map(|text| Prompt::Text(text.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    #[test]
+    fn a_synthetic_prompt_has_one_short_word_per_token() {
+        let Prompt::Text(text) = synthetic(100) else { panic!() };
+        assert_eq!(text.split(' ').count(), 100);
+        // Engines that estimate a token per four characters see about the same length.
+        assert!((text.len() + 1) / 4 == 100, "{}", text.len());
+        assert_eq!(synthetic(0), synthetic(1));
+    }
+
+    #[test]
+    fn every_dataset_shape_is_read() {
+        let mut file = tempfile();
+        writeln!(file.1, r#"{{"prompt": "plain"}}"#).unwrap();
+        writeln!(file.1).unwrap();
+        writeln!(file.1, r#"{{"messages": [{{"role": "user", "content": "chat"}}]}}"#).unwrap();
+        writeln!(
+            file.1,
+            r#"{{"conversations": [{{"from": "system", "value": "s"}}, {{"from": "human", "value": "share"}}]}}"#
+        )
+        .unwrap();
+        let prompts = load_dataset(&file.0).unwrap();
+        assert_eq!(prompts.len(), 3);
+        assert_eq!(prompts[0], Prompt::Text("plain".into()));
+        assert_eq!(prompts[1].text(), "chat");
+        assert_eq!(prompts[1].messages()[0]["role"], "user");
+        assert_eq!(prompts[2], Prompt::Text("share".into()));
+    }
+
+    #[test]
+    fn a_bad_line_is_named() {
+        let mut file = tempfile();
+        writeln!(file.1, r#"{{"prompt": "fine"}}"#).unwrap();
+        writeln!(file.1, r#"{{"text": "not a prompt"}}"#).unwrap();
+        let error = load_dataset(&file.0).unwrap_err();
+        assert!(
+            error.ends_with(
+                r#":2: expected {"prompt": "…"}, {"messages": [{"role": …, "content": …}]} or {"conversations": […]}"#
+            ),
+            "{error}"
+        );
+        let mut broken = tempfile();
+        writeln!(broken.1, "{{oops").unwrap();
+        assert!(load_dataset(&broken.0).unwrap_err().contains(":1: not JSON"));
+        let empty = tempfile();
+        assert!(load_dataset(&empty.0).unwrap_err().ends_with("no prompts in the file"));
+        assert!(load_dataset(Path::new("/nonexistent/prompts.jsonl"))
+            .unwrap_err()
+            .contains("No such file"));
+    }
+
+    fn tempfile() -> (std::path::PathBuf, std::fs::File) {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("llmslo-prompts-{}-{n}.jsonl", std::process::id()));
+        let file = std::fs::File::create(&path).unwrap();
+        (path, file)
+    }
+}

@@ -1,0 +1,290 @@
+//! The sweep's results: the knee, a table for the terminal and JSON for scripts.
+
+use super::client::Endpoint;
+use super::stats::{Load, Quantiles, StepResult};
+use crate::slo::spec::SloSet;
+use serde_json::{json, Map, Value};
+
+/// Everything one sweep measured.
+#[derive(Debug, Clone)]
+pub struct Report {
+    /// The target's base URL.
+    pub target: String,
+    /// The model asked for.
+    pub model: String,
+    /// The route called.
+    pub endpoint: Endpoint,
+    /// The SLOs the steps were judged against.
+    pub slos: SloSet,
+    /// Every step, by load.
+    pub steps: Vec<StepResult>,
+    /// The highest load that met the SLOs, when one did.
+    pub knee: Knee,
+}
+
+/// The knee: the highest measured load at which every deciding SLO held.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Knee {
+    /// That load, when any load met the SLOs.
+    pub load: Option<Load>,
+    /// Goodput there, requests per second.
+    pub goodput_requests_per_second: f64,
+    /// Goodput there, output tokens per second.
+    pub goodput_output_tokens_per_second: f64,
+    /// The SLO that failed first above it (or at the lowest load).
+    pub limited_by: Option<String>,
+    /// The search stopped at its highest load with the SLOs still met: the knee lies above.
+    pub reached_max: bool,
+}
+
+impl Knee {
+    /// The knee of steps sorted by load: the highest passing load below the first failing one.
+    pub fn from_steps(steps: &[StepResult], reached_max: bool) -> Self {
+        let first_fail = steps.iter().position(|s| !s.meets_slos());
+        let passing = steps[..first_fail.unwrap_or(steps.len())].last();
+        let limited_by = first_fail.and_then(|i| steps[i].limited_by()).map(str::to_string);
+        Self {
+            load: passing.map(|s| s.load),
+            goodput_requests_per_second: passing.map_or(f64::NAN, |s| s.goodput_requests_per_second),
+            goodput_output_tokens_per_second: passing.map_or(f64::NAN, |s| s.goodput_output_tokens_per_second),
+            limited_by,
+            reached_max,
+        }
+    }
+
+    /// One line for people.
+    pub fn describe(&self) -> String {
+        match (self.load, &self.limited_by) {
+            (None, Some(slo)) => format!("no load met the SLOs: `{slo}` fails even at the lowest load"),
+            (None, None) => "no load met the SLOs".to_string(),
+            (Some(load), limited_by) => {
+                let limit = match (limited_by, self.reached_max) {
+                    (_, true) => " (the highest load tried: the knee is above it)".to_string(),
+                    (Some(slo), _) => format!(", limited by `{slo}`"),
+                    (None, _) => " (the SLOs held at every load measured)".to_string(),
+                };
+                format!(
+                    "knee: {load}, goodput {:.2} req/s, {:.0} output tokens/s{limit}",
+                    self.goodput_requests_per_second, self.goodput_output_tokens_per_second
+                )
+            }
+        }
+    }
+}
+
+/// A step in one line, for its progress bar and logs.
+pub fn step_line(step: &StepResult) -> String {
+    format!(
+        "{}: {} requests, {} failed, TTFT p99 {}, TPOT p99 {}, {:.0} tok/s, {} SLOs",
+        step.load,
+        step.requests,
+        step.failed(),
+        ms(step.ttft.p99),
+        ms(step.tpot.p99),
+        step.output_tokens_per_second,
+        if step.meets_slos() { "meets" } else { "misses" },
+    )
+}
+
+impl Report {
+    /// The table printed at the end.
+    pub fn render(&self) -> String {
+        let slo_names: Vec<&str> = self.slos.slos.iter().map(|s| s.name.as_str()).collect();
+        let mut header = vec![
+            "load",
+            "requests",
+            "failed",
+            "TTFT p50",
+            "TTFT p99",
+            "TPOT p50",
+            "TPOT p99",
+            "ITL p99",
+            "tok/s",
+            "tok/s/user",
+            "goodput req/s",
+        ];
+        header.extend(&slo_names);
+        let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
+        for step in &self.steps {
+            let knee = if Some(step.load) == self.knee.load {
+                " ◀ knee"
+            } else {
+                ""
+            };
+            let mut row = vec![
+                format!("{}{knee}", step.load),
+                step.requests.to_string(),
+                step.failed().to_string(),
+                ms(step.ttft.p50),
+                ms(step.ttft.p99),
+                ms(step.tpot.p50),
+                ms(step.tpot.p99),
+                ms(step.itl.p99),
+                format!("{:.0}", step.output_tokens_per_second),
+                format!("{:.1}", step.per_user_tokens_per_second),
+                format!("{:.2}", step.goodput_requests_per_second),
+            ];
+            for a in &step.attainment {
+                let mark = if !a.required {
+                    ""
+                } else if a.met() {
+                    " ✓"
+                } else {
+                    " ✗"
+                };
+                row.push(format!("{}{mark}", percent(a.attainment)));
+            }
+            rows.push(row);
+        }
+        let widths: Vec<usize> = (0..rows[0].len())
+            .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
+            .collect();
+        let mut out = format!(
+            "{} at {} ({} endpoint), SLO attainment per step (✓/✗: decides the knee)\n\n",
+            self.model,
+            self.target,
+            match self.endpoint {
+                Endpoint::Chat => "chat",
+                Endpoint::Completions => "completions",
+            }
+        );
+        for row in rows {
+            let cells: Vec<String> = row
+                .iter()
+                .zip(&widths)
+                .enumerate()
+                .map(|(i, (cell, w))| {
+                    let pad = w - cell.chars().count();
+                    if i == 0 {
+                        format!("{cell}{}", " ".repeat(pad))
+                    } else {
+                        format!("{}{cell}", " ".repeat(pad))
+                    }
+                })
+                .collect();
+            out.push_str(cells.join("  ").trim_end());
+            out.push('\n');
+        }
+        out.push('\n');
+        out.push_str(&self.knee.describe());
+        out.push('\n');
+        out
+    }
+
+    /// The JSON document `--json` writes.
+    pub fn to_json(&self) -> Value {
+        let load_field = |load: Load| match load {
+            Load::Concurrency(c) => ("concurrency", json!(c)),
+            Load::Rate(r) => ("rate", json!(r)),
+        };
+        let mut knee = Map::new();
+        if let Some(load) = self.knee.load {
+            let (key, value) = load_field(load);
+            knee.insert(key.into(), value);
+        }
+        knee.insert(
+            "goodput_requests_per_second".into(),
+            number(self.knee.goodput_requests_per_second),
+        );
+        knee.insert(
+            "goodput_output_tokens_per_second".into(),
+            number(self.knee.goodput_output_tokens_per_second),
+        );
+        knee.insert("limited_by".into(), json!(self.knee.limited_by));
+        knee.insert("reached_max".into(), json!(self.knee.reached_max));
+        let steps: Vec<Value> = self
+            .steps
+            .iter()
+            .map(|step| {
+                let mut s = Map::new();
+                let (key, value) = load_field(step.load);
+                s.insert(key.into(), value);
+                s.insert("window_s".into(), number(step.window_s));
+                s.insert("requests".into(), json!(step.requests));
+                s.insert("failed".into(), json!(step.failed()));
+                s.insert("errors".into(), json!(step.errors));
+                for (name, q) in [
+                    ("ttft", step.ttft),
+                    ("tpot", step.tpot),
+                    ("itl", step.itl),
+                    ("e2e", step.e2e),
+                ] {
+                    insert_quantiles(&mut s, name, q);
+                }
+                s.insert("prompt_tokens_mean".into(), number(step.prompt_tokens_mean));
+                s.insert("output_tokens_mean".into(), number(step.output_tokens_mean));
+                s.insert("requests_per_second".into(), number(step.requests_per_second));
+                s.insert("output_tokens_per_second".into(), number(step.output_tokens_per_second));
+                s.insert(
+                    "per_user_output_tokens_per_second".into(),
+                    number(step.per_user_tokens_per_second),
+                );
+                s.insert(
+                    "goodput_requests_per_second".into(),
+                    number(step.goodput_requests_per_second),
+                );
+                s.insert(
+                    "goodput_output_tokens_per_second".into(),
+                    number(step.goodput_output_tokens_per_second),
+                );
+                let attainment: Map<String, Value> = step
+                    .attainment
+                    .iter()
+                    .map(|a| (a.slo.clone(), number(a.attainment)))
+                    .collect();
+                s.insert("attainment".into(), Value::Object(attainment));
+                s.insert("meets_slos".into(), json!(step.meets_slos()));
+                Value::Object(s)
+            })
+            .collect();
+        let slos: Vec<Value> = self
+            .slos
+            .slos
+            .iter()
+            .enumerate()
+            .map(|(i, slo)| {
+                json!({
+                    "name": slo.name,
+                    "objective": slo.objective,
+                    "required": self.slos.goodput_require.is_empty() || self.slos.goodput_require.contains(&i),
+                })
+            })
+            .collect();
+        json!({
+            "target": self.target,
+            "model": self.model,
+            "slos": slos,
+            "knee": Value::Object(knee),
+            "steps": steps,
+        })
+    }
+}
+
+fn insert_quantiles(map: &mut Map<String, Value>, name: &str, q: Quantiles) {
+    map.insert(format!("{name}_mean_s"), number(q.mean));
+    map.insert(format!("{name}_p50_s"), number(q.p50));
+    map.insert(format!("{name}_p90_s"), number(q.p90));
+    map.insert(format!("{name}_p99_s"), number(q.p99));
+}
+
+/// A JSON number, or null for NaN (JSON has no NaN).
+fn number(x: f64) -> Value {
+    serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
+}
+
+/// Seconds as milliseconds for the table (`-` when unknown).
+fn ms(seconds: f64) -> String {
+    if seconds.is_nan() {
+        "-".into()
+    } else {
+        format!("{:.1} ms", seconds * 1e3)
+    }
+}
+
+fn percent(fraction: f64) -> String {
+    if fraction.is_nan() {
+        "-".into()
+    } else {
+        format!("{:.1}%", fraction * 100.0)
+    }
+}

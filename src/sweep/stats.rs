@@ -1,0 +1,385 @@
+//! One step's figures from its samples: exact sample quantiles, throughput, each SLO's
+//! attainment and goodput, judged with the sidecar's own classification.
+
+use super::client::Sample;
+use crate::observe::record::Outcome;
+use crate::slo::spec::SloSet;
+use crate::slo::{classify, is_goodput, Verdict};
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// The load a step holds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum Load {
+    /// Closed loop: this many clients, each sending its next request when the last ends.
+    #[serde(rename = "concurrency")]
+    Concurrency(usize),
+    /// Open loop: Poisson arrivals at this many requests per second.
+    #[serde(rename = "rate")]
+    Rate(f64),
+}
+
+impl std::fmt::Display for Load {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Load::Concurrency(c) => write!(f, "c={c}"),
+            Load::Rate(r) => write!(f, "{r} req/s"),
+        }
+    }
+}
+
+/// Mean and exact sample quantiles of one figure, in seconds (NaN without samples).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Quantiles {
+    /// Arithmetic mean.
+    pub mean: f64,
+    /// Median.
+    pub p50: f64,
+    /// 90th percentile.
+    pub p90: f64,
+    /// 99th percentile.
+    pub p99: f64,
+}
+
+impl Quantiles {
+    /// The mean and nearest-rank quantiles of `values`.
+    pub fn of(mut values: Vec<f64>) -> Self {
+        values.sort_by(f64::total_cmp);
+        let mean = if values.is_empty() {
+            f64::NAN
+        } else {
+            values.iter().sum::<f64>() / values.len() as f64
+        };
+        Self {
+            mean,
+            p50: nearest_rank(&values, 0.50),
+            p90: nearest_rank(&values, 0.90),
+            p99: nearest_rank(&values, 0.99),
+        }
+    }
+}
+
+/// The nearest-rank `q` quantile of sorted values: a value that was observed, never an
+/// interpolation.
+pub fn nearest_rank(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let rank = (sorted.len() as f64 * q).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// How one SLO fared in a step.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Attainment {
+    /// The SLO's name.
+    pub slo: String,
+    /// Its objective as a fraction (0.99).
+    pub objective: f64,
+    /// Requests it judged.
+    pub valid: u64,
+    /// Of those, the good ones.
+    pub good: u64,
+    /// good / valid (NaN when it judged none).
+    pub attainment: f64,
+    /// Whether it decides the knee (in `goodput.require`, or every SLO when that is empty).
+    pub required: bool,
+}
+
+impl Attainment {
+    /// Met its objective (an SLO that judged nothing is not met).
+    pub fn met(&self) -> bool {
+        self.attainment >= self.objective
+    }
+}
+
+/// Everything measured in one step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepResult {
+    /// The load held.
+    pub load: Load,
+    /// Length of the measured window, seconds.
+    pub window_s: f64,
+    /// Requests sent in the window.
+    pub requests: u64,
+    /// Failed requests by outcome (`upstream_error`, `client_error`, `timeout`, …).
+    pub errors: BTreeMap<&'static str, u64>,
+    /// The first failure's message for each outcome, to show the user.
+    pub error_examples: BTreeMap<&'static str, String>,
+    /// Time to first token.
+    pub ttft: Quantiles,
+    /// Time per output token.
+    pub tpot: Quantiles,
+    /// Gaps between token events.
+    pub itl: Quantiles,
+    /// Whole request.
+    pub e2e: Quantiles,
+    /// Mean prompt tokens the engine reported (usage), NaN when it reported none.
+    pub prompt_tokens_mean: f64,
+    /// Mean output tokens per successful request.
+    pub output_tokens_mean: f64,
+    /// Requests completed per second (see [`throughput`]).
+    pub requests_per_second: f64,
+    /// Output tokens of successful requests per second.
+    pub output_tokens_per_second: f64,
+    /// Mean of 1 / TPOT over the requests: the streaming speed one user sees.
+    pub per_user_tokens_per_second: f64,
+    /// Requests per second meeting every `goodput.require` SLO.
+    pub goodput_requests_per_second: f64,
+    /// Their output tokens per second.
+    pub goodput_output_tokens_per_second: f64,
+    /// Each SLO, in file order.
+    pub attainment: Vec<Attainment>,
+}
+
+impl StepResult {
+    /// The figures of `samples`, the requests sent during a `window` long step at `load`.
+    pub fn from_samples(load: Load, window: Duration, samples: &[Sample], slos: &SloSet) -> Self {
+        let window_s = window.as_secs_f64();
+        let mut errors = BTreeMap::new();
+        let mut error_examples = BTreeMap::new();
+        let mut counts: Vec<(u64, u64)> = vec![(0, 0); slos.slos.len()];
+        let (mut good_requests, mut good_tokens, mut output_tokens) = (0u64, 0u64, 0u64);
+        let mut succeeded = 0u64;
+        let (mut ttft, mut tpot, mut itl, mut e2e, mut prompt) = (vec![], vec![], vec![], vec![], vec![]);
+        let mut busy_s = 0.0;
+        for sample in samples {
+            busy_s += sample.record.e2e.as_secs_f64();
+            let record = &sample.record;
+            let verdicts: Vec<Verdict> = slos.slos.iter().map(|slo| classify(slo, record)).collect();
+            for (count, verdict) in counts.iter_mut().zip(&verdicts) {
+                match verdict {
+                    Verdict::Good => *count = (count.0 + 1, count.1 + 1),
+                    Verdict::Bad => count.0 += 1,
+                    Verdict::NotCounted => {}
+                }
+            }
+            if record.outcome != Outcome::Success {
+                *errors.entry(record.outcome.as_str()).or_insert(0) += 1;
+                if let Some(message) = &sample.failure {
+                    error_examples
+                        .entry(record.outcome.as_str())
+                        .or_insert_with(|| message.clone());
+                }
+                continue;
+            }
+            succeeded += 1;
+            let tokens = record.output_tokens.unwrap_or(0);
+            output_tokens += tokens;
+            if is_goodput(slos, record, &verdicts) {
+                good_requests += 1;
+                good_tokens += tokens;
+            }
+            ttft.extend(record.ttft.map(|d| d.as_secs_f64()));
+            tpot.extend(record.tpot().map(|d| d.as_secs_f64()));
+            e2e.push(record.e2e.as_secs_f64());
+            itl.extend(sample.gaps.iter().map(Duration::as_secs_f64));
+            prompt.extend(record.input_tokens.map(|n| n as f64));
+        }
+        let per_user: Vec<f64> = tpot.iter().filter(|t| **t > 0.0).map(|t| 1.0 / t).collect();
+        let mean = |values: &[f64]| {
+            if values.is_empty() {
+                f64::NAN
+            } else {
+                values.iter().sum::<f64>() / values.len() as f64
+            }
+        };
+        let requests_per_second = throughput(load, samples.len(), busy_s, window_s);
+        let per_request = |total: u64| {
+            if samples.is_empty() {
+                0.0
+            } else {
+                requests_per_second * total as f64 / samples.len() as f64
+            }
+        };
+        let judged_all = slos.goodput_require.is_empty();
+        let attainment = slos
+            .slos
+            .iter()
+            .enumerate()
+            .zip(counts)
+            .map(|((i, slo), (valid, good))| Attainment {
+                slo: slo.name.clone(),
+                objective: slo.objective,
+                valid,
+                good,
+                attainment: if valid == 0 {
+                    f64::NAN
+                } else {
+                    good as f64 / valid as f64
+                },
+                required: judged_all || slos.goodput_require.contains(&i),
+            })
+            .collect();
+        Self {
+            load,
+            window_s,
+            requests: samples.len() as u64,
+            errors,
+            error_examples,
+            ttft: Quantiles::of(ttft),
+            tpot: Quantiles::of(tpot),
+            itl: Quantiles::of(itl),
+            e2e: Quantiles::of(e2e),
+            prompt_tokens_mean: mean(&prompt),
+            output_tokens_mean: if succeeded == 0 {
+                f64::NAN
+            } else {
+                output_tokens as f64 / succeeded as f64
+            },
+            requests_per_second,
+            output_tokens_per_second: per_request(output_tokens),
+            per_user_tokens_per_second: mean(&per_user),
+            goodput_requests_per_second: per_request(good_requests),
+            goodput_output_tokens_per_second: per_request(good_tokens),
+            attainment,
+        }
+    }
+
+    /// Failed requests, all outcomes together.
+    pub fn failed(&self) -> u64 {
+        self.errors.values().sum()
+    }
+
+    /// Every SLO that decides the knee met its objective.
+    pub fn meets_slos(&self) -> bool {
+        self.attainment.iter().filter(|a| a.required).all(Attainment::met)
+    }
+
+    /// The deciding SLO that missed its objective by the most (relative to its error budget).
+    pub fn limited_by(&self) -> Option<&str> {
+        self.attainment
+            .iter()
+            .filter(|a| a.required && !a.met())
+            .max_by(|a, b| shortfall(a).total_cmp(&shortfall(b)))
+            .map(|a| a.slo.as_str())
+    }
+}
+
+/// Requests completed per second under `load`. Closed loop, by Little's law: C clients that
+/// each wait for their answer complete C / mean(e2e) requests per second, whatever the phase
+/// of their waves within the window. Open loop: the requests that arrived in the window, per
+/// second of it (the arrival rate, which completions match while the engine keeps up).
+pub fn throughput(load: Load, requests: usize, busy_s: f64, window_s: f64) -> f64 {
+    match load {
+        Load::Concurrency(clients) if busy_s > 0.0 => clients as f64 * requests as f64 / busy_s,
+        Load::Concurrency(_) => 0.0,
+        Load::Rate(_) => requests as f64 / window_s,
+    }
+}
+
+/// How far below its objective an SLO fell, in error budgets (NaN attainment: the worst).
+fn shortfall(a: &Attainment) -> f64 {
+    if a.attainment.is_nan() {
+        return f64::INFINITY;
+    }
+    (a.objective - a.attainment) / (1.0 - a.objective)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::record::{Operation, RequestRecord};
+    use crate::slo::spec::{GoodputEntry, SloEntry, SloFile};
+    use tokio::time::Instant;
+
+    fn slos(require: &[&str]) -> SloSet {
+        let entry = |name: &str, ttft: Option<u64>, tpot: Option<u64>| SloEntry {
+            name: name.into(),
+            objective: 99.0,
+            ttft: ttft.map(Duration::from_millis),
+            tpot: tpot.map(Duration::from_millis),
+            e2e: None,
+            availability: false,
+            runbook_url: None,
+        };
+        let file = SloFile {
+            slos: vec![entry("ttft", Some(500), None), entry("tpot", None, Some(30))],
+            goodput: Some(GoodputEntry {
+                require: require.iter().map(|s| s.to_string()).collect(),
+            }),
+        };
+        SloSet::validate(None, None, None, file).unwrap()
+    }
+
+    fn sample(outcome: Outcome, ttft_ms: u64, tpot_ms: u64, tokens: u64) -> Sample {
+        Sample {
+            sent: Instant::now(),
+            record: RequestRecord {
+                model: "m".into(),
+                operation: Operation::Chat,
+                outcome,
+                ttft: Some(Duration::from_millis(ttft_ms)),
+                tpot_per_choice: vec![Duration::from_millis(tpot_ms)],
+                e2e: Duration::from_millis(ttft_ms + tpot_ms * (tokens - 1)),
+                output_tokens: Some(tokens),
+                input_tokens: Some(10),
+                token_events: tokens,
+                count_source: None,
+            },
+            gaps: vec![Duration::from_millis(tpot_ms); tokens as usize - 1],
+            failure: (outcome != Outcome::Success).then(|| "503 Service Unavailable".to_string()),
+        }
+    }
+
+    #[test]
+    fn quantiles_are_observed_values() {
+        let q = Quantiles::of((1..=100).rev().map(f64::from).collect());
+        assert_eq!((q.p50, q.p90, q.p99, q.mean), (50.0, 90.0, 99.0, 50.5));
+        assert!(Quantiles::of(vec![]).p99.is_nan());
+        assert_eq!(Quantiles::of(vec![0.25]).p50, 0.25);
+    }
+
+    #[tokio::test]
+    async fn attainment_goodput_and_throughput() {
+        let mut samples = vec![sample(Outcome::Success, 100, 20, 10); 97];
+        samples.push(sample(Outcome::Success, 100, 40, 10)); // misses the TPOT SLO
+        samples.push(sample(Outcome::Success, 900, 20, 10)); // misses the TTFT SLO
+        samples.push(sample(Outcome::UpstreamError, 100, 20, 10));
+        let step = StepResult::from_samples(Load::Rate(10.0), Duration::from_secs(10), &samples, &slos(&["tpot"]));
+        assert_eq!(step.requests, 100);
+        assert_eq!(step.errors.get("upstream_error"), Some(&1));
+        assert_eq!(step.error_examples["upstream_error"], "503 Service Unavailable");
+        // The TPOT SLO judged the 99 successes: 98 good.
+        let tpot = &step.attainment[1];
+        assert_eq!((tpot.valid, tpot.good, tpot.required), (99, 98, true));
+        assert!(!step.attainment[0].required, "only goodput.require decides");
+        assert!(!step.meets_slos());
+        assert_eq!(step.limited_by(), Some("tpot"));
+        // Goodput: the 98 that met TPOT (the slow-TTFT one counts: TTFT is not required).
+        assert_eq!(step.goodput_requests_per_second, 9.8);
+        assert_eq!(step.goodput_output_tokens_per_second, 98.0);
+        assert_eq!(step.output_tokens_per_second, 99.0);
+        assert_eq!(step.ttft.p99, 0.9);
+        assert_eq!(step.tpot.p50, 0.02);
+        assert_eq!(step.itl.p50, 0.02);
+        assert_eq!(step.prompt_tokens_mean, 10.0);
+        assert!((step.per_user_tokens_per_second - (98.0 * 50.0 + 25.0) / 99.0).abs() < 1e-9);
+    }
+
+    #[tokio::test]
+    async fn closed_loop_throughput_follows_littles_law() {
+        // 4 clients, each request 280 ms: 4 / 0.28 s = 14.29 req/s, whatever the window.
+        let samples = vec![sample(Outcome::Success, 100, 20, 10); 12];
+        for window in [1, 3, 7] {
+            let step =
+                StepResult::from_samples(Load::Concurrency(4), Duration::from_secs(window), &samples, &slos(&[]));
+            assert!((step.requests_per_second - 4.0 / 0.28).abs() < 1e-9);
+            assert!((step.output_tokens_per_second - 40.0 / 0.28).abs() < 1e-9);
+            assert!((step.goodput_requests_per_second - step.requests_per_second).abs() < 1e-9);
+        }
+        assert_eq!(throughput(Load::Concurrency(4), 0, 0.0, 1.0), 0.0);
+    }
+
+    #[tokio::test]
+    async fn without_goodput_require_every_slo_decides() {
+        let samples = vec![sample(Outcome::Success, 100, 20, 10); 50];
+        let step = StepResult::from_samples(Load::Rate(2.0), Duration::from_secs(5), &samples, &slos(&[]));
+        assert!(step.attainment.iter().all(|a| a.required && a.met()));
+        assert!(step.meets_slos());
+        assert_eq!(step.limited_by(), None);
+        let none = StepResult::from_samples(Load::Rate(2.0), Duration::from_secs(5), &[], &slos(&[]));
+        assert!(!none.meets_slos(), "an SLO that judged nothing is not met");
+    }
+}

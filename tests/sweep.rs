@@ -1,0 +1,367 @@
+//! `llmslo sweep` against real servers on 127.0.0.1: the knee of the batching simulator,
+//! exact under paused time and within 10 % through the binary in real time, and every bad
+//! input a user can give it.
+
+mod common;
+
+use common::{free_port, start_engine, timed_engine};
+use llmslo::simulate::batching::BatchingOptions;
+use llmslo::simulate::SimOptions;
+use llmslo::slo::spec::SloSet;
+use llmslo::sweep::client::Endpoint;
+use llmslo::sweep::stats::Load;
+use llmslo::sweep::{LoadPlan, SweepError, SweepOptions};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The issue's engine: a 10 ms step plus 0.5 ms per running sequence, no prefill cost, so
+/// TPOT at C clients is 10 + 0.5·C ms and a 30 ms TPOT SLO has its knee at exactly 40.
+fn knee_40_engine() -> SimOptions {
+    SimOptions {
+        batching: Some(BatchingOptions {
+            step_base: Duration::from_millis(10),
+            step_per_seq: Duration::from_micros(500),
+            prefill_per_token: Duration::ZERO,
+            max_batch: 256,
+            kv_tokens: None,
+        }),
+        ..SimOptions::default()
+    }
+}
+
+const TPOT_30MS: &str =
+    "slos:\n  - name: tpot-30ms\n    objective: 95\n    tpot: 30ms\ngoodput:\n  require: [tpot-30ms]\n";
+
+fn write_config(name: &str, yaml: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("llmslo-sweep-{}-{name}.yaml", std::process::id()));
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+fn slos(yaml: &str) -> SloSet {
+    llmslo::config::Config::slos_from_file(&write_config("lib", yaml)).unwrap()
+}
+
+fn options(target: String, loads: LoadPlan) -> SweepOptions {
+    SweepOptions {
+        target,
+        slos: slos(TPOT_30MS),
+        model: None,
+        endpoint: Endpoint::Chat,
+        api_key: None,
+        loads,
+        warmup: Duration::from_secs(1),
+        duration: Duration::from_secs(3),
+        prompt_tokens: 64,
+        output_tokens: 32,
+        dataset: None,
+        ignore_eos: true,
+        request_timeout: Duration::from_secs(60),
+        seed: 1,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn auto_finds_the_analytic_knee_exactly_under_paused_time() {
+    let (engine, stop) = start_engine(knee_40_engine()).await;
+    let report = llmslo::sweep::run(options(format!("http://{engine}"), LoadPlan::Auto { max: 1024 }))
+        .await
+        .unwrap();
+    assert_eq!(report.model, "sim", "the model comes from /v1/models");
+    assert_eq!(report.knee.load, Some(Load::Concurrency(40)), "{}", report.render());
+    assert_eq!(report.knee.limited_by.as_deref(), Some("tpot-30ms"));
+    // Every step's TPOT is the step model's, and the goodput at the knee is every request.
+    for step in &report.steps {
+        let Load::Concurrency(c) = step.load else { panic!() };
+        let expected = (10.0 + 0.5 * c as f64) / 1e3;
+        assert!(
+            (step.tpot.p50 - expected).abs() / expected < 0.02,
+            "c={c}: {:?}",
+            step.tpot
+        );
+        assert_eq!(step.failed(), 0);
+    }
+    let knee = report.steps.iter().find(|s| s.load == Load::Concurrency(40)).unwrap();
+    assert_eq!(knee.goodput_requests_per_second, knee.requests_per_second);
+    // Little's law: 40 clients, each request 32 tokens at 30 ms after a first step.
+    assert!((knee.output_tokens_per_second - 40.0 * 32.0 / knee.e2e.mean).abs() < 1.0);
+    let json = report.to_json();
+    assert_eq!(json["knee"]["concurrency"], 40);
+    assert_eq!(json["knee"]["limited_by"], "tpot-30ms");
+    let steps = json["steps"].as_array().unwrap();
+    let concurrencies: Vec<u64> = steps.iter().map(|s| s["concurrency"].as_u64().unwrap()).collect();
+    assert_eq!(concurrencies, [1, 2, 4, 8, 16, 32, 40, 44, 48, 64], "sorted by load");
+    assert_eq!(steps[6]["attainment"]["tpot-30ms"], 1.0);
+    assert_eq!(steps[7]["attainment"]["tpot-30ms"], 0.0);
+    for key in [
+        "tpot_p99_s",
+        "ttft_p99_s",
+        "itl_p99_s",
+        "e2e_p50_s",
+        "per_user_output_tokens_per_second",
+    ] {
+        assert!(steps[0][key].as_f64().unwrap() > 0.0, "{key}");
+    }
+    let svg = llmslo::sweep::plot::render(&report).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("knee: c=40") && svg.contains("tpot-30ms"));
+    stop.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn poisson_steps_report_the_arrival_rate_and_the_knee() {
+    let (engine, stop) = start_engine(knee_40_engine()).await;
+    let mut options = options(format!("http://{engine}"), LoadPlan::Rate(vec![5.0, 20.0, 120.0]));
+    options.duration = Duration::from_secs(10);
+    let report = llmslo::sweep::run(options).await.unwrap();
+    let [low, mid, high] = &report.steps[..] else { panic!() };
+    for (step, rate) in [(low, 5.0), (mid, 20.0)] {
+        let measured = step.requests as f64 / step.window_s;
+        assert!((measured - rate).abs() / rate < 0.3, "{rate}/s: {measured}");
+        assert!(step.meets_slos(), "{}", report.render());
+    }
+    // 120 req/s of ~1 s requests keeps ~120 running: TPOT ~70 ms.
+    assert!(!high.meets_slos() && high.tpot.p50 > 0.05, "{}", report.render());
+    assert_eq!(report.knee.load, Some(Load::Rate(20.0)));
+    assert_eq!(report.to_json()["knee"]["rate"], 20.0);
+    stop.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn failed_requests_are_counted_and_every_failure_is_fatal() {
+    let (flaky, stop_flaky) = start_engine(SimOptions {
+        error_rate: 0.2,
+        seed: 7,
+        ..timed_engine(20, 5)
+    })
+    .await;
+    let mut sweep = options(format!("http://{flaky}"), LoadPlan::Concurrency(vec![4]));
+    sweep.model = Some("sim".into());
+    let report = llmslo::sweep::run(sweep).await.unwrap();
+    let step = &report.steps[0];
+    let errors = step.errors["upstream_error"];
+    assert!(errors > 0 && errors < step.requests, "{:?}", step.errors);
+    assert!(step.error_examples["upstream_error"].starts_with("500 Internal Server Error"));
+    assert_eq!(
+        step.attainment[0].valid,
+        step.requests - errors,
+        "failures are not latency events"
+    );
+    stop_flaky.cancel();
+
+    let (broken, stop_broken) = start_engine(SimOptions {
+        error_rate: 1.0,
+        ..timed_engine(20, 5)
+    })
+    .await;
+    let error = llmslo::sweep::run(options(format!("http://{broken}"), LoadPlan::Concurrency(vec![2])))
+        .await
+        .unwrap_err();
+    assert!(matches!(error, SweepError::Target(_)));
+    assert!(
+        error
+            .to_string()
+            .contains("c=2: every request failed (upstream_error: 500"),
+        "{error}"
+    );
+    stop_broken.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_dataset_prompts_are_sent_in_turn() {
+    let (engine, stop) = start_engine(timed_engine(20, 5)).await;
+    let dataset = std::env::temp_dir().join(format!("llmslo-sweep-{}.jsonl", std::process::id()));
+    let long = "word ".repeat(400);
+    std::fs::write(
+        &dataset,
+        format!("{{\"prompt\": \"{long}\"}}\n{{\"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}]}}\n"),
+    )
+    .unwrap();
+    let mut sweep = options(format!("http://{engine}/v1"), LoadPlan::Concurrency(vec![1]));
+    sweep.dataset = Some(dataset);
+    let report = llmslo::sweep::run(sweep).await.unwrap();
+    let step = &report.steps[0];
+    // The simulator counts a token per four characters: 500 and 1, alternately.
+    assert!(
+        step.prompt_tokens_mean > 100.0 && step.prompt_tokens_mean < 450.0,
+        "{}",
+        step.prompt_tokens_mean
+    );
+    stop.cancel();
+}
+
+/// Runs the binary without blocking the runtime that serves the engine.
+async fn sweep_cli(args: Vec<String>) -> (i32, String, String) {
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        common::llmslo_output(&args)
+    })
+    .await
+    .unwrap()
+}
+
+fn args(list: &[&str]) -> Vec<String> {
+    list.iter().map(|s| s.to_string()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_finds_the_knee_within_ten_percent_and_writes_json_and_plot() {
+    let (engine, stop) = start_engine(knee_40_engine()).await;
+    let config = write_config("cli", TPOT_30MS);
+    let dir = std::env::temp_dir();
+    let json = dir.join(format!("llmslo-sweep-{}.json", std::process::id()));
+    let plot = dir.join(format!("llmslo-sweep-{}.svg", std::process::id()));
+    let (code, stdout, stderr) = sweep_cli(args(&[
+        "sweep",
+        "--target",
+        &format!("http://{engine}"),
+        "--config",
+        config.to_str().unwrap(),
+        "--concurrency",
+        "auto",
+        "--max-concurrency",
+        "64",
+        "--warmup",
+        "0.5s",
+        "--duration",
+        "2s",
+        "--output-tokens",
+        "32",
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
+    ]))
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let knee = report["knee"]["concurrency"].as_f64().unwrap();
+    assert!((knee - 40.0).abs() <= 4.0, "knee {knee}, analytic 40:\n{stdout}");
+    assert_eq!(report["knee"]["limited_by"], "tpot-30ms");
+    assert!(report["knee"]["goodput_output_tokens_per_second"].as_f64().unwrap() > 0.0);
+    assert!(
+        stdout.contains("◀ knee") && stdout.contains("limited by `tpot-30ms`"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("c=1: ") && stderr.contains("meets SLOs"),
+        "a line per step off a terminal: {stderr}"
+    );
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("Per-user speed against throughput"));
+    stop.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_error_and_a_non_zero_exit() {
+    let config = write_config("bad", TPOT_30MS);
+    let config = config.to_str().unwrap();
+    let unused = format!("http://127.0.0.1:{}", free_port());
+    let run = |extra: &[&str]| {
+        let mut all = args(&["sweep", "--config", config, "--duration", "1s", "--warmup", "0s"]);
+        all.extend(args(extra));
+        sweep_cli(all)
+    };
+
+    let (code, _, stderr) = run(&["--target", &unused]).await;
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("cannot reach") && stderr.contains("/v1/models"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(&["--target", &unused, "--model", "m"]).await;
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("cannot reach") && stderr.contains("Connection refused"),
+        "{stderr}"
+    );
+
+    let (engine, stop) = start_engine(timed_engine(5, 1)).await;
+    let target = format!("http://{engine}");
+    let (code, _, stderr) = run(&["--target", &target, "--model", "nope"]).await;
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("refused the request: 404 Not Found: The model `nope` does not exist."),
+        "{stderr}"
+    );
+
+    let no_latency = write_config(
+        "availability",
+        "slos:\n  - name: up\n    objective: 99\n    availability: true\n",
+    );
+    let (code, _, stderr) = sweep_cli(args(&[
+        "sweep",
+        "--target",
+        &target,
+        "--config",
+        no_latency.to_str().unwrap(),
+    ]))
+    .await;
+    assert_eq!(code, 64);
+    assert!(stderr.contains("no latency SLO"), "{stderr}");
+
+    let (code, _, stderr) = run(&["--target", &target, "--concurrency", "4", "--rate", "2"]).await;
+    assert_eq!(code, 2, "clap refuses contradictory flags");
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+    let (code, _, stderr) = run(&["--target", &target, "--prompt-tokens", "9", "--dataset", "x.jsonl"]).await;
+    assert_eq!(code, 2);
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
+    let (code, _, stderr) = run(&["--target", &target, "--concurrency", "1,many"]).await;
+    assert_eq!(code, 64);
+    assert!(stderr.contains("--concurrency many: expected `auto`"), "{stderr}");
+    let (code, _, stderr) = run(&["--target", &target, "--rate", "0"]).await;
+    assert_eq!(code, 64);
+    assert!(
+        stderr.contains("--rate 0: rates are requests per second above zero"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(&["--target", &target, "--output-tokens", "1"]).await;
+    assert_eq!(code, 64);
+    assert!(stderr.contains("TPOT needs at least 2 output tokens"), "{stderr}");
+    let (code, _, stderr) = run(&["--target", "https://api.example.com"]).await;
+    assert_eq!(code, 64);
+    assert!(stderr.contains("https is not supported"), "{stderr}");
+    let (code, _, stderr) = run(&["--target", &target, "--plot", "/nonexistent/dir/p.svg"]).await;
+    assert_eq!(code, 64);
+    assert!(
+        stderr.contains("/nonexistent/dir/p.svg: cannot write there"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(&["--target", &target, "--dataset", "/nonexistent/prompts.jsonl"]).await;
+    assert_eq!(code, 64);
+    assert!(stderr.contains("/nonexistent/prompts.jsonl: No such file"), "{stderr}");
+    stop.cancel();
+
+    // A JSON-only endpoint: the sweep says it does not stream.
+    let (json_only, _) = common::scripted_upstream(common::Script {
+        head: "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked".into(),
+        pieces: vec![(
+            Duration::ZERO,
+            br#"{"choices": [{"message": {"content": "hi"}}]}"#.to_vec(),
+        )],
+        ..common::Script::sse(vec![])
+    })
+    .await;
+    let (code, _, stderr) = run(&["--target", &format!("http://{json_only}"), "--model", "m"]).await;
+    assert_eq!(code, 1);
+    assert!(
+        stderr.contains("Content-Type application/json, not an event stream"),
+        "{stderr}"
+    );
+
+    // --json - prints the document instead of the table; the engine was still fine.
+    let (engine, stop) = start_engine(timed_engine(5, 1)).await;
+    let (code, stdout, stderr) = run(&[
+        "--target",
+        &format!("http://{engine}"),
+        "--concurrency",
+        "2",
+        "--json",
+        "-",
+    ])
+    .await;
+    assert_eq!(code, 0, "{stderr}");
+    let document: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(document["steps"][0]["concurrency"], 2);
+    assert_eq!(document["knee"]["concurrency"], 2);
+    stop.cancel();
+}
