@@ -51,7 +51,7 @@ fn llmslo_commands(block: &str) -> Vec<Vec<String>> {
             };
             let args: Vec<String> = words[start + 1..]
                 .iter()
-                .take_while(|w| !["|", ">", "#", "2>&1"].contains(w) && !w.starts_with('<'))
+                .take_while(|w| !["|", ">", "#", "2>&1", "&"].contains(w) && !w.starts_with('<'))
                 .map(|w| w.to_string())
                 .collect();
             commands.push(args);
@@ -99,4 +99,34 @@ fn the_readme_config_examples_are_valid() {
             panic!("README example does not validate: {e}\n{yaml}");
         }
     }
+}
+
+#[test]
+fn every_llmslo_command_in_the_docs_parses() {
+    use clap::{CommandFactory, Parser};
+    let subcommands: Vec<String> = llmslo::cli::Cli::command()
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    let mut parsed = 0;
+    for (file, text) in documents() {
+        for block in blocks(&text, "sh") {
+            for args in llmslo_commands(&block) {
+                // `helm install llmslo helm/llmslo …` names the release, not the binary.
+                let runs_llmslo = args.first().is_some_and(|a| a.starts_with('-') || subcommands.contains(a));
+                if !runs_llmslo || args.iter().any(|a| a.contains('…') || a.starts_with('[')) {
+                    continue;
+                }
+                let argv = std::iter::once("llmslo").chain(args.iter().map(String::as_str));
+                if let Err(e) = llmslo::cli::Cli::try_parse_from(argv) {
+                    use clap::error::ErrorKind;
+                    if !matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                        panic!("{file}: `llmslo {}` does not parse: {e}", args.join(" "));
+                    }
+                }
+                parsed += 1;
+            }
+        }
+    }
+    assert!(parsed >= 15, "only {parsed} commands parsed: the extraction is broken");
 }

@@ -80,6 +80,10 @@ async fn auto_finds_the_analytic_knee_exactly_under_paused_time() {
             step.tpot
         );
         assert_eq!(step.failed(), 0);
+        assert!(
+            step.ttfb.p50 <= step.ttft.p50,
+            "the first bytes come no later than the first token"
+        );
     }
     let knee = report.steps.iter().find(|s| s.load == Load::Concurrency(40)).unwrap();
     assert_eq!(knee.goodput_requests_per_second, knee.requests_per_second);
@@ -102,6 +106,8 @@ async fn auto_finds_the_analytic_knee_exactly_under_paused_time() {
     ] {
         assert!(steps[0][key].as_f64().unwrap() > 0.0, "{key}");
     }
+    // The simulator's role chunk leaves at once: under paused time, no time has passed.
+    assert_eq!(steps[0]["ttfb_p99_s"], 0.0);
     let svg = llmslo::sweep::plot::render(&report).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("knee: c=40") && svg.contains("tpot-30ms"));
     stop.cancel();

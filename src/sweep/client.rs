@@ -69,6 +69,8 @@ pub struct Sample {
     pub record: RequestRecord,
     /// Gaps between its token events (inter-chunk latency).
     pub gaps: Vec<Duration>,
+    /// From sending to the first body bytes of a streamed answer (time to first byte).
+    pub ttfb: Option<Duration>,
     /// For a failure: what the target said or what went wrong, bounded.
     pub failure: Option<String>,
 }
@@ -92,7 +94,6 @@ impl Requester {
         connector.set_connect_timeout(Some(Duration::from_secs(10)));
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
-            .pool_max_idle_per_host(usize::MAX)
             .build(connector);
         Ok(Self { client, shape, uri })
     }
@@ -138,6 +139,7 @@ impl Requester {
                 count_source: None,
             },
             gaps: Vec::new(),
+            ttfb: None,
             failure: None,
         };
         let outcome = match tokio::time::timeout(self.shape.timeout, self.exchange(body, sent, &mut sample)).await {
@@ -205,7 +207,9 @@ impl Requester {
             match frame {
                 Ok(frame) => {
                     if let Some(data) = frame.data_ref() {
-                        observer.feed(data, Instant::now(), |gap| gaps.push(gap));
+                        let now = Instant::now();
+                        sample.ttfb.get_or_insert(now - sent);
+                        observer.feed(data, now, |gap| gaps.push(gap));
                     }
                 }
                 Err(e) => {

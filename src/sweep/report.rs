@@ -205,6 +205,7 @@ impl Report {
                 s.insert("errors".into(), json!(step.errors));
                 for (name, q) in [
                     ("ttft", step.ttft),
+                    ("ttfb", step.ttfb),
                     ("tpot", step.tpot),
                     ("itl", step.itl),
                     ("e2e", step.e2e),

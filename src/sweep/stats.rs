@@ -109,6 +109,9 @@ pub struct StepResult {
     pub error_examples: BTreeMap<&'static str, String>,
     /// Time to first token.
     pub ttft: Quantiles,
+    /// Time to the first body bytes: what clients that stamp the first chunk, even a role-only
+    /// one, call TTFT (`vllm bench serve` does).
+    pub ttfb: Quantiles,
     /// Time per output token.
     pub tpot: Quantiles,
     /// Gaps between token events.
@@ -143,6 +146,7 @@ impl StepResult {
         let (mut good_requests, mut good_tokens, mut output_tokens) = (0u64, 0u64, 0u64);
         let mut succeeded = 0u64;
         let (mut ttft, mut tpot, mut itl, mut e2e, mut prompt) = (vec![], vec![], vec![], vec![], vec![]);
+        let mut ttfb = vec![];
         let mut busy_s = 0.0;
         for sample in samples {
             busy_s += sample.record.e2e.as_secs_f64();
@@ -172,6 +176,7 @@ impl StepResult {
                 good_tokens += tokens;
             }
             ttft.extend(record.ttft.map(|d| d.as_secs_f64()));
+            ttfb.extend(sample.ttfb.map(|d| d.as_secs_f64()));
             tpot.extend(record.tpot().map(|d| d.as_secs_f64()));
             e2e.push(record.e2e.as_secs_f64());
             itl.extend(sample.gaps.iter().map(Duration::as_secs_f64));
@@ -219,6 +224,7 @@ impl StepResult {
             errors,
             error_examples,
             ttft: Quantiles::of(ttft),
+            ttfb: Quantiles::of(ttfb),
             tpot: Quantiles::of(tpot),
             itl: Quantiles::of(itl),
             e2e: Quantiles::of(e2e),
@@ -319,6 +325,7 @@ mod tests {
                 count_source: None,
             },
             gaps: vec![Duration::from_millis(tpot_ms); tokens as usize - 1],
+            ttfb: Some(Duration::from_millis(ttft_ms)),
             failure: (outcome != Outcome::Success).then(|| "503 Service Unavailable".to_string()),
         }
     }
