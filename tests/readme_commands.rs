@@ -113,7 +113,9 @@ fn every_llmslo_command_in_the_docs_parses() {
         for block in blocks(&text, "sh") {
             for args in llmslo_commands(&block) {
                 // `helm install llmslo helm/llmslo …` names the release, not the binary.
-                let runs_llmslo = args.first().is_some_and(|a| a.starts_with('-') || subcommands.contains(a));
+                let runs_llmslo = args
+                    .first()
+                    .is_some_and(|a| a.starts_with('-') || subcommands.contains(a));
                 if !runs_llmslo || args.iter().any(|a| a.contains('…') || a.starts_with('[')) {
                     continue;
                 }
