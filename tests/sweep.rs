@@ -179,7 +179,9 @@ async fn the_dataset_prompts_are_sent_in_turn() {
     let long = "word ".repeat(400);
     std::fs::write(
         &dataset,
-        format!("{{\"prompt\": \"{long}\"}}\n{{\"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}]}}\n"),
+        format!(
+            "{{\"prompt\": \"{long}\", \"output_tokens\": 16}}\n{{\"messages\": [{{\"role\": \"user\", \"content\": \"hi\"}}]}}\n"
+        ),
     )
     .unwrap();
     let mut sweep = options(format!("http://{engine}/v1"), LoadPlan::Concurrency(vec![1]));

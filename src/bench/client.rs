@@ -1,6 +1,7 @@
 //! The benchmark's clients: streams chat completions back to back and stamps, as a client on
 //! the same host sees them, the first token and the gaps between the frames that follow.
 
+use crate::sweep::stats::nearest_rank;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -31,12 +32,12 @@ pub struct Samples {
 impl Samples {
     /// 99th percentile TTFT, seconds (NaN without samples).
     pub fn ttft_p99(&self) -> f64 {
-        p99(&self.ttft)
+        nearest_rank(&self.ttft, 0.99)
     }
 
     /// 99th percentile gap between frames, seconds (NaN without samples).
     pub fn gap_p99(&self) -> f64 {
-        p99(&self.gaps)
+        nearest_rank(&self.gaps, 0.99)
     }
 
     fn merge(&mut self, other: Samples) {
@@ -47,15 +48,6 @@ impl Samples {
         self.ttft.extend(other.ttft);
         self.gaps.extend(other.gaps);
     }
-}
-
-/// The nearest-rank 99th percentile of sorted values.
-fn p99(sorted: &[f64]) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (sorted.len() as f64 * 0.99).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// `streams` clients against `target`, each asking for `tokens` per request: `warmup` to open
@@ -162,16 +154,6 @@ fn carries_token(data: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn nearest_rank_p99() {
-        assert!(p99(&[]).is_nan());
-        assert_eq!(p99(&[5.0]), 5.0);
-        let hundred: Vec<f64> = (1..=100).map(f64::from).collect();
-        assert_eq!(p99(&hundred), 99.0);
-        let thousand: Vec<f64> = (1..=1000).map(f64::from).collect();
-        assert_eq!(p99(&thousand), 990.0);
-    }
 
     #[test]
     fn the_role_only_chunk_carries_no_token() {

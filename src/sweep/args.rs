@@ -46,7 +46,7 @@ pub struct SweepArgs {
     /// Length of the synthetic prompt, in tokens.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000_000), conflicts_with = "dataset")]
     prompt_tokens: u32,
-    /// Output tokens asked of every request (`max_tokens`).
+    /// Output tokens asked of every request (`max_tokens`; a dataset line's own `output_tokens` wins).
     #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     output_tokens: u32,
     /// Prompts from a JSONL file (`{"prompt": …}`, `{"messages": […]}` or ShareGPT's `{"conversations": […]}`), taken in turn.

@@ -3,7 +3,7 @@
 //! is held until the last of them ends, so every recorded request ran under the same load.
 
 use super::client::{Requester, Sample};
-use super::prompts::Prompt;
+use super::prompts::Entry;
 use super::stats::Load;
 use bytes::Bytes;
 use indicatif::ProgressBar;
@@ -28,8 +28,6 @@ pub struct StepPlan {
     pub warmup: Duration,
     /// The measured window.
     pub duration: Duration,
-    /// Output tokens asked of each request.
-    pub output_tokens: u32,
     /// Seed for arrival times.
     pub seed: u64,
 }
@@ -42,10 +40,13 @@ pub struct Bodies {
 }
 
 impl Bodies {
-    /// Every prompt's request body, asking for `output_tokens`.
-    pub fn new(requester: &Requester, prompts: &[Prompt], output_tokens: u32) -> Self {
+    /// Every entry's request body, asking for its own output length or `output_tokens`.
+    pub fn new(requester: &Requester, entries: &[Entry], output_tokens: u32) -> Self {
         Self {
-            bodies: prompts.iter().map(|p| requester.body(p, output_tokens)).collect(),
+            bodies: entries
+                .iter()
+                .map(|e| requester.body(&e.prompt, e.output_tokens.unwrap_or(output_tokens)))
+                .collect(),
             next: AtomicUsize::new(0),
         }
     }

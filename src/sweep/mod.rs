@@ -17,7 +17,7 @@ use client::{Endpoint, RequestShape, Requester};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use knee::KneeSearch;
 use load::{Bodies, StepPlan};
-use prompts::Prompt;
+use prompts::{Entry, Prompt};
 use report::{Knee, Report};
 use stats::{Load, StepResult};
 use std::io::IsTerminal;
@@ -60,7 +60,7 @@ pub struct SweepOptions {
     pub duration: Duration,
     /// Length of the synthetic prompts.
     pub prompt_tokens: u32,
-    /// Output tokens asked of each request.
+    /// Output tokens asked of each request (a dataset line may set its own).
     pub output_tokens: u32,
     /// Prompts from a JSONL file instead of synthetic ones.
     pub dataset: Option<PathBuf>,
@@ -98,9 +98,12 @@ pub async fn run(options: SweepOptions) -> Result<Report, SweepError> {
         ));
     }
     let base = base_url(&options.target)?;
-    let prompts: Vec<Prompt> = match &options.dataset {
+    let entries: Vec<Entry> = match &options.dataset {
         Some(path) => prompts::load_dataset(path).map_err(SweepError::Usage)?,
-        None => vec![prompts::synthetic(options.prompt_tokens)],
+        None => vec![Entry {
+            prompt: prompts::synthetic(options.prompt_tokens),
+            output_tokens: None,
+        }],
     };
     let mut shape = RequestShape {
         base: base.clone(),
@@ -119,13 +122,18 @@ pub async fn run(options: SweepOptions) -> Result<Report, SweepError> {
             .ok_or_else(|| SweepError::Target(format!("{base}/v1/models lists no model: pass --model")))?;
     }
     let requester = Requester::new(shape).map_err(SweepError::Usage)?;
-    let bodies = Arc::new(Bodies::new(&requester, &prompts, options.output_tokens));
-    preflight(&requester, &prompts[0], options.output_tokens).await?;
+    let bodies = Arc::new(Bodies::new(&requester, &entries, options.output_tokens));
+    let first = &entries[0];
+    preflight(
+        &requester,
+        &first.prompt,
+        first.output_tokens.unwrap_or(options.output_tokens),
+    )
+    .await?;
 
     let plan = StepPlan {
         warmup: options.warmup,
         duration: options.duration,
-        output_tokens: options.output_tokens,
         seed: options.seed,
     };
     let mut steps = Vec::new();

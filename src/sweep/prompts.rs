@@ -43,6 +43,15 @@ impl Prompt {
     }
 }
 
+/// One line of a dataset: its prompt and, when the line says, its own output length.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Entry {
+    /// What to send.
+    pub prompt: Prompt,
+    /// `output_tokens` (or `max_tokens`) of the line; `None` takes `--output-tokens`.
+    pub output_tokens: Option<u32>,
+}
+
 /// A prompt of about `tokens` tokens made of short common words.
 pub fn synthetic(tokens: u32) -> Prompt {
     let words: Vec<&str> = (0..tokens.max(1) as usize)
@@ -52,7 +61,7 @@ pub fn synthetic(tokens: u32) -> Prompt {
 }
 
 /// Reads a JSONL dataset: one prompt per non-empty line.
-pub fn load_dataset(path: &Path) -> Result<Vec<Prompt>, String> {
+pub fn load_dataset(path: &Path) -> Result<Vec<Entry>, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut prompts = Vec::new();
     for (index, line) in text.lines().enumerate() {
@@ -61,9 +70,17 @@ pub fn load_dataset(path: &Path) -> Result<Vec<Prompt>, String> {
         }
         let at = |message: &str| format!("{}:{}: {message}", path.display(), index + 1);
         let value: Value = serde_json::from_str(line).map_err(|e| at(&format!("not JSON ({e})")))?;
-        prompts.push(parse_line(&value).ok_or_else(|| {
+        let prompt = parse_line(&value).ok_or_else(|| {
             at(r#"expected {"prompt": "…"}, {"messages": [{"role": …, "content": …}]} or {"conversations": […]}"#)
-        })?);
+        })?;
+        let output_tokens = match value.get("output_tokens").or_else(|| value.get("max_tokens")) {
+            None | Some(Value::Null) => None,
+            Some(n) => match n.as_u64() {
+                Some(n @ 1..=1_000_000) => Some(n as u32),
+                _ => return Err(at("output_tokens must be a whole number from 1 to 1000000")),
+            },
+        };
+        prompts.push(Entry { prompt, output_tokens });
     }
     if prompts.is_empty() {
         return Err(format!("{}: no prompts in the file", path.display()));
@@ -108,7 +125,7 @@ mod tests {
     #[test]
     fn every_dataset_shape_is_read() {
         let mut file = tempfile();
-        writeln!(file.1, r#"{{"prompt": "plain"}}"#).unwrap();
+        writeln!(file.1, r#"{{"prompt": "plain", "output_tokens": 12}}"#).unwrap();
         writeln!(file.1).unwrap();
         writeln!(file.1, r#"{{"messages": [{{"role": "user", "content": "chat"}}]}}"#).unwrap();
         writeln!(
@@ -116,12 +133,14 @@ mod tests {
             r#"{{"conversations": [{{"from": "system", "value": "s"}}, {{"from": "human", "value": "share"}}]}}"#
         )
         .unwrap();
-        let prompts = load_dataset(&file.0).unwrap();
-        assert_eq!(prompts.len(), 3);
-        assert_eq!(prompts[0], Prompt::Text("plain".into()));
-        assert_eq!(prompts[1].text(), "chat");
-        assert_eq!(prompts[1].messages()[0]["role"], "user");
-        assert_eq!(prompts[2], Prompt::Text("share".into()));
+        let entries = load_dataset(&file.0).unwrap();
+        assert_eq!(entries.len(), 3);
+        assert_eq!(entries[0].prompt, Prompt::Text("plain".into()));
+        assert_eq!(entries[0].output_tokens, Some(12));
+        assert_eq!(entries[1].prompt.text(), "chat");
+        assert_eq!(entries[1].prompt.messages()[0]["role"], "user");
+        assert_eq!(entries[1].output_tokens, None);
+        assert_eq!(entries[2].prompt, Prompt::Text("share".into()));
     }
 
     #[test]
@@ -136,6 +155,11 @@ mod tests {
             ),
             "{error}"
         );
+        let mut zero = tempfile();
+        writeln!(zero.1, r#"{{"prompt": "p", "max_tokens": 0}}"#).unwrap();
+        assert!(load_dataset(&zero.0)
+            .unwrap_err()
+            .contains(":1: output_tokens must be a whole number"));
         let mut broken = tempfile();
         writeln!(broken.1, "{{oops").unwrap();
         assert!(load_dataset(&broken.0).unwrap_err().contains(":1: not JSON"));

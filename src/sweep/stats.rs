@@ -336,6 +336,9 @@ mod tests {
         assert_eq!((q.p50, q.p90, q.p99, q.mean), (50.0, 90.0, 99.0, 50.5));
         assert!(Quantiles::of(vec![]).p99.is_nan());
         assert_eq!(Quantiles::of(vec![0.25]).p50, 0.25);
+        let thousand: Vec<f64> = (1..=1000).map(f64::from).collect();
+        assert_eq!(nearest_rank(&thousand, 0.99), 990.0);
+        assert_eq!(nearest_rank(&[5.0], 0.99), 5.0);
     }
 
     #[tokio::test]
