@@ -57,6 +57,7 @@ fn options(target: String, loads: LoadPlan) -> SweepOptions {
         dataset: None,
         ignore_eos: true,
         request_timeout: Duration::from_secs(60),
+        ca_cert: None,
         seed: 1,
     }
 }
@@ -325,9 +326,9 @@ async fn bad_input_gets_a_clear_error_and_a_non_zero_exit() {
     let (code, _, stderr) = run(&["--target", &target, "--output-tokens", "1"]).await;
     assert_eq!(code, 64);
     assert!(stderr.contains("TPOT needs at least 2 output tokens"), "{stderr}");
-    let (code, _, stderr) = run(&["--target", "https://api.example.com"]).await;
+    let (code, _, stderr) = run(&["--target", "ftp://example.com"]).await;
     assert_eq!(code, 64);
-    assert!(stderr.contains("https is not supported"), "{stderr}");
+    assert!(stderr.contains("expected http://host:port or https://host"), "{stderr}");
     let (code, _, stderr) = run(&["--target", &target, "--plot", "/nonexistent/dir/p.svg"]).await;
     assert_eq!(code, 64);
     assert!(
@@ -371,5 +372,78 @@ async fn bad_input_gets_a_clear_error_and_a_non_zero_exit() {
     let document: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(document["steps"][0]["concurrency"], 2);
     assert_eq!(document["knee"]["concurrency"], 2);
+    stop.cancel();
+}
+
+/// An https front for `backend`: TLS with a self-signed certificate for `localhost`, then the
+/// bytes passed through. Returns its address and the certificate (PEM).
+async fn tls_front(backend: std::net::SocketAddr) -> (std::net::SocketAddr, String) {
+    use rustls::pki_types::PrivateKeyDer;
+    let certified = rcgen::generate_simple_self_signed(vec!["localhost".to_string()]).unwrap();
+    let key = PrivateKeyDer::Pkcs8(certified.key_pair.serialize_der().into());
+    let config =
+        rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_no_client_auth()
+            .with_single_cert(vec![certified.cert.der().clone()], key)
+            .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let Ok(mut engine) = tokio::net::TcpStream::connect(backend).await else {
+                    return;
+                };
+                let _ = tokio::io::copy_bidirectional(&mut tls, &mut engine).await;
+            });
+        }
+    });
+    (addr, certified.cert.pem())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_target_is_verified_against_the_given_ca() {
+    let (engine, stop) = start_engine(timed_engine(5, 1)).await;
+    let (front, cert) = tls_front(engine).await;
+    let ca = std::env::temp_dir().join(format!("llmslo-sweep-{}-ca.pem", std::process::id()));
+    std::fs::write(&ca, cert).unwrap();
+    let config = write_config("https", TPOT_30MS);
+    let target = format!("https://localhost:{}", front.port());
+    let run = |extra: &[&str]| {
+        let mut all = args(&["sweep", "--target", &target, "--config", config.to_str().unwrap()]);
+        all.extend(args(&[
+            "--concurrency",
+            "2",
+            "--duration",
+            "1s",
+            "--warmup",
+            "0s",
+            "--json",
+            "-",
+        ]));
+        all.extend(args(extra));
+        sweep_cli(all)
+    };
+    let (code, stdout, stderr) = run(&["--ca-cert", ca.to_str().unwrap()]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let document: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(document["target"], target);
+    assert_eq!(document["steps"][0]["failed"], 0);
+    let (code, _, stderr) = run(&[]).await;
+    assert_eq!(code, 1, "a certificate no root vouches for is refused");
+    assert!(
+        stderr.contains("cannot reach") && stderr.contains("UnknownIssuer"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = run(&["--ca-cert", "/nonexistent/ca.pem"]).await;
+    assert_eq!(code, 64);
+    assert!(stderr.contains("--ca-cert /nonexistent/ca.pem"), "{stderr}");
     stop.cancel();
 }

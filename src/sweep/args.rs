@@ -13,7 +13,7 @@ use std::time::Duration;
 /// The flags of `llmslo sweep`.
 #[derive(Debug, Args)]
 pub struct SweepArgs {
-    /// The OpenAI-compatible endpoint's base URL, e.g. http://127.0.0.1:8000.
+    /// The OpenAI-compatible endpoint's base URL, e.g. http://127.0.0.1:8000 or https://llm.example.com.
     #[arg(long)]
     target: String,
     /// The config file whose `slos:` (and `goodput.require`) judge every step.
@@ -58,6 +58,9 @@ pub struct SweepArgs {
     /// A request taking longer than this counts as a timeout.
     #[arg(long, default_value = "5m", value_parser = duration)]
     request_timeout: Duration,
+    /// PEM certificates to trust for an https:// target, besides the public roots (a private CA).
+    #[arg(long)]
+    ca_cert: Option<PathBuf>,
     /// Seed for the Poisson arrival times.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -130,6 +133,7 @@ impl SweepArgs {
             dataset: self.dataset,
             ignore_eos: !self.no_ignore_eos,
             request_timeout: self.request_timeout,
+            ca_cert: self.ca_cert,
             seed: self.seed,
         })
     }

@@ -7,9 +7,14 @@ use crate::observe::stream::StreamObserver;
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::CertificateDer;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -58,6 +63,8 @@ pub struct RequestShape {
     pub ignore_eos: bool,
     /// Longest a request may take before it counts as a timeout.
     pub timeout: Duration,
+    /// PEM certificates trusted for an `https://` target besides the public roots.
+    pub ca_cert: Option<PathBuf>,
 }
 
 /// One measured request.
@@ -78,13 +85,14 @@ pub struct Sample {
 /// A pooled HTTP client that sends the sweep's requests.
 #[derive(Debug, Clone)]
 pub struct Requester {
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     shape: RequestShape,
     uri: Uri,
 }
 
 impl Requester {
-    /// A client for `shape`; the base URL must be `http://`.
+    /// A client for `shape` (`http://`, or `https://` verified against the public roots and
+    /// `ca_cert`).
     pub fn new(shape: RequestShape) -> Result<Self, String> {
         let uri: Uri = format!("{}{}", shape.base, shape.endpoint.path())
             .parse()
@@ -92,6 +100,12 @@ impl Requester {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(10)));
+        connector.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new()
+            .with_tls_config(tls_config(shape.ca_cert.as_ref())?)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .build(connector);
@@ -257,6 +271,32 @@ impl Requester {
     }
 }
 
+/// TLS for `https://` targets: the public web roots, plus the certificates of `ca_cert`.
+fn tls_config(ca_cert: Option<&PathBuf>) -> Result<rustls::ClientConfig, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = ca_cert {
+        let certs = CertificateDer::pem_file_iter(path)
+            .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+            .map_err(|e| format!("--ca-cert {}: {e}", path.display()))?;
+        if certs.is_empty() {
+            return Err(format!("--ca-cert {}: no certificate in the file", path.display()));
+        }
+        for cert in certs {
+            roots
+                .add(cert)
+                .map_err(|e| format!("--ca-cert {}: {e}", path.display()))?;
+        }
+    }
+    Ok(
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots)
+            .with_no_client_auth(),
+    )
+}
+
 /// `status: message`, the message taken from an OpenAI error body when there is one, bounded.
 fn answer_message(status: StatusCode, body: &[u8]) -> String {
     let parsed: serde_json::Value = serde_json::from_slice(body).unwrap_or_default();
@@ -312,6 +352,7 @@ mod tests {
             api_key: None,
             ignore_eos: true,
             timeout: Duration::from_secs(1),
+            ca_cert: None,
         };
         let requester = Requester::new(shape.clone()).unwrap();
         let body: serde_json::Value = serde_json::from_slice(&requester.body(&Prompt::Text("hi".into()), 7)).unwrap();

@@ -68,6 +68,8 @@ pub struct SweepOptions {
     pub ignore_eos: bool,
     /// Longest one request may take.
     pub request_timeout: Duration,
+    /// PEM certificates trusted for an `https://` target besides the public roots.
+    pub ca_cert: Option<PathBuf>,
     /// Seed for arrival times.
     pub seed: u64,
 }
@@ -112,6 +114,7 @@ pub async fn run(options: SweepOptions) -> Result<Report, SweepError> {
         api_key: options.api_key.clone(),
         ignore_eos: options.ignore_eos,
         timeout: options.request_timeout,
+        ca_cert: options.ca_cert.clone(),
     };
     if options.model.is_none() {
         let lister = Requester::new(shape.clone()).map_err(SweepError::Usage)?;
@@ -233,27 +236,14 @@ async fn preflight(requester: &Requester, prompt: &Prompt, output_tokens: u32) -
     }
 }
 
-/// The target as a base URL: `http://`, no trailing `/` or `/v1`.
+/// The target as a base URL: `http://` or `https://`, no trailing `/` or `/v1`.
 fn base_url(target: &str) -> Result<String, SweepError> {
     let uri: http::Uri = target
         .parse()
         .map_err(|e| SweepError::Usage(format!("--target {target}: not a URL ({e})")))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(SweepError::Usage(format!(
-            "--target {target}: https is not supported yet; point the sweep at the engine or a port-forward over http"
-        )))
-        }
-        _ => {
-            return Err(SweepError::Usage(format!(
-                "--target {target}: expected http://host:port"
-            )))
-        }
-    }
-    if uri.authority().is_none() {
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
         return Err(SweepError::Usage(format!(
-            "--target {target}: expected http://host:port"
+            "--target {target}: expected http://host:port or https://host"
         )));
     }
     let trimmed = target.trim_end_matches('/');
@@ -277,10 +267,11 @@ mod tests {
         assert_eq!(base_url("http://127.0.0.1:8000").unwrap(), "http://127.0.0.1:8000");
         assert_eq!(base_url("http://engine:8000/v1/").unwrap(), "http://engine:8000");
         assert_eq!(base_url("http://gw/llm").unwrap(), "http://gw/llm");
-        assert!(base_url("https://api.example.com")
-            .unwrap_err()
-            .to_string()
-            .contains("https is not supported"));
+        assert_eq!(
+            base_url("https://api.example.com/v1").unwrap(),
+            "https://api.example.com"
+        );
+        assert!(base_url("ftp://host").is_err());
         assert!(base_url("127.0.0.1:8000")
             .unwrap_err()
             .to_string()
