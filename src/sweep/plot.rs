@@ -105,7 +105,7 @@ fn seesaw(area: &Area, report: &Report) -> DrawResult {
         .configure_series_labels()
         .background_style(WHITE.mix(0.8))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperRight)
+        .position(SeriesLabelPosition::LowerLeft)
         .draw()?;
     Ok(())
 }
