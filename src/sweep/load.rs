@@ -10,7 +10,7 @@ use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
 use rand_distr::{Distribution, Exp};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -75,8 +75,6 @@ struct Shared {
     record_until: Instant,
     /// Recorded requests not yet finished.
     outstanding: AtomicUsize,
-    finished: AtomicU64,
-    failed: AtomicU64,
     /// Woken when a recorded request ends.
     ended: Notify,
     samples: Mutex<Vec<Sample>>,
@@ -85,10 +83,10 @@ struct Shared {
 impl Shared {
     /// Sends one request; records it when it was sent in the window.
     async fn one_request(&self) -> Sent {
-        let now = Instant::now();
-        if now >= self.record_until && self.outstanding.load(Ordering::Acquire) == 0 {
+        if self.over() {
             return Sent::Over;
         }
+        let now = Instant::now();
         let recorded = now >= self.record_from && now < self.record_until;
         if recorded {
             self.outstanding.fetch_add(1, Ordering::AcqRel);
@@ -100,10 +98,6 @@ impl Shared {
             Sent::Succeeded
         };
         if recorded {
-            if sample.failure.is_some() {
-                self.failed.fetch_add(1, Ordering::Relaxed);
-            }
-            self.finished.fetch_add(1, Ordering::Relaxed);
             self.samples.lock().expect("samples lock").push(sample);
             self.outstanding.fetch_sub(1, Ordering::AcqRel);
             self.ended.notify_waiters();
@@ -132,8 +126,6 @@ pub async fn run_step(
         record_from: start + plan.warmup,
         record_until: start + plan.warmup + plan.duration,
         outstanding: AtomicUsize::new(0),
-        finished: AtomicU64::new(0),
-        failed: AtomicU64::new(0),
         ended: Notify::new(),
         samples: Mutex::new(Vec::new()),
     });
@@ -167,8 +159,10 @@ pub async fn run_step(
         }
         let elapsed = start.elapsed();
         bar.set_position(elapsed.min(total).as_millis() as u64);
-        let recorded = shared.finished.load(Ordering::Relaxed);
-        let failed = shared.failed.load(Ordering::Relaxed);
+        let (recorded, failed) = {
+            let samples = shared.samples.lock().expect("samples lock");
+            (samples.len(), samples.iter().filter(|s| s.failure.is_some()).count())
+        };
         let phase = if elapsed < plan.warmup {
             "warming up".to_string()
         } else if elapsed < total {

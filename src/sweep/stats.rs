@@ -46,18 +46,21 @@ impl Quantiles {
     /// The mean and nearest-rank quantiles of `values`.
     pub fn of(mut values: Vec<f64>) -> Self {
         values.sort_by(f64::total_cmp);
-        let mean = if values.is_empty() {
-            f64::NAN
-        } else {
-            values.iter().sum::<f64>() / values.len() as f64
-        };
         Self {
-            mean,
+            mean: mean(&values),
             p50: nearest_rank(&values, 0.50),
             p90: nearest_rank(&values, 0.90),
             p99: nearest_rank(&values, 0.99),
         }
     }
+}
+
+/// The arithmetic mean (NaN without values).
+fn mean(values: &[f64]) -> f64 {
+    if values.is_empty() {
+        return f64::NAN;
+    }
+    values.iter().sum::<f64>() / values.len() as f64
 }
 
 /// The nearest-rank `q` quantile of sorted values: a value that was observed, never an
@@ -183,13 +186,6 @@ impl StepResult {
             prompt.extend(record.input_tokens.map(|n| n as f64));
         }
         let per_user: Vec<f64> = tpot.iter().filter(|t| **t > 0.0).map(|t| 1.0 / t).collect();
-        let mean = |values: &[f64]| {
-            if values.is_empty() {
-                f64::NAN
-            } else {
-                values.iter().sum::<f64>() / values.len() as f64
-            }
-        };
         let requests_per_second = throughput(load, samples.len(), busy_s, window_s);
         let per_request = |total: u64| {
             if samples.is_empty() {
