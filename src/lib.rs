@@ -3,6 +3,7 @@
 //! Prometheus. `main.rs` is a thin CLI over this library so tests drive the whole app.
 
 pub mod bench;
+pub mod capacity;
 pub mod cli;
 pub mod config;
 pub mod demo;

@@ -49,6 +49,7 @@ impl Sidecar {
             max_models: config.max_models,
             buckets: config.buckets.clone(),
             slos: config.slos.clone(),
+            capacity_window: config.capacity_window,
         });
         let gpu = config.gpu.enabled.then(|| GpuState::new(config.gpu.interval));
         if let Some(state) = &gpu {

@@ -211,6 +211,15 @@ struct FileConfig {
     slos: Vec<SloEntry>,
     goodput: Option<GoodputEntry>,
     gpu: Option<GpuFile>,
+    capacity: Option<CapacityFile>,
+}
+
+/// `capacity:` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CapacityFile {
+    #[serde(default, with = "humantime_serde")]
+    window: Option<Duration>,
 }
 
 /// `gpu:` as written.
@@ -291,6 +300,8 @@ pub struct Config {
     pub slos: SloSet,
     /// GPU telemetry.
     pub gpu: GpuSettings,
+    /// `capacity.window`: how far back the live capacity model looks.
+    pub capacity_window: Duration,
     /// The file it was read from, re-read on reload.
     pub file: Option<PathBuf>,
     /// The flags and environment it was merged with, applied again on reload.
@@ -439,6 +450,10 @@ impl Config {
                     simulated: g.simulated.unwrap_or(false),
                 }
             },
+            capacity_window: f
+                .capacity
+                .and_then(|c| c.window)
+                .unwrap_or(crate::capacity::DEFAULT_WINDOW),
             file: None,
             overrides,
         };
@@ -500,6 +515,12 @@ impl Config {
         }
         if !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&self.gpu.interval) {
             return Err(ConfigError::invalid("gpu.interval", "must be between 100ms and 1h"));
+        }
+        if !(Duration::from_secs(60)..=Duration::from_secs(24 * 3600)).contains(&self.capacity_window) {
+            return Err(ConfigError::invalid(
+                "capacity.window",
+                "must be between 1m and 24h (the model needs minutes of traffic, and its memory is bounded)",
+            ));
         }
         if self.gpu.library_path.is_empty() {
             return Err(ConfigError::invalid("gpu.library_path", "must name a library"));
@@ -597,6 +618,7 @@ impl Config {
                 "processes": self.gpu.processes,
                 "simulated": self.gpu.simulated,
             },
+            "capacity": {"window": human(self.capacity_window)},
         });
         let mut mapping: serde_yaml::Mapping = serde_json::from_value(value).expect("plain JSON maps to YAML");
         if self.buckets != BucketOverrides::default() {
@@ -836,10 +858,29 @@ mod tests {
     }
 
     #[test]
+    fn capacity_window() {
+        let c = Config::from_yaml("upstream: http://x:1\n").unwrap();
+        assert_eq!(c.capacity_window, Duration::from_secs(30 * 60));
+        let c = Config::from_yaml("upstream: http://x:1\ncapacity: {window: 2h}\n").unwrap();
+        assert_eq!(c.capacity_window, Duration::from_secs(2 * 3600));
+        for bad in [
+            "capacity: {window: 10s}",
+            "capacity: {window: 2d}",
+            "capacity: {window: soon}",
+        ] {
+            let error = Config::from_yaml(&format!("upstream: http://x:1\n{bad}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("capacity") || error.contains("window"), "{bad}: {error}");
+        }
+    }
+
+    #[test]
     fn the_effective_config_round_trips() {
         let c = Config::from_yaml(
             "upstream: http://x:1\nengine: tgi\nslos:\n  - {name: a, objective: 99.5, ttft: 500ms}\n  \
-             - {name: b, objective: 99.9, availability: true}\ngoodput: {require: [a]}\nbuckets: {ttft: [0.1, 1.0]}\n",
+             - {name: b, objective: 99.9, availability: true}\ngoodput: {require: [a]}\nbuckets: {ttft: [0.1, 1.0]}\n\
+             capacity: {window: 45m}\n",
         )
         .unwrap();
         let again = Config::from_yaml(&c.to_yaml()).unwrap();
@@ -848,6 +889,7 @@ mod tests {
         assert_eq!(again.buckets, c.buckets);
         assert_eq!(again.upstream_timeout, c.upstream_timeout);
         assert_eq!(again.gpu, c.gpu);
+        assert_eq!(again.capacity_window, c.capacity_window);
     }
 
     #[test]

@@ -5,6 +5,8 @@ pub mod labels;
 mod order;
 pub mod server;
 
+use crate::capacity::meter::InFlight;
+use crate::capacity::CapacityEngine;
 use crate::config::Engine;
 use crate::gpu::{GpuCollector, GpuState};
 use crate::observe::record::{Operation, Outcome, RequestRecord};
@@ -24,13 +26,15 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
 use tracing::info;
 
 /// The content type `/metrics` is served with.
 pub const OPENMETRICS_CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// What the metrics need from the configuration.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct MetricsConfig {
     /// The configured engine (the `provider` label); `None` learns it.
     pub engine: Option<Engine>,
@@ -42,6 +46,21 @@ pub struct MetricsConfig {
     pub buckets: BucketOverrides,
     /// The SLOs judged live; their latency thresholds become exact bucket edges.
     pub slos: SloSet,
+    /// How far back the live capacity model looks (`capacity.window`).
+    pub capacity_window: Duration,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        Self {
+            engine: None,
+            models: Vec::new(),
+            max_models: 0,
+            buckets: BucketOverrides::default(),
+            slos: SloSet::default(),
+            capacity_window: crate::capacity::DEFAULT_WINDOW,
+        }
+    }
 }
 
 type HistogramFamily<L> = Family<L, Histogram, Buckets>;
@@ -66,6 +85,7 @@ pub struct Metrics {
     unmeasured: Family<UnmeasuredLabels, Counter>,
     open_connections: Gauge,
     slo: Arc<SloEngine>,
+    capacity: Arc<CapacityEngine>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -87,6 +107,8 @@ pub struct RequestHandles {
     pub operation: Operation,
     /// Inter-chunk latency histogram for this request's labels.
     pub inter_chunk: Histogram,
+    /// The request counted in its model's load meter.
+    pub load: InFlight,
     _in_flight: GaugeGuard,
 }
 
@@ -118,6 +140,7 @@ impl Metrics {
         let e2e_edges = slos.thresholds(|k| if let SloKind::E2e(d) = k { Some(d) } else { None });
         let mut registry = Registry::default();
         let slo = SloEngine::new(slos.clone(), &mut registry);
+        let capacity = CapacityEngine::new(config.capacity_window, slo.clone(), &mut registry);
         let metrics = Self {
             registry,
             provider: Provider::new(config.engine),
@@ -141,6 +164,7 @@ impl Metrics {
             unmeasured: Family::default(),
             open_connections: Gauge::default(),
             slo,
+            capacity,
         };
         let metrics = metrics.registered();
         metrics.create_known_series();
@@ -293,6 +317,7 @@ impl Metrics {
     /// (once the engine is known, so that no `provider="unknown"` series linger).
     fn create_series(&self, model: &str) {
         self.slo.create_series(model);
+        self.capacity.create_series(model);
         let Some(engine) = self.provider.engine() else {
             return;
         };
@@ -322,12 +347,13 @@ impl Metrics {
         }
     }
 
-    /// Starts measuring a request: labels its model (a name not known yet is `other` until
-    /// the engine answers it successfully) and counts it in flight.
-    pub fn start_request(&self, raw_model: Option<&str>, operation: Operation) -> RequestHandles {
+    /// Starts measuring a request that arrived at `now`: labels its model (a name not known
+    /// yet is `other` until the engine answers it successfully) and counts it in flight.
+    pub fn start_request(&self, raw_model: Option<&str>, operation: Operation, now: Instant) -> RequestHandles {
         let (model, candidate) = self.models.label(raw_model);
         let (in_flight, inter_chunk) = self.request_series(&model, operation);
         RequestHandles {
+            load: self.capacity.arrive(&model, now),
             model,
             candidate,
             operation,
@@ -348,6 +374,7 @@ impl Metrics {
         }
         if model != handles.model {
             let (in_flight, inter_chunk) = self.request_series(&model, handles.operation);
+            handles.load = self.capacity.arrive(&model, Instant::now());
             handles.model = model;
             handles.inter_chunk = inter_chunk;
             handles._in_flight = in_flight;
@@ -416,6 +443,7 @@ impl Metrics {
         self.requests.get_or_create(&labels).inc();
         self.duration.get_or_create(&labels).observe(record.e2e.as_secs_f64());
         self.slo.record(record);
+        self.capacity.record(record);
     }
 
     /// The whole registry in the OpenMetrics text format, each family's series in label order.
@@ -455,15 +483,13 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     fn metrics(models: &[&str]) -> Metrics {
         Metrics::new(&MetricsConfig {
             engine: Some(Engine::Vllm),
             models: models.iter().map(|m| m.to_string()).collect(),
             max_models: 16,
-            buckets: BucketOverrides::default(),
-            slos: SloSet::default(),
+            ..MetricsConfig::default()
         })
     }
 
@@ -483,7 +509,7 @@ mod tests {
     #[test]
     fn a_record_lands_in_every_family() {
         let m = metrics(&[]);
-        let mut handles = m.start_request(Some("llama"), Operation::Chat);
+        let mut handles = m.start_request(Some("llama"), Operation::Chat, Instant::now());
         assert_eq!(handles.model, "other", "not learned from the request alone");
         m.confirm_model(&mut handles);
         assert_eq!(handles.model, "llama", "learned from the engine's successful answer");
@@ -504,6 +530,7 @@ mod tests {
             input_tokens: Some(7),
             token_events: 7,
             count_source: None,
+            load: None,
         });
         drop(handles);
         let text = m.encode();

@@ -1,6 +1,7 @@
 //! The per-request record: what one finished request measured, ready for metrics and SLOs.
 
 use super::stream::{CountSource, StreamSummary};
+use crate::capacity::meter::RequestLoad;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -127,6 +128,8 @@ pub struct RequestRecord {
     pub token_events: u64,
     /// Where a stream's output token count came from; `None` for other responses.
     pub count_source: Option<CountSource>,
+    /// The load it ran under, when the sidecar metered it.
+    pub load: Option<RequestLoad>,
 }
 
 impl RequestRecord {

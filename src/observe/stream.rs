@@ -175,6 +175,11 @@ impl StreamObserver {
         });
     }
 
+    /// When the first token-carrying event was fed, if one was.
+    pub fn first_token_event(&self) -> Option<Instant> {
+        self.facts.first_token_event
+    }
+
     /// Stream offset up to which every event is complete, or `None` once interpretation
     /// stopped (everything may then be forwarded).
     pub fn boundary(&self) -> Option<u64> {

@@ -118,7 +118,7 @@ impl RequestTracker {
         t0: Instant,
         max_event_bytes: usize,
     ) -> Self {
-        let handles = metrics.start_request(raw_model, operation);
+        let handles = metrics.start_request(raw_model, operation, t0);
         Self {
             metrics,
             handles,
@@ -231,6 +231,9 @@ impl RequestTracker {
             ResponseKind::Stream(decoder, stripper) => {
                 decoder.sink_mut().now = now;
                 let decoded = decoder.write(frame);
+                if !self.handles.load.has_first_token() && decoder.sink().observer.first_token_event().is_some() {
+                    self.handles.load.first_token(now);
+                }
                 if let (Ok(()), Some(stripper)) = (&decoded, stripper.as_mut()) {
                     let observer = &mut decoder.sink_mut().observer;
                     return Some(stripper.push(frame, observer.boundary(), &observer.take_removable()));
@@ -270,6 +273,7 @@ impl RequestTracker {
             input_tokens: None,
             token_events: 0,
             count_source: None,
+            load: Some(self.handles.load.load(now)),
         };
         let mut first_event = None;
         let body_outcome = match &self.response {

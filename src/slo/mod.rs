@@ -432,6 +432,7 @@ mod tests {
             input_tokens: Some(5),
             token_events: 10,
             count_source: None,
+            load: None,
         }
     }
 

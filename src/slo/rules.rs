@@ -74,6 +74,7 @@ pub fn render(set: &SloSet, format: RulesFormat) -> String {
         groups.push(alert_group(set, slo));
     }
     groups.push(goodput_group());
+    groups.push(capacity_group());
     groups.push(gpu_efficiency_group());
     let file = RuleFile { groups };
     let yaml = match format {
@@ -334,6 +335,47 @@ fn goodput_group() -> Group {
                 "llmslo:slo_attainment:ratio_rate5m",
                 "sum by (model) (rate(llmslo_goodput_requests_total[5m]))\n  \
                  / sum by (model) (rate(llmslo_requests_total{outcome!~\"client_error|client_cancelled\"}[5m]))",
+            ),
+        ],
+    }
+}
+
+/// Fleet capacity per model from each pod's live estimate (DESIGN §9): the load, the
+/// capacity, and how many replicas the load needs. Pods whose knee is unknown (NaN) carry
+/// load but are assumed to be like the pods whose knee is known.
+fn capacity_group() -> Group {
+    let record = |name: &str, expr: &str| Rule {
+        record: Some(name.into()),
+        expr: expr.into(),
+        ..Rule::default()
+    };
+    Group {
+        name: "llmslo-capacity".into(),
+        rules: vec![
+            record(
+                "llmslo:capacity_load_concurrency:sum",
+                "sum by (model) (llmslo_capacity_load_concurrency)",
+            ),
+            record(
+                "llmslo:capacity_replicas:count",
+                "count by (model) (llmslo_capacity_load_concurrency)",
+            ),
+            // `x >= 0` keeps the pods whose knee is a number (NaN compares false).
+            record(
+                "llmslo:capacity_knee_concurrency:avg",
+                "avg by (model) (llmslo_capacity_knee_concurrency >= 0)",
+            ),
+            record(
+                "llmslo:capacity_concurrency:sum",
+                "llmslo:capacity_knee_concurrency:avg * llmslo:capacity_replicas:count",
+            ),
+            record(
+                "llmslo:capacity_replicas_needed:ceil",
+                "ceil(llmslo:capacity_load_concurrency:sum / llmslo:capacity_knee_concurrency:avg)",
+            ),
+            record(
+                "llmslo:slo_saturation:ratio",
+                "llmslo:capacity_load_concurrency:sum / llmslo:capacity_concurrency:sum",
             ),
         ],
     }

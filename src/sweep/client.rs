@@ -151,6 +151,7 @@ impl Requester {
                 input_tokens: None,
                 token_events: 0,
                 count_source: None,
+                load: None,
             },
             gaps: Vec::new(),
             ttfb: None,

@@ -319,6 +319,7 @@ mod tests {
                 input_tokens: Some(10),
                 token_events: tokens,
                 count_source: None,
+                load: None,
             },
             gaps: vec![Duration::from_millis(tpot_ms); tokens as usize - 1],
             ttfb: Some(Duration::from_millis(ttft_ms)),
