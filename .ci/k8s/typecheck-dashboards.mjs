@@ -18,6 +18,7 @@ const header = `import type { Dashboard, Panel, RowPanel } from "@grafana/schema
 import type { Options as TimeSeriesOptions, FieldConfig as TimeSeriesFieldConfig } from "${plugin("timeseries", "TimeSeriesPanelCfg")}";
 import type { Options as StatOptions } from "${plugin("stat", "StatPanelCfg")}";
 import type { Options as StateTimelineOptions, FieldConfig as StateTimelineFieldConfig } from "${plugin("statetimeline", "StateTimelinePanelCfg")}";
+import type { Options as BarChartOptions, FieldConfig as BarChartFieldConfig } from "${plugin("barchart", "BarChartPanelCfg")}";
 
 // JSON holds an enum's value, not the enum: accept exactly the values of string enums.
 type Plain<T> = T extends string ? \`\${T}\` : T extends number | boolean | null | undefined ? T
@@ -32,14 +33,22 @@ interface PromQuery {
   range: boolean;
   instant: boolean;
   editorMode: "code" | "builder";
+  format?: "time_series" | "table";
 }
 type Typed<O, F> = Omit<Plain<Panel<O, F>>, "targets" | "options"> & { options: Plain<O>; targets: PromQuery[] };
 type TimeSeriesPanel = Typed<TimeSeriesOptions, TimeSeriesFieldConfig> & { type: "timeseries" };
 type StatPanel = Typed<StatOptions, Record<string, unknown>> & { type: "stat" };
 type StateTimelinePanel = Typed<StateTimelineOptions, StateTimelineFieldConfig> & { type: "state-timeline" };
+type BarChartPanel = Typed<BarChartOptions, BarChartFieldConfig> & { type: "barchart" };
 `;
 
-const kinds = { timeseries: "TimeSeriesPanel", stat: "StatPanel", "state-timeline": "StateTimelinePanel", row: "Plain<RowPanel>" };
+const kinds = {
+  timeseries: "TimeSeriesPanel",
+  stat: "StatPanel",
+  "state-timeline": "StateTimelinePanel",
+  barchart: "BarChartPanel",
+  row: "Plain<RowPanel>",
+};
 const files = [];
 for (const name of readdirSync(join(root, "dashboards")).filter((f) => f.endsWith(".json")).sort()) {
   const text = readFileSync(join(root, "dashboards", name), "utf8");
