@@ -324,7 +324,32 @@ fn render_slos(text: &str) -> String {
             pct(gauge("llmslo_slo_attainment_ratio")),
         );
     }
-    out + "(\"-\": fewer than min_events requests in the window yet; burn rate 1 spends the budget in exactly its period)\n\n"
+    for model in MODELS {
+        let gauge = |name: &str| exposition.gauge(name, &[("model", model)], None);
+        let per_slo: Vec<String> = slos_of(&exposition, "llmslo_capacity_concurrency", model)
+            .into_iter()
+            .map(|(slo, c)| format!("{slo} {}", num(Some(c))))
+            .collect();
+        out += &format!(
+            "capacity {model:<15} knee {} in flight ({}), load {}, saturation {}\n",
+            num(gauge("llmslo_capacity_knee_concurrency")),
+            per_slo.join(", "),
+            num(gauge("llmslo_capacity_load_concurrency")),
+            pct(gauge("llmslo_slo_saturation_ratio")),
+        );
+    }
+    out + "(\"-\": fewer than min_events requests in the window yet, or for capacity too little spread in load; \
+           burn rate 1 spends the budget in exactly its period)\n\n"
+}
+
+/// `(slo, value)` of each series of the per-SLO gauge `name` for `model`.
+fn slos_of<'a>(exposition: &Exposition<'a>, name: &str, model: &str) -> Vec<(&'a str, f64)> {
+    exposition
+        .samples
+        .iter()
+        .filter(|(n, labels, _)| *n == name && Exposition::label(labels, "model") == Some(model))
+        .filter_map(|(_, labels, v)| Some((Exposition::label(labels, "slo")?, *v)))
+        .collect()
 }
 
 /// A minimal reading of the text exposition: sample name, labels, value.

@@ -98,6 +98,20 @@ fn helm_chart_defaults_are_the_example_slo_file_and_its_rules() {
 }
 
 #[test]
+fn the_hpa_in_the_docs_is_the_validated_manifest() {
+    let manifest = read("deploy/hpa.yaml");
+    let body: String = manifest
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(
+        read("docs/capacity.md").contains(&body),
+        "docs/capacity.md shows a different HorizontalPodAutoscaler than deploy/hpa.yaml"
+    );
+}
+
+#[test]
 fn chart_version_follows_the_crate() {
     let chart: serde_yaml::Value = serde_yaml::from_str(&read("helm/llmslo/Chart.yaml")).unwrap();
     assert_eq!(chart["appVersion"].as_str(), Some(env!("CARGO_PKG_VERSION")));

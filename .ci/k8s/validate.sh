@@ -96,7 +96,8 @@ grep -qF "expr: '$query'" tests/rules/capacity.test.yaml ||
 
 echo "== plain manifests in deploy/, validated"
 target/debug/llmslo inject -f deploy/source/vllm.yaml --sidecar classic > "$out/vllm-classic.yaml" 2>/dev/null
-manifests=(deploy/source/vllm.yaml deploy/vllm.yaml deploy/slo-configmap.yaml deploy/podmonitor.yaml deploy/prometheusrule.yaml)
+manifests=(deploy/source/vllm.yaml deploy/vllm.yaml deploy/slo-configmap.yaml deploy/podmonitor.yaml deploy/prometheusrule.yaml
+           deploy/hpa.yaml)
 for v in "${versions[@]}"; do
     "$validate" --strict --quiet --no-warn -k "$v" "${manifests[@]}" "$out/vllm-classic.yaml"
 done

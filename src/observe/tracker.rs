@@ -328,6 +328,8 @@ impl RequestTracker {
             e2e_ms = record.e2e.as_secs_f64() * 1e3,
             output_tokens = record.output_tokens,
             token_count_source = record.count_source.map(CountSource::as_str),
+            load_arrival = record.load.map(|l| l.arrival),
+            load_decode = record.load.and_then(|l| l.decode),
             "request finished"
         );
         self.metrics.record(&record);
