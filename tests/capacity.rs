@@ -5,30 +5,13 @@
 
 mod common;
 
-use common::{start_engine, start_sidecar};
-use llmslo::simulate::batching::BatchingOptions;
-use llmslo::simulate::SimOptions;
+use common::{knee_40_engine, start_engine, start_sidecar};
 use llmslo::sweep::client::Endpoint;
 use llmslo::sweep::report::Report;
 use llmslo::sweep::stats::Load;
 use llmslo::sweep::{LoadPlan, SweepOptions};
 use std::net::SocketAddr;
 use std::time::Duration;
-
-/// A 10 ms step plus 0.5 ms per running sequence: TPOT at C running is 10 + 0.5·C ms, so
-/// a 30 ms TPOT SLO has its knee at 40.
-fn knee_40_engine() -> SimOptions {
-    SimOptions {
-        batching: Some(BatchingOptions {
-            step_base: Duration::from_millis(10),
-            step_per_seq: Duration::from_micros(500),
-            prefill_per_token: Duration::ZERO,
-            max_batch: 256,
-            kv_tokens: None,
-        }),
-        ..SimOptions::default()
-    }
-}
 
 const SLOS: &str = "slos:\n  - {name: tpot-30ms, objective: 95, tpot: 30ms}\n  \
                     - {name: ttft-1s, objective: 95, ttft: 1s}\n  \
@@ -65,6 +48,15 @@ fn gauge(text: &str, name: &str, labels: &str) -> f64 {
         .find(|l| l.starts_with(&prefix))
         .unwrap_or_else(|| panic!("no {prefix} in\n{text}"));
     line[prefix.len()..].parse().unwrap()
+}
+
+/// The TPOT SLO's attainment among requests that met 8 to 16 in flight.
+fn tpot_attainment_in_band_8(text: &str) -> f64 {
+    gauge(
+        text,
+        "llmslo_capacity_band_attainment_ratio",
+        "slo=\"tpot-30ms\",model=\"sim\",concurrency=\"8\"",
+    )
 }
 
 fn within(value: f64, expected: f64, tolerance: f64) -> bool {
@@ -172,14 +164,7 @@ async fn poisson_traffic_far_below_the_knee_finds_it() {
     );
     assert!(within(tps, 32.0 * rps, 0.01), "{tps}");
     // The empirical view: every band the traffic reached met the TPOT SLO.
-    assert_eq!(
-        gauge(
-            &text,
-            "llmslo_capacity_band_attainment_ratio",
-            "slo=\"tpot-30ms\",model=\"sim\",concurrency=\"8\""
-        ),
-        1.0
-    );
+    assert_eq!(tpot_attainment_in_band_8(&text), 1.0);
     let modelled = gauge(
         &text,
         "llmslo_capacity_curve_ratio",
@@ -213,13 +198,6 @@ async fn load_that_never_varies_gives_no_number() {
         assert!(gauge(&text, name, labels).is_nan(), "{name}{{{labels}}} in\n{text}");
     }
     // The empirical view still holds: ten in flight is in the band [8, 16).
-    assert_eq!(
-        gauge(
-            &text,
-            "llmslo_capacity_band_attainment_ratio",
-            "slo=\"tpot-30ms\",model=\"sim\",concurrency=\"8\""
-        ),
-        1.0
-    );
+    assert_eq!(tpot_attainment_in_band_8(&text), 1.0);
     stop.cancel();
 }

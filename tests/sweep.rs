@@ -4,8 +4,7 @@
 
 mod common;
 
-use common::{free_port, start_engine, timed_engine};
-use llmslo::simulate::batching::BatchingOptions;
+use common::{free_port, knee_40_engine, start_engine, timed_engine};
 use llmslo::simulate::SimOptions;
 use llmslo::slo::spec::SloSet;
 use llmslo::sweep::client::Endpoint;
@@ -13,21 +12,6 @@ use llmslo::sweep::stats::Load;
 use llmslo::sweep::{LoadPlan, SweepError, SweepOptions};
 use std::path::PathBuf;
 use std::time::Duration;
-
-/// The engine: a 10 ms step plus 0.5 ms per running sequence, no prefill cost, so
-/// TPOT at C clients is 10 + 0.5·C ms and a 30 ms TPOT SLO has its knee at exactly 40.
-fn knee_40_engine() -> SimOptions {
-    SimOptions {
-        batching: Some(BatchingOptions {
-            step_base: Duration::from_millis(10),
-            step_per_seq: Duration::from_micros(500),
-            prefill_per_token: Duration::ZERO,
-            max_batch: 256,
-            kv_tokens: None,
-        }),
-        ..SimOptions::default()
-    }
-}
 
 const TPOT_30MS: &str =
     "slos:\n  - name: tpot-30ms\n    objective: 95\n    tpot: 30ms\ngoodput:\n  require: [tpot-30ms]\n";

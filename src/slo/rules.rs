@@ -315,11 +315,6 @@ fn alert_group(set: &SloSet, slo: &Slo) -> Group {
 }
 
 fn goodput_group() -> Group {
-    let record = |name: &str, expr: &str| Rule {
-        record: Some(name.into()),
-        expr: expr.into(),
-        ..Rule::default()
-    };
     Group {
         name: "llmslo-goodput".into(),
         rules: vec![
@@ -344,11 +339,6 @@ fn goodput_group() -> Group {
 /// capacity, and how many replicas the load needs. Pods whose knee is unknown (NaN) carry
 /// load but are assumed to be like the pods whose knee is known.
 fn capacity_group() -> Group {
-    let record = |name: &str, expr: &str| Rule {
-        record: Some(name.into()),
-        expr: expr.into(),
-        ..Rule::default()
-    };
     Group {
         name: "llmslo-capacity".into(),
         rules: vec![
@@ -381,13 +371,17 @@ fn capacity_group() -> Group {
     }
 }
 
-/// Energy and throughput per GPU, by pod: joules per output token next to TPOT.
-fn gpu_efficiency_group() -> Group {
-    let record = |name: &str, expr: &str| Rule {
+/// A recording rule.
+fn record(name: &str, expr: &str) -> Rule {
+    Rule {
         record: Some(name.into()),
         expr: expr.into(),
         ..Rule::default()
-    };
+    }
+}
+
+/// Energy and throughput per GPU, by pod: joules per output token next to TPOT.
+fn gpu_efficiency_group() -> Group {
     Group {
         name: "llmslo-gpu-efficiency".into(),
         rules: vec![

@@ -66,6 +66,21 @@ pub async fn model_learned(sidecar: &Sidecar, model: &str) {
     panic!("`{model}` was never learned from the engine's model list");
 }
 
+/// The batching simulator with a 10 ms step plus 0.5 ms per running sequence and no prefill
+/// cost: TPOT at C running is 10 + 0.5·C ms, so a 30 ms TPOT SLO has its knee at exactly 40.
+pub fn knee_40_engine() -> SimOptions {
+    SimOptions {
+        batching: Some(llmslo::simulate::batching::BatchingOptions {
+            step_base: Duration::from_millis(10),
+            step_per_seq: Duration::from_micros(500),
+            prefill_per_token: Duration::ZERO,
+            max_batch: 256,
+            kv_tokens: None,
+        }),
+        ..SimOptions::default()
+    }
+}
+
 /// A fixed-delay engine: `ttft`, `tpot` in milliseconds.
 pub fn timed_engine(ttft_ms: u64, tpot_ms: u64) -> SimOptions {
     SimOptions {
