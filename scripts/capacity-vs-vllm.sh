@@ -51,25 +51,34 @@ echo "the sidecar in front of vLLM; Poisson traffic through it at $rates req/s .
 "${PIN_CLIENT[@]}" "$ROOT/target/release/llmslo" run --config "$WORK/llmslo.yaml" >"$WORK/sidecar.log" 2>&1 &
 SIDECAR_PID=$!
 for _ in $(seq 1 50); do curl -sf "http://127.0.0.1:$((PORT + 2))/metrics" >/dev/null && break; sleep 0.2; done
-"${PIN_CLIENT[@]}" "$ROOT/target/release/llmslo" sweep --target "http://127.0.0.1:$((PORT + 1))" --model small \
-    --config "$WORK/llmslo.yaml" --dataset "$WORK/prompts.jsonl" --output-tokens "$OUTPUT_LEN" \
-    --rate "$rates" --duration "$STEP" --warmup 0s --json "$WORK/traffic.json" | tee "$WORK/traffic.txt"
-curl -sf "http://127.0.0.1:$((PORT + 2))/metrics" >"$WORK/metrics.txt"
-cp "$WORK/sweep.json" "$WORK/traffic.json" "$WORK/metrics.txt" "$ROOT/target/" 2>/dev/null || true
+# One sweep per rate, each followed by a scrape: saturation is read on each step's own minute.
+step=0
+for rate in ${rates//,/ }; do
+    "${PIN_CLIENT[@]}" "$ROOT/target/release/llmslo" sweep --target "http://127.0.0.1:$((PORT + 1))" \
+        --model small --config "$WORK/llmslo.yaml" --dataset "$WORK/prompts.jsonl" \
+        --output-tokens "$OUTPUT_LEN" --rate "$rate" --duration "$STEP" --warmup 0s \
+        --json "$WORK/traffic-$step.json" | tee -a "$WORK/traffic.txt"
+    curl -sf "http://127.0.0.1:$((PORT + 2))/metrics" >"$WORK/metrics-$step.txt"
+    step=$((step + 1))
+done
+cp "$WORK/metrics-$((step - 1)).txt" "$WORK/metrics.txt"
+cp "$WORK"/sweep.json "$WORK"/traffic-*.json "$WORK"/metrics-*.txt "$ROOT/target/" 2>/dev/null || true
 
 python3 - "$WORK" <<'PY'
-import json, re, sys
+import glob, json, re, sys
 work = sys.argv[1]
 sweep = json.load(open(f"{work}/sweep.json"))
-traffic = json.load(open(f"{work}/traffic.json"))
-metrics = open(f"{work}/metrics.txt").read()
-def gauge(name, labels):
-    m = re.search(re.escape(name + "{" + labels + "}") + r" (\S+)", metrics)
+steps = sorted(glob.glob(f"{work}/traffic-*.json"), key=lambda p: int(re.search(r"-(\d+)\.json", p).group(1)))
+traffic = [json.load(open(p))["steps"][0] for p in steps]
+scrapes = [open(f"{work}/metrics-{i}.txt").read() for i in range(len(steps))]
+metrics = scrapes[-1]
+def gauge(name, labels, text=None):
+    m = re.search(re.escape(name + "{" + labels + "}") + r" (\S+)", text or metrics)
     return float(m.group(1)) if m else float("nan")
 knee = sweep["knee"]["concurrency"]
 at_knee = next(s for s in sweep["steps"] if s["concurrency"] == knee)
 live = gauge("llmslo_capacity_concurrency", 'slo="tpot",model="small"')
-loads = [s["requests_per_second"] * s["e2e_mean_s"] for s in traffic["steps"]]
+loads = [s["requests_per_second"] * s["e2e_mean_s"] for s in traffic]
 print("\n| | sweep (pushed through the knee) | live estimate (traffic at ≤ 50 % of the knee) | diff |")
 print("| --- | --- | --- | --- |")
 print(f"| knee concurrency (tpot) | {knee} | {live:.1f} | {100 * (live - knee) / knee:+.0f} % |")
@@ -82,7 +91,14 @@ base = gauge("llmslo_latency_model_tpot_seconds", 'model="small",term="base"')
 per = gauge("llmslo_latency_model_tpot_seconds", 'model="small",term="per_request"')
 fit = gauge("llmslo_latency_model_fit_ratio", 'model="small"')
 print(f"fitted TPOT = {base * 1e3:.1f} ms + {per * 1e3:.2f} ms x in flight (fit ratio {fit:.2f})")
-print("sweep TPOT p95 by concurrency: " + ", ".join(
+print("\n| Poisson rate | mean in flight | TPOT attainment | live knee | load the SLO met | saturation |")
+print("| --- | --- | --- | --- | --- | --- |")
+for s, load, text in zip(traffic, loads, scrapes):
+    knee_now, met, saturation = (gauge(name, 'model="small"', text) for name in (
+        "llmslo_capacity_knee_concurrency", "llmslo_capacity_load_concurrency", "llmslo_slo_saturation_ratio"))
+    print(f"| {s['rate']:.2f} req/s | {load:.1f} | {100 * s['attainment']['tpot']:.1f} % | "
+          f"{knee_now:.1f} | {met:.1f} | {saturation:.2f} |")
+print("\nsweep TPOT p95 by concurrency: " + ", ".join(
     f"c={s['concurrency']}: {s['tpot_p95_s'] * 1e3:.1f} ms" if "tpot_p95_s" in s else
     f"c={s['concurrency']}: p99 {s['tpot_p99_s'] * 1e3:.1f} ms" for s in sweep["steps"]))
 PY

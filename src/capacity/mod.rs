@@ -9,8 +9,9 @@ pub mod window;
 
 use crate::observe::record::{Outcome, RequestRecord};
 use crate::slo::{ModelLabel, SloEngine, SloLabels};
+use crate::sweep::stats::nearest_rank;
 use meter::{InFlight, LoadMeter, Reading};
-use model::Estimate;
+use model::{Estimate, Latency};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -24,8 +25,10 @@ use window::{Sample, SampleWindow};
 
 /// `capacity.window` when none is given.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(30 * 60);
-/// The current load is the mean in flight over about this long.
+/// The current load is read over about this long.
 const LOAD_SPAN: Duration = Duration::from_secs(60);
+/// Requests kept for the current load: at most this many of the last [`LOAD_SPAN`].
+const RECENT: usize = 2048;
 
 #[derive(Debug)]
 struct ModelState {
@@ -33,6 +36,8 @@ struct ModelState {
     window: SampleWindow,
     /// Meter readings taken at scrapes, for the mean load over the last minute.
     readings: VecDeque<Reading>,
+    /// The last minute's finished requests (their finish time), for the load they met.
+    recent: VecDeque<(Instant, Sample)>,
 }
 
 /// The live capacity estimate of every model.
@@ -48,7 +53,8 @@ pub struct CapacityEngine {
 pub struct ModelCapacity {
     /// The model.
     pub model: String,
-    /// Mean requests in flight over the last minute.
+    /// The load the last minute's requests met, at the binding SLO's objective quantile
+    /// (the mean in flight when none finished).
     pub load: f64,
     /// Current load over the knee: 1.0 is at the knee.
     pub saturation: f64,
@@ -78,6 +84,7 @@ impl CapacityEngine {
                     meter: Arc::default(),
                     window: SampleWindow::new(self.window),
                     readings: VecDeque::new(),
+                    recent: VecDeque::new(),
                 },
             );
         }
@@ -110,23 +117,46 @@ impl CapacityEngine {
             e2e: record.e2e.as_secs_f32(),
             output_tokens: record.output_tokens.map_or(f32::NAN, |n| n as f32),
         };
-        self.with_model(&record.model, |state| state.window.add(Instant::now(), sample));
+        let now = Instant::now();
+        self.with_model(&record.model, |state| {
+            state.window.add(now, sample);
+            if state.recent.len() == RECENT {
+                state.recent.pop_front();
+            }
+            state.recent.push_back((now, sample));
+        });
     }
 
     /// Every model's estimate at `now` (the fits run outside the lock).
     pub fn snapshot(&self, now: Instant) -> Vec<ModelCapacity> {
-        let windows: Vec<(String, f64, Vec<Sample>)> = {
+        type Window = (String, f64, Vec<Sample>, Vec<Sample>);
+        let windows: Vec<Window> = {
             let mut models = self.models.lock().expect("capacity lock");
             models
                 .iter_mut()
-                .map(|(model, state)| (model.clone(), current_load(state, now), state.window.samples(now)))
+                .map(|(model, state)| {
+                    let mean = mean_in_flight(state, now);
+                    while state
+                        .recent
+                        .front()
+                        .is_some_and(|(at, _)| now.saturating_duration_since(*at) > LOAD_SPAN)
+                    {
+                        state.recent.pop_front();
+                    }
+                    let recent = state.recent.iter().map(|(_, s)| *s).collect();
+                    (model.clone(), mean, recent, state.window.samples(now))
+                })
                 .collect()
         };
         let set = self.slo.set();
         windows
             .into_iter()
-            .map(|(model, load, samples)| {
+            .map(|(model, mean, recent, samples)| {
                 let estimate = model::estimate(&samples, &set);
+                let load = estimate
+                    .binding
+                    .and_then(|(latency, objective)| load_met(&recent, latency, objective))
+                    .unwrap_or(mean);
                 ModelCapacity {
                     model,
                     load,
@@ -138,9 +168,20 @@ impl CapacityEngine {
     }
 }
 
+/// The load `recent` requests met, in `latency`'s terms, at the `objective` quantile: the
+/// mean in flight for steady load, more when bursts meet the SLO's tail.
+fn load_met(recent: &[Sample], latency: Latency, objective: f64) -> Option<f64> {
+    let mut loads: Vec<f64> = recent.iter().filter_map(|s| latency.load(s)).collect();
+    if loads.is_empty() {
+        return None;
+    }
+    loads.sort_by(f64::total_cmp);
+    Some(nearest_rank(&loads, objective))
+}
+
 /// The mean in flight since the oldest scrape reading of the last minute (the count now at
 /// the first scrape).
-fn current_load(state: &mut ModelState, now: Instant) -> f64 {
+fn mean_in_flight(state: &mut ModelState, now: Instant) -> f64 {
     let reading = state.meter.read(now);
     while state
         .readings
@@ -224,13 +265,14 @@ impl Collector for CapacityCollector {
             ),
             (
                 "llmslo_slo_saturation_ratio",
-                "Mean requests in flight over the last minute over the knee (the capacity of the tightest \
-                 goodput.require SLO): 1.0 is at the knee",
+                "The load over the knee (the capacity of the tightest goodput.require SLO): 1.0 is at \
+                 the knee",
                 |m| m.saturation,
             ),
             (
                 "llmslo_capacity_load_concurrency",
-                "Mean requests in flight over the last minute (time-weighted), the load the saturation ratio uses",
+                "The load the last minute's requests met (requests in flight) at the objective's quantile \
+                 of the SLO that sets the knee; the mean in flight when none finished",
                 |m| m.load,
             ),
             (
@@ -304,5 +346,40 @@ impl Collector for CapacityCollector {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(arrival: f32, decode: f32) -> Sample {
+        Sample {
+            arrival_load: arrival,
+            decode_load: decode,
+            whole_load: decode,
+            ttft: 0.1,
+            tpot: 0.02,
+            e2e: 1.0,
+            output_tokens: 32.0,
+        }
+    }
+
+    #[test]
+    fn the_load_that_counts_is_read_at_the_objective_in_the_slos_terms() {
+        // Steady at 10 but for a burst of 6 requests out of 100 at 30.
+        let recent: Vec<Sample> = (0..100)
+            .map(|i| if i < 6 { sample(1.0, 30.0) } else { sample(1.0, 10.0) })
+            .collect();
+        assert_eq!(load_met(&recent, Latency::Tpot, 0.90), Some(10.0));
+        assert_eq!(
+            load_met(&recent, Latency::Tpot, 0.95),
+            Some(30.0),
+            "the burst meets a 95 % SLO's tail"
+        );
+        assert_eq!(load_met(&recent, Latency::Ttft, 0.95), Some(1.0));
+        let unknown = [sample(1.0, f32::NAN)];
+        assert_eq!(load_met(&unknown, Latency::Tpot, 0.95), None);
+        assert_eq!(load_met(&[], Latency::Tpot, 0.95), None);
     }
 }

@@ -73,12 +73,23 @@ impl Latency {
 
     /// (load, latency) of a sample, when it shows both.
     fn point(self, s: &Sample) -> Option<(f64, f64)> {
-        let (load, value) = match self {
-            Latency::Ttft => (s.arrival_load, s.ttft),
-            Latency::Tpot => (s.decode_load, s.tpot),
-            Latency::E2e => (s.whole_load, s.e2e),
+        let value = match self {
+            Latency::Ttft => s.ttft,
+            Latency::Tpot => s.tpot,
+            Latency::E2e => s.e2e,
         };
-        (load.is_finite() && value.is_finite()).then_some((f64::from(load), f64::from(value)))
+        let load = self.load(s)?;
+        value.is_finite().then_some((load, f64::from(value)))
+    }
+
+    /// The load a sample met for this latency, when it shows it.
+    pub fn load(self, s: &Sample) -> Option<f64> {
+        let load = match self {
+            Latency::Ttft => s.arrival_load,
+            Latency::Tpot => s.decode_load,
+            Latency::E2e => s.whole_load,
+        };
+        load.is_finite().then_some(f64::from(load))
     }
 
     fn logarithmic(self) -> bool {
@@ -201,6 +212,9 @@ pub struct Estimate {
     pub capacity: Vec<(String, f64)>,
     /// The knee: the lowest capacity among the required latency SLOs.
     pub knee: f64,
+    /// The latency and objective of the SLO that sets the knee (the first required latency
+    /// SLO while the knee is unknown): the load that counts is read in its terms.
+    pub binding: Option<(Latency, f64)>,
     /// Goodput requests per second at the knee (Little's law: knee / e2e there).
     pub goodput_requests_per_second: f64,
     /// Goodput output tokens per second at the knee.
@@ -235,10 +249,10 @@ pub fn estimate(samples: &[Sample], set: &SloSet) -> Estimate {
         let c = model_of(kind).map_or(Capacity::Unknown, |m| m.capacity(threshold, slo.objective));
         capacity.push((slo.name.clone(), c.value()));
         if requires_all || set.goodput_require.contains(&i) {
-            required.push(c);
+            required.push((c, (kind, slo.objective)));
         }
     }
-    let knee = knee(&required);
+    let (knee, binding) = knee(&required);
     let goodput_requests_per_second = match &e2e {
         Some(m) if knee.is_finite() && m.typical_at(knee) > 0.0 => knee / m.typical_at(knee),
         _ => f64::NAN,
@@ -253,6 +267,7 @@ pub fn estimate(samples: &[Sample], set: &SloSet) -> Estimate {
     Estimate {
         capacity,
         knee,
+        binding,
         goodput_requests_per_second,
         goodput_output_tokens_per_second: goodput_requests_per_second * mean_tokens,
         tpot_base: line.map_or(f64::NAN, |l| l.base),
@@ -262,20 +277,22 @@ pub fn estimate(samples: &[Sample], set: &SloSet) -> Estimate {
     }
 }
 
-/// The knee: the tightest known capacity, unless one required SLO is unknown.
-fn knee(required: &[Capacity]) -> f64 {
-    let mut tightest = f64::INFINITY;
-    for c in required {
+/// The knee and the SLO that sets it: the tightest known capacity, unless one required SLO
+/// is unknown (then NaN, bound by the first required SLO).
+fn knee<T: Copy>(required: &[(Capacity, T)]) -> (f64, Option<T>) {
+    let first = required.first().map(|r| r.1);
+    let mut tightest = (f64::INFINITY, first);
+    for (c, slo) in required {
         match c {
-            Capacity::Unknown => return f64::NAN,
-            Capacity::Known(c) => tightest = tightest.min(*c),
-            Capacity::Beyond => {}
+            Capacity::Unknown => return (f64::NAN, first),
+            Capacity::Known(c) if *c < tightest.0 => tightest = (*c, Some(*slo)),
+            Capacity::Known(_) | Capacity::Beyond => {}
         }
     }
-    if tightest.is_finite() {
+    if tightest.0.is_finite() {
         tightest
     } else {
-        f64::NAN
+        (f64::NAN, first)
     }
 }
 
@@ -428,11 +445,18 @@ mod tests {
         let e = estimate(&samples(1000, 4.0..20.0, |_| 0.0), &slos);
         assert_eq!(capacity(&e, "loose"), f64::INFINITY, "beyond 10 × the load seen: {e:?}");
         assert!((e.knee - 40.0).abs() < 1e-3, "tpot binds; ttft allows 115: {e:?}");
+        assert_eq!(e.binding, Some((Latency::Tpot, 0.95)));
+        let ttft_binds =
+            set("slos:\n  - {name: tpot, objective: 95, tpot: 30ms}\n  - {name: ttft, objective: 99, ttft: 30ms}\n");
+        let ttft_first = estimate(&samples(1000, 4.0..20.0, |_| 0.0), &ttft_binds);
+        assert!(ttft_first.knee < 25.0, "{ttft_first:?}");
+        assert_eq!(ttft_first.binding, Some((Latency::Ttft, 0.99)));
         assert_eq!(e.capacity.len(), 3, "availability has no capacity");
         // A required SLO the model cannot judge leaves the knee unknown.
         let unjudged =
             set("slos:\n  - {name: tpot, objective: 95, tpot: 30ms}\n  - {name: e2e, objective: 99.99, e2e: 5s}\n");
-        assert!(estimate(&samples(1000, 4.0..20.0, |_| 0.0), &unjudged).knee.is_nan());
+        let e = estimate(&samples(1000, 4.0..20.0, |_| 0.0), &unjudged);
+        assert!(e.knee.is_nan() && e.binding == Some((Latency::Tpot, 0.95)), "{e:?}");
     }
 
     #[test]
