@@ -20,3 +20,5 @@ pub mod simulate;
 pub mod slo;
 pub mod sweep;
 pub mod webhook;
+
+pub use proxy::observe::{Observe, ObserveLayer, ObserveSettings};

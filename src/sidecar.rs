@@ -9,6 +9,7 @@ use crate::health::{self, Readiness};
 use crate::metrics::{server as metrics_server, Metrics, MetricsConfig};
 use crate::observe::tokens::TokenCounter;
 use crate::proxy::client::UpstreamClient;
+use crate::proxy::observe::ObserveSettings;
 use crate::proxy::{Proxy, ProxySettings};
 use crate::serve::{serve, ConnectionLimits};
 use std::net::SocketAddr;
@@ -72,15 +73,17 @@ impl Sidecar {
             metrics.clone(),
             ProxySettings {
                 upstream: config.upstream.to_string(),
-                max_peek_bytes: config.max_peek_bytes,
                 max_body_bytes: config.max_body_bytes,
-                max_buffered_request_bytes: config.max_buffered_request_bytes,
                 request_body_timeout: config.request_body_timeout,
-                max_event_bytes: config.max_event_bytes,
                 upstream_timeout: config.upstream_timeout,
                 stream_idle_timeout: config.stream_idle_timeout,
-                inject_usage: config.inject_usage,
-                tokenizer,
+                observe: ObserveSettings {
+                    max_peek_bytes: config.max_peek_bytes,
+                    max_buffered_request_bytes: config.max_buffered_request_bytes,
+                    max_event_bytes: config.max_event_bytes,
+                    inject_usage: config.inject_usage,
+                    tokenizer,
+                },
             },
         ));
 
@@ -88,7 +91,10 @@ impl Sidecar {
         let mut tasks = JoinSet::new();
         tasks.spawn(serve(
             proxy_listener,
-            move |request, peer| proxy.clone().handle(request, peer),
+            move |request, peer| {
+                let proxy = proxy.clone();
+                async move { proxy.handle(request, peer).await }
+            },
             shutdown.clone(),
             config.drain_timeout,
             ConnectionLimits {

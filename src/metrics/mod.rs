@@ -55,7 +55,7 @@ impl Default for MetricsConfig {
         Self {
             engine: None,
             models: Vec::new(),
-            max_models: 0,
+            max_models: crate::config::defaults::MAX_MODELS,
             buckets: BucketOverrides::default(),
             slos: SloSet::default(),
             capacity_window: crate::capacity::DEFAULT_WINDOW,

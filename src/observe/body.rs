@@ -18,7 +18,11 @@ pub struct ObservedBody<B> {
     trailers: Option<Frame<Bytes>>,
 }
 
-impl<B: Body<Data = Bytes, Error = BoxError> + Unpin> ObservedBody<B> {
+impl<B> ObservedBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
     /// Forwards `inner`, reporting what goes by to `tracker`.
     /// Dropping it before the end records `client_cancelled` (the tracker's drop).
     pub fn new(inner: B, tracker: RequestTracker) -> Self {
@@ -41,7 +45,11 @@ impl<B: Body<Data = Bytes, Error = BoxError> + Unpin> ObservedBody<B> {
     }
 }
 
-impl<B: Body<Data = Bytes, Error = BoxError> + Unpin> Body for ObservedBody<B> {
+impl<B> Body for ObservedBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
     type Data = Bytes;
     type Error = BoxError;
 
@@ -54,6 +62,7 @@ impl<B: Body<Data = Bytes, Error = BoxError> + Unpin> Body for ObservedBody<B> {
             let frame = match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
                 Some(Ok(frame)) => frame,
                 Some(Err(error)) => {
+                    let error: BoxError = error.into();
                     // An engine gone quiet past `stream_idle_timeout` is a timeout, not a reset.
                     let end = if error.is::<StreamIdle>() {
                         End::Failed(Outcome::Timeout)

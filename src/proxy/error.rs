@@ -2,6 +2,7 @@
 
 use super::request_body::ClientFault;
 use super::ProxyBody;
+use crate::observe::record::Outcome;
 use bytes::Bytes;
 use http::{header, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -10,13 +11,15 @@ use std::time::Duration;
 /// A failure the sidecar reports to the client instead of an engine response.
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
-    /// The engine could not be reached or refused the connection.
+    /// The engine could not be reached or refused the connection, or failed the exchange.
     #[error("upstream {upstream} is unavailable: {reason}")]
     Unavailable {
         /// The configured upstream.
         upstream: String,
         /// Why, without request content.
         reason: String,
+        /// No connection to it could be made.
+        connect: bool,
     },
     /// The engine sent no response head in time.
     #[error("upstream {upstream} sent no response within {}", humantime::format_duration(*.after))]
@@ -52,6 +55,17 @@ pub enum ProxyError {
 }
 
 impl ProxyError {
+    /// How a measured request that ends in this error is counted.
+    pub fn outcome(&self) -> Outcome {
+        match self {
+            ProxyError::Unavailable { connect: true, .. } => Outcome::ConnectError,
+            ProxyError::Unavailable { .. } | ProxyError::BadUpstreamResponse { .. } => Outcome::UpstreamError,
+            ProxyError::Timeout { .. } => Outcome::Timeout,
+            ProxyError::Client(fault) => fault.outcome(),
+            ProxyError::Overloaded { .. } | ProxyError::ConnectRefused => Outcome::ClientError,
+        }
+    }
+
     fn status(&self) -> StatusCode {
         match self {
             ProxyError::Unavailable { .. } => StatusCode::BAD_GATEWAY,

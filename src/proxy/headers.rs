@@ -52,6 +52,11 @@ pub fn append_forwarded_for(headers: &mut HeaderMap, client: IpAddr) {
     }
 }
 
+/// The declared Content-Length, when it is a valid one.
+pub fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers.get(http::header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

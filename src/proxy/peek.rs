@@ -2,7 +2,7 @@
 //! `model` and `stream` fields, then forwards the very same bytes.
 
 use super::idle::BoxError;
-use super::request_body::{ClientBody, ClientFault};
+use super::request_body::ClientFault;
 use super::UpstreamBody;
 use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
@@ -104,12 +104,15 @@ pub fn parse_fields(body: &[u8]) -> RequestFields {
 /// Reads up to `limit` bytes of `body`, taking their size from `budget` (all of a declared
 /// Content-Length up front, else frame by frame); returns the body (the same bytes) and the
 /// fields when the whole body fit within the limit.
-pub async fn peek(
-    mut body: ClientBody,
+pub async fn peek<B>(
+    mut body: B,
     content_length: Option<u64>,
     limit: usize,
     budget: &Arc<Semaphore>,
-) -> Result<(Peeked, RequestFields), PeekError> {
+) -> Result<(Peeked, RequestFields), PeekError>
+where
+    B: Body<Data = Bytes, Error = ClientFault> + Unpin + Send + 'static,
+{
     if content_length.is_some_and(|len| len > limit as u64) {
         return Ok((
             Peeked::TooLarge(body.map_err(boxed).boxed_unsync()),
@@ -184,12 +187,12 @@ impl<B: Body + Unpin> Body for Held<B> {
 
 /// Already-read bytes (with their budget share, given back once they are sent on) followed
 /// by the rest of the client's body.
-struct PrefixedBody {
+struct PrefixedBody<B> {
     prefix: Option<(Bytes, Option<OwnedSemaphorePermit>)>,
-    rest: ClientBody,
+    rest: B,
 }
 
-impl Body for PrefixedBody {
+impl<B: Body<Data = Bytes, Error = ClientFault> + Unpin> Body for PrefixedBody<B> {
     type Data = Bytes;
     type Error = BoxError;
 

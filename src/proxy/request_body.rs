@@ -3,6 +3,7 @@
 //! never taken for the engine's.
 
 use super::idle::IdleTimer;
+use super::UpstreamBody;
 use crate::observe::record::Outcome;
 use bytes::Bytes;
 use http::StatusCode;
@@ -30,10 +31,14 @@ pub enum ClientFault {
 }
 
 impl ClientFault {
-    /// Classifies an error reading the body from the client's connection.
-    pub fn from_read_error(error: &hyper::Error) -> Self {
-        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    /// Classifies an error reading the body from the client: a fault it carries, broken
+    /// framing, or else a client that went away.
+    pub fn from_read_error(error: &(dyn std::error::Error + 'static)) -> Self {
+        let mut cause = Some(error);
         while let Some(error) = cause {
+            if let Some(fault) = error.downcast_ref::<ClientFault>() {
+                return *fault;
+            }
             if let Some(io) = error.downcast_ref::<std::io::Error>() {
                 if matches!(
                     io.kind(),
@@ -97,6 +102,12 @@ impl ClientBody {
         self.fault.clone()
     }
 
+    /// The same body, failed with `fault` before a byte of it is read.
+    pub fn refused(self, fault: ClientFault) -> Self {
+        let _ = self.fault.set(fault);
+        self
+    }
+
     fn fail(&mut self, fault: ClientFault) -> Poll<Option<Result<Frame<Bytes>, ClientFault>>> {
         let _ = self.fault.set(fault);
         Poll::Ready(Some(Err(fault)))
@@ -130,6 +141,41 @@ impl Body for ClientBody {
                 Poll::Pending => Poll::Pending,
             },
         }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// Any request body, its failures taken as the client's faults and noted in a slot: how the
+/// observer tells a client that broke off its upload from an engine that failed.
+pub struct NotedBody {
+    inner: UpstreamBody,
+    fault: FaultSlot,
+}
+
+impl NotedBody {
+    /// Wraps `inner`, noting its first failure in `fault`.
+    pub fn new(inner: UpstreamBody, fault: FaultSlot) -> Self {
+        Self { inner, fault }
+    }
+}
+
+impl Body for NotedBody {
+    type Data = Bytes;
+    type Error = ClientFault;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, ClientFault>>> {
+        let this = self.get_mut();
+        Pin::new(&mut this.inner).poll_frame(cx).map_err(|error| {
+            let fault = ClientFault::from_read_error(error.as_ref());
+            *this.fault.get_or_init(|| fault)
+        })
     }
 
     fn is_end_stream(&self) -> bool {

@@ -1,0 +1,103 @@
+//! The innermost service: sends a request to the one upstream and hands back its response,
+//! the body under the stream idle timeout. Its errors are [`ProxyError`]s.
+
+use super::client::UpstreamClient;
+use super::error::{self, ProxyError};
+use super::headers;
+use super::idle::{BoxError, IdleTimeoutBody};
+use super::UpstreamBody;
+use http::{header, HeaderValue, Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+/// The client's address, carried in the request's extensions for `X-Forwarded-For`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddr(pub SocketAddr);
+
+/// Forwards requests to the upstream of its client.
+#[derive(Debug, Clone)]
+pub struct Forward {
+    client: UpstreamClient,
+    /// The upstream as configured, for error messages.
+    upstream: Arc<str>,
+    /// Longest silence of the upstream within a response body; `None` waits for ever.
+    stream_idle_timeout: Option<Duration>,
+}
+
+impl Forward {
+    /// Forwards to `client`'s upstream (named `upstream` in errors).
+    pub fn new(client: UpstreamClient, upstream: &str, stream_idle_timeout: Option<Duration>) -> Self {
+        Self {
+            client,
+            upstream: upstream.into(),
+            stream_idle_timeout,
+        }
+    }
+
+    /// Points the request at the upstream: origin-form URI, HTTP/1.1, end-to-end headers only.
+    fn prepare_head(&self, parts: &mut http::request::Parts) {
+        headers::remove_hop_by_hop(&mut parts.headers);
+        let path_and_query = parts.uri.path_and_query().map_or("/", |pq| pq.as_str());
+        // An HTTP/2 client names the host in :authority; HTTP/1.1 engines expect a Host header.
+        if !parts.headers.contains_key(header::HOST) {
+            if let Some(host) = parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            {
+                parts.headers.insert(header::HOST, host);
+            }
+        }
+        parts.uri = self.client.uri_for(path_and_query);
+        parts.version = Version::HTTP_11;
+        if let Some(ClientAddr(peer)) = parts.extensions.get::<ClientAddr>() {
+            headers::append_forwarded_for(&mut parts.headers, peer.ip());
+        }
+    }
+}
+
+impl tower::Service<Request<UpstreamBody>> for Forward {
+    type Response = Response<IdleTimeoutBody<Incoming>>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<UpstreamBody>) -> Self::Future {
+        let (mut parts, body) = request.into_parts();
+        self.prepare_head(&mut parts);
+        let this = self.clone();
+        Box::pin(async move {
+            let response = this
+                .client
+                .send(Request::from_parts(parts, body))
+                .await
+                .map_err(|error| ProxyError::Unavailable {
+                    upstream: this.upstream.to_string(),
+                    reason: error::innermost_cause(&error),
+                    connect: error.is_connect(),
+                })?;
+            if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+                // llmslo never forwards Upgrade, so no 101 was asked for: the engine misbehaved.
+                return Err(ProxyError::BadUpstreamResponse {
+                    upstream: this.upstream.to_string(),
+                    what: "101 Switching Protocols to a request that asked for no upgrade",
+                }
+                .into());
+            }
+            let (mut parts, body) = response.into_parts();
+            headers::remove_hop_by_hop(&mut parts.headers);
+            Ok(Response::from_parts(
+                parts,
+                IdleTimeoutBody::new(body, this.stream_idle_timeout),
+            ))
+        })
+    }
+}

@@ -1,0 +1,330 @@
+//! The observer as a tower layer: wraps any HTTP service whose responses stream (an engine
+//! client, a gateway's router) and records every generation request it passes into a
+//! [`Metrics`] registry, exactly as the sidecar does. It reads a generation request's body
+//! far enough to learn its model (bounded, under a shared byte budget), forwards the same
+//! bytes, and follows the response body frame by frame without changing it.
+//!
+//! ```no_run
+//! use llmslo::metrics::{Metrics, MetricsConfig};
+//! use llmslo::{ObserveLayer, ObserveSettings};
+//! use std::sync::Arc;
+//!
+//! let metrics = Arc::new(Metrics::new(&MetricsConfig::default()));
+//! let layer = ObserveLayer::new(metrics.clone(), ObserveSettings::default());
+//! // tower::ServiceBuilder::new().layer(layer).service(your_engine_client)
+//! // and serve `metrics.encode()` on /metrics.
+//! ```
+
+use super::error::ProxyError;
+use super::idle::BoxError;
+use super::peek::{self, PeekError, Peeked, RequestFields};
+use super::request_body::{ClientFault, FaultSlot, NotedBody};
+use super::{ProxyBody, UpstreamBody};
+use crate::config::{defaults, Engine};
+use crate::metrics::{Metrics, RefusalReason};
+use crate::observe::body::ObservedBody;
+use crate::observe::record::{Operation, Outcome, Protocol};
+use crate::observe::tokens::TokenCounter;
+use crate::observe::tracker::{End, RequestTracker};
+use crate::provider;
+use bytes::Bytes;
+use http::{header, Method, Request, Response};
+use http_body_util::BodyExt;
+use hyper::body::Body;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+use tracing::debug;
+
+/// Seconds a client refused for the buffer budget is asked to wait before retrying.
+const RETRY_AFTER_SECS: u32 = 1;
+
+/// How the observer reads requests and responses.
+#[derive(Debug, Clone)]
+pub struct ObserveSettings {
+    /// How much of a generation request body is read to learn model and stream.
+    pub max_peek_bytes: usize,
+    /// Bytes of request bodies buffered by the peek at once, across all requests.
+    pub max_buffered_request_bytes: usize,
+    /// Largest stream event (or JSON body) interpreted.
+    pub max_event_bytes: usize,
+    /// Ask streaming OpenAI requests for usage when they did not (and hide the answer).
+    pub inject_usage: bool,
+    /// The model's tokenizer, for streams that state no token counts.
+    pub tokenizer: Option<Arc<TokenCounter>>,
+}
+
+impl Default for ObserveSettings {
+    /// The sidecar's defaults, without a tokenizer.
+    fn default() -> Self {
+        Self {
+            max_peek_bytes: defaults::MAX_PEEK_BYTES,
+            max_buffered_request_bytes: defaults::MAX_BUFFERED_REQUEST_BYTES,
+            max_event_bytes: defaults::MAX_EVENT_BYTES,
+            inject_usage: true,
+            tokenizer: None,
+        }
+    }
+}
+
+/// Wraps services in [`Observe`].
+#[derive(Debug, Clone)]
+pub struct ObserveLayer {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
+    metrics: Arc<Metrics>,
+    settings: ObserveSettings,
+    /// Bytes the peek may still buffer (`max_buffered_request_bytes` in all).
+    budget: Arc<Semaphore>,
+}
+
+impl ObserveLayer {
+    /// Records into `metrics`, reading requests and responses as `settings` say.
+    pub fn new(metrics: Arc<Metrics>, settings: ObserveSettings) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                metrics,
+                budget: Arc::new(Semaphore::new(settings.max_buffered_request_bytes)),
+                settings,
+            }),
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for ObserveLayer {
+    type Service = Observe<S>;
+
+    fn layer(&self, inner: S) -> Observe<S> {
+        Observe {
+            inner,
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+/// Measures the generation requests that pass through `S`; every other request passes
+/// untouched. Its own refusals (a request body the client broke off, a full buffer budget)
+/// are answered with OpenAI-shaped JSON errors; `S`'s errors are passed on, counted.
+#[derive(Debug, Clone)]
+pub struct Observe<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S, B, RB> tower::Service<Request<B>> for Observe<S>
+where
+    S: tower::Service<Request<UpstreamBody>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    B: Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<BoxError>,
+    RB: Body<Data = Bytes> + Unpin + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
+    type Response = Response<ProxyBody>;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<Response<ProxyBody>, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let t0 = Instant::now();
+        // The ready service answers this request; the clone waits for the next one.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let shared = self.shared.clone();
+        let operation = match *request.method() {
+            Method::POST => Operation::from_path(request.uri().path()),
+            _ => None,
+        };
+        match operation {
+            Some(operation) => Box::pin(shared.observe(inner, operation, request, t0)),
+            None => Box::pin(shared.pass(inner, request)),
+        }
+    }
+}
+
+impl Shared {
+    /// Forwards a request llmslo does not measure; its response may still name the engine.
+    async fn pass<S, B, RB>(self: Arc<Self>, mut inner: S, request: Request<B>) -> Result<Response<ProxyBody>, BoxError>
+    where
+        S: tower::Service<Request<UpstreamBody>, Response = Response<RB>>,
+        S::Error: Into<BoxError>,
+        S::Future: Send + 'static,
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+        RB: Body<Data = Bytes> + Send + 'static,
+        RB::Error: Into<BoxError>,
+    {
+        let request = request.map(|body| body.map_err(Into::into).boxed_unsync());
+        let response = call_inner(&mut inner, request).await.map_err(Into::into)?;
+        self.learn_engine(None, &response);
+        Ok(response.map(|body| body.map_err(Into::into).boxed_unsync()))
+    }
+
+    /// Measures a generation request from its head to the end of its response.
+    async fn observe<S, B, RB>(
+        self: Arc<Self>,
+        mut inner: S,
+        operation: Operation,
+        request: Request<B>,
+        t0: Instant,
+    ) -> Result<Response<ProxyBody>, BoxError>
+    where
+        S: tower::Service<Request<UpstreamBody>, Response = Response<RB>>,
+        S::Error: Into<BoxError>,
+        S::Future: Send + 'static,
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+        RB: Body<Data = Bytes> + Unpin + Send + 'static,
+        RB::Error: Into<BoxError>,
+    {
+        let (mut parts, body) = request.into_parts();
+        let fault = FaultSlot::default();
+        let body = NotedBody::new(body.map_err(Into::into).boxed_unsync(), fault.clone());
+        let (body, fields, injected_usage) = match self.read_generation_body(operation, &mut parts.headers, body).await
+        {
+            Ok(read) => read,
+            Err(PeekError::Client(fault)) => {
+                debug!(%fault, "request refused: the client's body");
+                self.track(operation, &RequestFields::default(), t0)
+                    .finish(End::Failed(fault.outcome()), Instant::now());
+                return Ok(ProxyError::Client(fault).into_response());
+            }
+            Err(PeekError::BudgetExhausted) => {
+                self.metrics.count_refused(RefusalReason::RequestBufferFull);
+                let error = ProxyError::Overloaded {
+                    limit: "max_buffered_request_bytes",
+                    retry_after: RETRY_AFTER_SECS,
+                };
+                return Ok(error.into_response());
+            }
+        };
+        let mut tracker = self.track(operation, &fields, t0);
+        debug!(
+            operation = tracker.operation().as_str(),
+            model = tracker.model(),
+            stream = ?fields.stream,
+            injected_usage,
+            "measuring request"
+        );
+        if injected_usage {
+            tracker.strip_usage_chunk();
+        }
+        if let Some(tokenizer) = &self.settings.tokenizer {
+            tracker.count_with(tokenizer.clone());
+        }
+        let response = match call_inner(&mut inner, Request::from_parts(parts, body)).await {
+            Ok(response) => response,
+            Err(error) => {
+                let error: BoxError = error.into();
+                // A client that broke off its upload is at fault, whatever the engine made of it.
+                let (outcome, error) = match fault.get() {
+                    Some(fault) => (fault.outcome(), Box::new(*fault) as BoxError),
+                    None => (failure_outcome(&error), error),
+                };
+                tracker.finish(End::Failed(outcome), Instant::now());
+                return Err(error);
+            }
+        };
+        self.learn_engine(Some(operation), &response);
+        let (parts, body) = response.into_parts();
+        tracker.on_response_head(parts.status, &parts.headers);
+        Ok(Response::from_parts(
+            parts,
+            ObservedBody::new(body, tracker).boxed_unsync(),
+        ))
+    }
+
+    /// Peeks a generation request's body for its fields and, when due, asks it for usage
+    /// (fixing Content-Length). Returns the body to send, the fields, and whether it was rewritten.
+    async fn read_generation_body(
+        &self,
+        operation: Operation,
+        headers: &mut http::HeaderMap,
+        body: NotedBody,
+    ) -> Result<(UpstreamBody, RequestFields, bool), PeekError> {
+        let content_length = super::headers::content_length(headers);
+        let max_peek = self.settings.max_peek_bytes;
+        let (peeked, fields) = peek::peek(body, content_length, max_peek, &self.budget).await?;
+        Ok(match peeked {
+            Peeked::Whole(bytes, permit) => match self
+                .should_inject_usage(operation, &fields)
+                .then(|| peek::with_usage_requested(&bytes))
+                .flatten()
+            {
+                Some(rewritten) => {
+                    headers.insert(header::CONTENT_LENGTH, rewritten.len().into());
+                    (peek::buffered(rewritten, permit), fields, true)
+                }
+                None => (peek::buffered(bytes, permit), fields, false),
+            },
+            Peeked::TooLarge(body) => (body, fields, false),
+        })
+    }
+
+    /// A streaming OpenAI request that did not ask for usage gets it asked for.
+    fn should_inject_usage(&self, operation: Operation, fields: &RequestFields) -> bool {
+        self.settings.inject_usage
+            && operation.protocol() == Protocol::OpenAi
+            && fields.stream == Some(true)
+            && !fields.asked_for_usage()
+    }
+
+    /// `engine: auto` learns from responses too: TGI's headers, or its native API answering.
+    fn learn_engine<RB>(&self, operation: Option<Operation>, response: &Response<RB>) {
+        let native_tgi =
+            (operation == Some(Operation::Generate) && response.status().is_success()).then_some(Engine::Tgi);
+        if let Some(engine) = provider::from_headers(response.headers()).or(native_tgi) {
+            self.metrics.learn_engine(engine);
+        }
+    }
+
+    fn track(&self, operation: Operation, fields: &RequestFields, t0: Instant) -> RequestTracker {
+        RequestTracker::start(
+            self.metrics.clone(),
+            fields.model.as_deref(),
+            operation,
+            t0,
+            self.settings.max_event_bytes,
+        )
+    }
+}
+
+/// The inner service's answer as a boxed future: holding it (rather than `S::Future`) across
+/// the observer's awaits keeps the observer's own future provably `Send`.
+fn call_inner<S, RB>(inner: &mut S, request: Request<UpstreamBody>) -> InnerFuture<RB, S::Error>
+where
+    S: tower::Service<Request<UpstreamBody>, Response = Response<RB>>,
+    S::Future: Send + 'static,
+{
+    Box::pin(inner.call(request))
+}
+
+type InnerFuture<RB, E> = Pin<Box<dyn Future<Output = Result<Response<RB>, E>> + Send>>;
+
+/// How a request whose exchange failed is counted: the sidecar's own errors know; a tower
+/// timeout is a timeout; a client that could not connect is a connect error; else the engine's.
+fn failure_outcome(error: &BoxError) -> Outcome {
+    if let Some(error) = error.downcast_ref::<ProxyError>() {
+        return error.outcome();
+    }
+    if let Some(fault) = error.downcast_ref::<ClientFault>() {
+        return fault.outcome();
+    }
+    if error.is::<tower::timeout::error::Elapsed>() {
+        return Outcome::Timeout;
+    }
+    match error.downcast_ref::<hyper_util::client::legacy::Error>() {
+        Some(error) if error.is_connect() => Outcome::ConnectError,
+        _ => Outcome::UpstreamError,
+    }
+}

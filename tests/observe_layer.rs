@@ -1,0 +1,114 @@
+//! The observer as a tower layer, mounted in the axum gateway of `examples/observe_axum.rs`,
+//! records exactly what the sidecar records for the same streams.
+
+mod common;
+#[allow(dead_code)] // the example's `main`
+#[path = "../examples/observe_axum.rs"]
+mod example;
+
+use common::*;
+use llmslo::config::Engine;
+use llmslo::metrics::{Metrics, MetricsConfig};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The real vLLM capture, one event per chunk: the first after 120 ms, then every 25 ms.
+fn paced_capture() -> Script {
+    let capture = fixture("vllm-chat.sse");
+    let text = String::from_utf8(capture).unwrap();
+    let pieces = text
+        .split_inclusive("\n\n")
+        .enumerate()
+        .map(|(i, event)| {
+            let delay = if i == 0 { 120 } else { 25 };
+            (Duration::from_millis(delay), event.as_bytes().to_vec())
+        })
+        .collect();
+    Script::sse(pieces)
+}
+
+/// The request families the sidecar records, as text (process-level ones left out).
+fn request_families(text: &str) -> Vec<String> {
+    const PROCESS: [&str; 4] = [
+        "llmslo_build_info",
+        "llmslo_proxy_connections_open",
+        "llmslo_upstream_",
+        "llmslo_gpu_",
+    ];
+    text.lines()
+        .filter(|line| line.starts_with("llmslo_") || line.starts_with("gen_ai_"))
+        .filter(|line| !PROCESS.iter().any(|p| line.starts_with(p)))
+        .map(str::to_string)
+        .collect()
+}
+
+async fn start_gateway(upstream: SocketAddr) -> (SocketAddr, Arc<Metrics>) {
+    let metrics = Arc::new(Metrics::new(&MetricsConfig {
+        engine: Some(Engine::Vllm),
+        ..MetricsConfig::default()
+    }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = example::app(format!("http://{upstream}").parse().unwrap(), metrics.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (addr, metrics)
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_layer_in_an_axum_gateway_records_what_the_sidecar_records() {
+    let (upstream, _) = scripted_upstream(paced_capture()).await;
+    let sidecar = start_sidecar(upstream, "").await;
+    let (gateway, gateway_metrics) = start_gateway(upstream).await;
+
+    for addr in [sidecar.proxy_addr, gateway] {
+        for (stream, usage) in [(true, false), (true, true), (false, false)] {
+            let (status, body) = post_collect(addr, "/v1/chat/completions", chat_body(16, stream, usage)).await;
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        }
+        // Not a generation request: forwarded, not measured.
+        let (status, _) = post_collect(addr, "/tokenize", "{}".into()).await;
+        assert_eq!(status, 200);
+    }
+    settle(&sidecar).await;
+    let from_sidecar = request_families(&sidecar.metrics.encode());
+    let from_layer = request_families(&gateway_metrics.encode());
+    assert!(
+        from_sidecar
+            .iter()
+            .any(|l| l.starts_with("gen_ai_server_time_per_output_token_seconds_sum")),
+        "{from_sidecar:?}"
+    );
+    assert_eq!(from_layer, from_sidecar);
+    let text = gateway_metrics.encode();
+    let ok = [("outcome", "success")];
+    assert_eq!(sample(&text, "llmslo_requests_total", &ok), 3.0, "{text}");
+    assert_eq!(
+        sample(&text, "gen_ai_server_time_to_first_token_seconds_count", &[]),
+        3.0
+    );
+    let ttft_sum = sample(&text, "gen_ai_server_time_to_first_token_seconds_sum", &[]);
+    assert!(
+        (ttft_sum - 3.0 * 0.145).abs() < 1e-9,
+        "the first token is the capture's second event, 145 ms in: {ttft_sum}"
+    );
+    assert!(sample(&text, "llmslo_output_tokens_total", &[]) > 0.0);
+}
+
+#[tokio::test]
+async fn the_layer_counts_an_engine_that_cannot_be_reached_and_answers_through_the_apps_handler() {
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let (gateway, metrics) = start_gateway(closed).await;
+    let (status, body) = post_collect(gateway, "/v1/chat/completions", chat_body(16, true, false)).await;
+    assert_eq!(status, 502, "{}", String::from_utf8_lossy(&body));
+    let text = metrics.encode();
+    assert_eq!(
+        sample(&text, "llmslo_requests_total", &[("outcome", "connect_error")]),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(sample(&text, "llmslo_requests_in_flight", &[]), 0.0);
+}
