@@ -1,16 +1,16 @@
 //! The command line: `run`, `simulate` and `demo`.
 
-use crate::bench;
 use crate::config::{Config, EngineSetting, LogFormat, Overrides};
-use crate::demo::{self, DemoOptions};
-use crate::inject::{self, InjectOptions, SidecarMode};
+use crate::k8s::inject::{self, InjectOptions, SidecarMode};
+use crate::k8s::webhook;
 use crate::sidecar::{termination_signal, Sidecar};
-use crate::simulate::batching::BatchingOptions;
-use crate::simulate::delay::Delay;
-use crate::simulate::shape::Flavor;
-use crate::simulate::{SimEngine, SimOptions};
 use crate::slo::rules::{self, RulesFormat};
-use crate::webhook;
+use crate::tools::bench;
+use crate::tools::demo::{self, DemoOptions};
+use crate::tools::simulate::batching::BatchingOptions;
+use crate::tools::simulate::delay::Delay;
+use crate::tools::simulate::shape::Flavor;
+use crate::tools::simulate::{SimEngine, SimOptions};
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -59,7 +59,7 @@ enum Command {
     /// Stream through a sidecar for a long time, sampling its memory, file descriptors and scrape latency.
     Soak(SoakArgs),
     /// Load an OpenAI-compatible endpoint step by step, judge each step against the SLOs and find the knee.
-    Sweep(crate::sweep::args::SweepArgs),
+    Sweep(crate::tools::sweep::args::SweepArgs),
 }
 
 #[derive(Debug, Args)]
@@ -528,7 +528,7 @@ impl Cli {
                     self.log.as_deref().unwrap_or("warn"),
                     self.log_format.unwrap_or(LogFormat::Text),
                 );
-                crate::sweep::args::run(args).await
+                crate::tools::sweep::args::run(args).await
             }
             Command::Demo(args) => {
                 init_logging(

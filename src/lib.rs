@@ -1,24 +1,30 @@
 //! llmslo: a sidecar in front of LLM inference engines that measures what users feel
 //! (TTFT, TPOT, inter-chunk latency, tokens) from the streamed responses and exports it to
 //! Prometheus. `main.rs` is a thin CLI over this library so tests drive the whole app.
+//!
+//! The layout follows the data path:
+//! - the runtime: [`config`], [`sidecar`] (the assembly), [`serve`] (the accept loop),
+//!   [`health`], [`provider`];
+//! - the request path: [`proxy`] (tower layers: guard, observe, timeout, forward), [`observe`]
+//!   (stream parsing and the per-request record), then what records go into: [`metrics`],
+//!   [`slo`], [`capacity`]; beside them [`gpu`];
+//! - [`k8s`]: the injector and the admission webhook; [`tools`]: demo, simulated engine,
+//!   sweep, bench; [`cli`]: the subcommands.
 
-pub mod bench;
 pub mod capacity;
 pub mod cli;
 pub mod config;
-pub mod demo;
 pub mod gpu;
 pub mod health;
-pub mod inject;
+pub mod k8s;
 pub mod metrics;
 pub mod observe;
 pub mod provider;
 pub mod proxy;
+pub mod quantile;
 pub mod serve;
 pub mod sidecar;
-pub mod simulate;
 pub mod slo;
-pub mod sweep;
-pub mod webhook;
+pub mod tools;
 
 pub use proxy::observe::{Observe, ObserveLayer, ObserveSettings};

@@ -6,10 +6,10 @@
 mod common;
 
 use common::{knee_40_engine, start_engine, start_sidecar};
-use llmslo::sweep::client::Endpoint;
-use llmslo::sweep::report::Report;
-use llmslo::sweep::stats::Load;
-use llmslo::sweep::{LoadPlan, SweepOptions};
+use llmslo::tools::sweep::client::Endpoint;
+use llmslo::tools::sweep::report::Report;
+use llmslo::tools::sweep::stats::Load;
+use llmslo::tools::sweep::{LoadPlan, SweepOptions};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -70,7 +70,7 @@ async fn swept_knee() -> Report {
         warmup: Duration::from_secs(1),
         ..sweep(engine, LoadPlan::Auto { max: 1024 }, Duration::from_secs(3))
     };
-    let report = llmslo::sweep::run(options).await.unwrap();
+    let report = llmslo::tools::sweep::run(options).await.unwrap();
     stop.cancel();
     report
 }
@@ -102,7 +102,7 @@ async fn poisson_traffic_far_below_the_knee_finds_it() {
             }
         }
     });
-    let traffic = llmslo::sweep::run(sweep(
+    let traffic = llmslo::tools::sweep::run(sweep(
         sidecar.proxy_addr,
         LoadPlan::Rate(rates),
         Duration::from_secs(24),
@@ -185,7 +185,7 @@ async fn poisson_traffic_far_below_the_knee_finds_it() {
 async fn load_that_never_varies_gives_no_number() {
     let (engine, stop) = start_engine(knee_40_engine()).await;
     let sidecar = start_sidecar(engine, SLOS).await;
-    llmslo::sweep::run(sweep(
+    llmslo::tools::sweep::run(sweep(
         sidecar.proxy_addr,
         LoadPlan::Concurrency(vec![10]),
         Duration::from_secs(120),

@@ -5,8 +5,8 @@ mod common;
 
 use common::*;
 use http_body_util::BodyExt;
-use llmslo::simulate::shape::Flavor;
-use llmslo::simulate::SimOptions;
+use llmslo::tools::simulate::shape::Flavor;
+use llmslo::tools::simulate::SimOptions;
 
 fn flavored(flavor: Flavor, ttft_ms: u64, tpot_ms: u64) -> SimOptions {
     SimOptions {

@@ -6,7 +6,7 @@ use bytes::Bytes;
 use common::*;
 use http::Request;
 use http_body_util::{BodyExt, Full};
-use llmslo::simulate::SimOptions;
+use llmslo::tools::simulate::SimOptions;
 use serde_json::Value;
 
 fn events(body: &[u8]) -> Vec<String> {
@@ -142,7 +142,7 @@ async fn token_stamps(engine: std::net::SocketAddr, tokens: u32) -> Vec<tokio::t
 
 #[tokio::test(start_paused = true)]
 async fn batching_tpot_is_the_step_model_at_every_concurrency() {
-    use llmslo::simulate::batching::BatchingOptions;
+    use llmslo::tools::simulate::batching::BatchingOptions;
     use std::time::Duration;
     let batching = BatchingOptions {
         step_base: Duration::from_millis(10),

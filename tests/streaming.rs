@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use http_body_util::BodyExt;
-use llmslo::simulate::SimOptions;
+use llmslo::tools::simulate::SimOptions;
 
 const CHAT: &[(&str, &str)] = &[("model", "sim"), ("operation", "chat"), ("provider", "vllm")];
 

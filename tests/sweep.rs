@@ -5,11 +5,11 @@
 mod common;
 
 use common::{free_port, knee_40_engine, start_engine, timed_engine};
-use llmslo::simulate::SimOptions;
 use llmslo::slo::spec::SloSet;
-use llmslo::sweep::client::Endpoint;
-use llmslo::sweep::stats::Load;
-use llmslo::sweep::{LoadPlan, SweepError, SweepOptions};
+use llmslo::tools::simulate::SimOptions;
+use llmslo::tools::sweep::client::Endpoint;
+use llmslo::tools::sweep::stats::Load;
+use llmslo::tools::sweep::{LoadPlan, SweepError, SweepOptions};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -49,7 +49,7 @@ fn options(target: String, loads: LoadPlan) -> SweepOptions {
 #[tokio::test(start_paused = true)]
 async fn auto_finds_the_analytic_knee_exactly_under_paused_time() {
     let (engine, stop) = start_engine(knee_40_engine()).await;
-    let report = llmslo::sweep::run(options(format!("http://{engine}"), LoadPlan::Auto { max: 1024 }))
+    let report = llmslo::tools::sweep::run(options(format!("http://{engine}"), LoadPlan::Auto { max: 1024 }))
         .await
         .unwrap();
     assert_eq!(report.model, "sim", "the model comes from /v1/models");
@@ -93,7 +93,7 @@ async fn auto_finds_the_analytic_knee_exactly_under_paused_time() {
     }
     // The simulator's role chunk leaves at once: under paused time, no time has passed.
     assert_eq!(steps[0]["ttfb_p99_s"], 0.0);
-    let svg = llmslo::sweep::plot::render(&report).unwrap();
+    let svg = llmslo::tools::sweep::plot::render(&report).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("knee: c=40") && svg.contains("tpot-30ms"));
     stop.cancel();
 }
@@ -103,7 +103,7 @@ async fn poisson_steps_report_the_arrival_rate_and_the_knee() {
     let (engine, stop) = start_engine(knee_40_engine()).await;
     let mut options = options(format!("http://{engine}"), LoadPlan::Rate(vec![5.0, 20.0, 120.0]));
     options.duration = Duration::from_secs(10);
-    let report = llmslo::sweep::run(options).await.unwrap();
+    let report = llmslo::tools::sweep::run(options).await.unwrap();
     let [low, mid, high] = &report.steps[..] else { panic!() };
     for (step, rate) in [(low, 5.0), (mid, 20.0)] {
         let measured = step.requests as f64 / step.window_s;
@@ -127,7 +127,7 @@ async fn failed_requests_are_counted_and_every_failure_is_fatal() {
     .await;
     let mut sweep = options(format!("http://{flaky}"), LoadPlan::Concurrency(vec![4]));
     sweep.model = Some("sim".into());
-    let report = llmslo::sweep::run(sweep).await.unwrap();
+    let report = llmslo::tools::sweep::run(sweep).await.unwrap();
     let step = &report.steps[0];
     let errors = step.errors["upstream_error"];
     assert!(errors > 0 && errors < step.requests, "{:?}", step.errors);
@@ -144,7 +144,7 @@ async fn failed_requests_are_counted_and_every_failure_is_fatal() {
         ..timed_engine(20, 5)
     })
     .await;
-    let error = llmslo::sweep::run(options(format!("http://{broken}"), LoadPlan::Concurrency(vec![2])))
+    let error = llmslo::tools::sweep::run(options(format!("http://{broken}"), LoadPlan::Concurrency(vec![2])))
         .await
         .unwrap_err();
     assert!(matches!(error, SweepError::Target(_)));
@@ -171,7 +171,7 @@ async fn the_dataset_prompts_are_sent_in_turn() {
     .unwrap();
     let mut sweep = options(format!("http://{engine}/v1"), LoadPlan::Concurrency(vec![1]));
     sweep.dataset = Some(dataset);
-    let report = llmslo::sweep::run(sweep).await.unwrap();
+    let report = llmslo::tools::sweep::run(sweep).await.unwrap();
     let step = &report.steps[0];
     // The simulator counts a token per four characters: 500 and 1, alternately.
     assert!(

@@ -8,7 +8,7 @@ use bytes::Bytes;
 use common::required_tool;
 use common::tls::https;
 use http_body_util::Full;
-use llmslo::inject::{inject_pod_template, InjectOptions};
+use llmslo::k8s::inject::{inject_pod_template, InjectOptions};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use tokio::net::{TcpListener, TcpStream};
@@ -58,11 +58,11 @@ async fn admission_review_over_tls_returns_a_patch_that_injects_the_pod() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("tls.crt"), &tls.cert_pem).unwrap();
     std::fs::write(dir.join("tls.key"), &tls.key_pem).unwrap();
-    let tls_files = Arc::new(llmslo::webhook::TlsFiles::load(&dir.join("tls.crt"), &dir.join("tls.key")).unwrap());
+    let tls_files = Arc::new(llmslo::k8s::webhook::TlsFiles::load(&dir.join("tls.crt"), &dir.join("tls.key")).unwrap());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
-    let server = tokio::spawn(llmslo::webhook::serve(
+    let server = tokio::spawn(llmslo::k8s::webhook::serve(
         listener,
         tls_files,
         InjectOptions::default(),
@@ -184,7 +184,7 @@ fn patched_pods_from_admission_fixtures_are_valid_kubernetes() {
         ))
         .unwrap();
         let review: Value = serde_json::from_slice(&body).unwrap();
-        let answer = llmslo::webhook::review(&body, &InjectOptions::default()).unwrap();
+        let answer = llmslo::k8s::webhook::review(&body, &InjectOptions::default()).unwrap();
         assert_eq!(answer["response"]["uid"], review["request"]["uid"]);
         assert_eq!(answer["response"]["allowed"], true);
         assert_eq!(answer["response"]["patchType"], "JSONPatch");

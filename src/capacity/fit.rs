@@ -2,7 +2,7 @@
 //! iteratively reweighted, so that a few requests slowed by something else (a long prefill
 //! beside them, a GC pause) do not tilt it.
 
-use crate::sweep::stats::nearest_rank;
+use crate::quantile::nearest_rank;
 
 /// Huber's tuning constant: 95 % efficiency on normal noise.
 const HUBER_K: f64 = 1.345;

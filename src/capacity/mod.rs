@@ -8,8 +8,8 @@ pub mod model;
 pub mod window;
 
 use crate::observe::record::{Outcome, RequestRecord};
+use crate::quantile::nearest_rank;
 use crate::slo::{ModelLabel, SloEngine, SloLabels};
-use crate::sweep::stats::nearest_rank;
 use meter::{InFlight, LoadMeter, Reading};
 use model::{Estimate, Latency};
 use prometheus_client::collector::Collector;

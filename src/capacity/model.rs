@@ -11,8 +11,8 @@
 
 use super::fit::{robust_line, LineFit};
 use super::window::Sample;
+use crate::quantile::nearest_rank;
 use crate::slo::spec::{Slo, SloKind, SloSet};
-use crate::sweep::stats::nearest_rank;
 
 /// Fewer requests than this in the window: no estimate.
 pub const MIN_SAMPLES: usize = 100;

@@ -13,7 +13,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use llmslo::config::Config;
 use llmslo::sidecar::Sidecar;
-use llmslo::simulate::{SimEngine, SimOptions};
+use llmslo::tools::simulate::{SimEngine, SimOptions};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -70,7 +70,7 @@ pub async fn model_learned(sidecar: &Sidecar, model: &str) {
 /// cost: TPOT at C running is 10 + 0.5·C ms, so a 30 ms TPOT SLO has its knee at exactly 40.
 pub fn knee_40_engine() -> SimOptions {
     SimOptions {
-        batching: Some(llmslo::simulate::batching::BatchingOptions {
+        batching: Some(llmslo::tools::simulate::batching::BatchingOptions {
             step_base: Duration::from_millis(10),
             step_per_seq: Duration::from_micros(500),
             prefill_per_token: Duration::ZERO,
@@ -84,8 +84,8 @@ pub fn knee_40_engine() -> SimOptions {
 /// A fixed-delay engine: `ttft`, `tpot` in milliseconds.
 pub fn timed_engine(ttft_ms: u64, tpot_ms: u64) -> SimOptions {
     SimOptions {
-        ttft: llmslo::simulate::delay::Delay::Fixed(Duration::from_millis(ttft_ms)),
-        tpot: llmslo::simulate::delay::Delay::Fixed(Duration::from_millis(tpot_ms)),
+        ttft: llmslo::tools::simulate::delay::Delay::Fixed(Duration::from_millis(ttft_ms)),
+        tpot: llmslo::tools::simulate::delay::Delay::Fixed(Duration::from_millis(tpot_ms)),
         ..SimOptions::default()
     }
 }

@@ -90,7 +90,7 @@ pub async fn failing_engine_and_sidecar(
     llmslo::config::Config,
     tokio_util::sync::CancellationToken,
 ) {
-    let (engine, stop) = super::start_engine(llmslo::simulate::SimOptions {
+    let (engine, stop) = super::start_engine(llmslo::tools::simulate::SimOptions {
         error_rate: 0.3,
         ..super::timed_engine(tpot_ms + 1, tpot_ms)
     })

@@ -1,7 +1,7 @@
 //! The benchmark's clients: streams chat completions back to back and stamps, as a client on
 //! the same host sees them, the first token and the gaps between the frames that follow.
 
-use crate::sweep::stats::nearest_rank;
+use crate::quantile::nearest_rank;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;

@@ -9,9 +9,9 @@ mod client;
 mod process;
 pub mod soak;
 
-use crate::demo::EXAMPLE_SLOS;
-use crate::simulate::delay::Delay;
-use crate::simulate::{SimEngine, SimOptions};
+use crate::tools::demo::EXAMPLE_SLOS;
+use crate::tools::simulate::delay::Delay;
+use crate::tools::simulate::{SimEngine, SimOptions};
 use client::{run_streams, Samples};
 use process::{free_port, nginx_config, Proxy};
 use std::fmt::Write as _;

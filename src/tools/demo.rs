@@ -5,8 +5,8 @@
 
 use crate::config::Config;
 use crate::sidecar::{termination_signal, Sidecar};
-use crate::simulate::batching::BatchingOptions;
-use crate::simulate::{SimEngine, SimOptions};
+use crate::tools::simulate::batching::BatchingOptions;
+use crate::tools::simulate::{SimEngine, SimOptions};
 use bytes::Bytes;
 use http::{header, Request};
 use http_body_util::{BodyExt, Full};

@@ -2,7 +2,7 @@
 //! sidecar into Pods created with `llmslo.io/inject: "true"`, answering with a JSONPatch.
 //! It never fails a Pod: anything it does not understand is allowed unchanged, with a warning.
 
-use crate::inject::{inject_pod_template, InjectOptions};
+use crate::k8s::inject::{inject_pod_template, InjectOptions};
 use base64::Engine as _;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};

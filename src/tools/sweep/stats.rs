@@ -3,6 +3,7 @@
 
 use super::client::Sample;
 use crate::observe::record::Outcome;
+use crate::quantile::nearest_rank;
 use crate::slo::spec::SloSet;
 use crate::slo::{classify, is_goodput, Verdict};
 use serde::Serialize;
@@ -61,16 +62,6 @@ fn mean(values: &[f64]) -> f64 {
         return f64::NAN;
     }
     values.iter().sum::<f64>() / values.len() as f64
-}
-
-/// The nearest-rank `q` quantile of sorted values: a value that was observed, never an
-/// interpolation.
-pub fn nearest_rank(sorted: &[f64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = (sorted.len() as f64 * q).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// How one SLO fared in a step.
@@ -333,9 +324,6 @@ mod tests {
         assert_eq!((q.p50, q.p90, q.p99, q.mean), (50.0, 90.0, 99.0, 50.5));
         assert!(Quantiles::of(vec![]).p99.is_nan());
         assert_eq!(Quantiles::of(vec![0.25]).p50, 0.25);
-        let thousand: Vec<f64> = (1..=1000).map(f64::from).collect();
-        assert_eq!(nearest_rank(&thousand, 0.99), 990.0);
-        assert_eq!(nearest_rank(&[5.0], 0.99), 5.0);
     }
 
     #[tokio::test]
