@@ -1,6 +1,7 @@
 //! Interpretation of OpenAI-compatible stream events (chat and completions), per DESIGN §2.
 //!
-//! Each SSE `data:` payload (or a whole non-streaming JSON body) is summarised without allocating: which choices carried tokens,
+//! Each SSE `data:` payload (or a whole non-streaming JSON body) is summarised without allocating (sonic-rs's SIMD
+//! JSON reader under the same serde visitors): which choices carried tokens,
 //! whether any of them is visible content, the token counts the event states, its usage and
 //! whether it is an error or the `[DONE]` sentinel.
 
@@ -53,7 +54,7 @@ pub fn summarise(data: &[u8]) -> EventSummary {
     }
     // Only an object is a chunk (a derived struct would also accept an array of its fields).
     let parsed = match data.trim_ascii_start().first() {
-        Some(b'{') => serde_json::from_slice::<Chunk>(data).ok(),
+        Some(b'{') => sonic_rs::from_slice::<Chunk>(data).ok(),
         _ => None,
     };
     match parsed {

@@ -39,9 +39,9 @@ struct Details {
 pub fn summarise(data: &[u8]) -> EventSummary {
     // Checked first: a derived struct would also accept an array as its fields in order.
     let parsed = if data.trim_ascii_start().starts_with(b"[") {
-        serde_json::from_slice::<(Event,)>(data).map(|(first,)| first)
+        sonic_rs::from_slice::<(Event,)>(data).map(|(first,)| first)
     } else {
-        serde_json::from_slice::<Event>(data)
+        sonic_rs::from_slice::<Event>(data)
     };
     let Ok(event) = parsed else {
         return EventSummary::default();
