@@ -112,3 +112,37 @@ async fn the_layer_counts_an_engine_that_cannot_be_reached_and_answers_through_t
     );
     assert_eq!(sample(&text, "llmslo_requests_in_flight", &[]), 0.0);
 }
+
+#[tokio::test]
+async fn a_client_that_breaks_off_its_upload_is_counted_as_its_own_fault_and_the_engine_never_sees_it() {
+    let (upstream, log) = scripted_upstream(paced_capture()).await;
+    let (gateway, metrics) = start_gateway(upstream).await;
+    let mut stream = tokio::net::TcpStream::connect(gateway).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(
+        &mut stream,
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+          content-length: 100\r\n\r\n{\"model\":\"m\",",
+    )
+    .await
+    .unwrap();
+    tokio::io::AsyncWriteExt::shutdown(&mut stream).await.unwrap();
+    let _ = read_for(&mut stream, Duration::from_secs(2)).await;
+    let mut text = metrics.encode();
+    for _ in 0..100 {
+        if sample(&text, "llmslo_requests_total", &[]) > 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        text = metrics.encode();
+    }
+    assert_eq!(
+        sample(&text, "llmslo_requests_total", &[("outcome", "client_cancelled")]),
+        1.0,
+        "{text}"
+    );
+    assert_eq!(sample(&text, "llmslo_requests_total", &[]), 1.0);
+    assert!(log.lock().unwrap().is_empty(), "the engine got nothing");
+    // The gateway still serves the next client.
+    let (status, _) = post_collect(gateway, "/v1/chat/completions", chat_body(16, true, false)).await;
+    assert_eq!(status, 200);
+}
