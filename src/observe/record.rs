@@ -43,6 +43,13 @@ impl Operation {
         }
     }
 
+    /// The operation a request asks for, if it is one llmslo measures (a POST to its path).
+    pub fn of_request<B>(request: &http::Request<B>) -> Option<Self> {
+        (request.method() == http::Method::POST)
+            .then(|| Self::from_path(request.uri().path()))
+            .flatten()
+    }
+
     /// The operation served at `path`, if it is one llmslo measures.
     pub fn from_path(path: &str) -> Option<Self> {
         match path.trim_end_matches('/') {

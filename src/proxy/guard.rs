@@ -91,10 +91,7 @@ where
         if request.method() == Method::CONNECT {
             return Box::pin(std::future::ready(Ok(ProxyError::ConnectRefused.into_response())));
         }
-        let operation = match *request.method() {
-            Method::POST => Operation::from_path(request.uri().path()),
-            _ => None,
-        };
+        let operation = Operation::of_request(&request);
         let (parts, body) = request.into_parts();
         let body_limit = operation.map_or(u64::MAX, |_| settings.max_body_bytes);
         if content_length(&parts.headers).is_some_and(|len| len > body_limit) {

@@ -28,7 +28,7 @@ use crate::observe::tokens::TokenCounter;
 use crate::observe::tracker::{End, RequestTracker};
 use crate::provider;
 use bytes::Bytes;
-use http::{header, Method, Request, Response};
+use http::{header, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Body;
 use std::future::Future;
@@ -141,10 +141,7 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
-        let operation = match *request.method() {
-            Method::POST => Operation::from_path(request.uri().path()),
-            _ => None,
-        };
+        let operation = Operation::of_request(&request);
         match operation {
             Some(operation) => Box::pin(shared.observe(inner, operation, request, t0)),
             None => Box::pin(shared.pass(inner, request)),
