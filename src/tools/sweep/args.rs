@@ -61,7 +61,7 @@ pub struct SweepArgs {
     /// PEM certificates to trust for an https:// target, besides the public roots (a private CA).
     #[arg(long)]
     ca_cert: Option<PathBuf>,
-    /// Seed for the Poisson arrival times.
+    /// Seed for the Poisson arrival times (step n draws from seed + n).
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Write the results as JSON to this file (`-`: standard output, instead of the table).

@@ -156,7 +156,13 @@ pub async fn run(options: SweepOptions) -> Result<Report, SweepError> {
             None => queue.pop(),
         };
         let Some(load) = load else { break };
-        let step = measure(&requester, bodies.clone(), load, &plan, &options.slos).await?;
+        // Each step draws its own arrival times: the same seed would replay one pattern at
+        // every rate, scaled.
+        let step_plan = StepPlan {
+            seed: plan.seed.wrapping_add(steps.len() as u64),
+            ..plan.clone()
+        };
+        let step = measure(&requester, bodies.clone(), load, &step_plan, &options.slos).await?;
         if let (Some(search), Load::Concurrency(c)) = (search.as_mut(), load) {
             search.observe(c, step.meets_slos());
         }
