@@ -145,10 +145,10 @@ async fn poisson_traffic_far_below_the_knee_finds_it() {
     assert!(ttft > 2.0 * capacity && ttft < 256.0, "{ttft}");
     // Scraped in the last step (about 20 in flight on average), the load the SLO's tail met
     // (the 95th percentile of the last minute's decode loads) is above the mean and well below
-    // the knee.
+    // the knee (the mean in flight would not clear 1.1 x the step's mean).
     let (load, saturation) = *scrapes.lock().unwrap().last().unwrap();
     assert!(
-        load > concurrency[4] && load < 1.5 * concurrency[4],
+        load > 1.1 * concurrency[4] && load < 1.5 * concurrency[4],
         "{load} against a mean of {}",
         concurrency[4]
     );

@@ -322,6 +322,8 @@ pub mod defaults {
     pub const LOG: &str = "info";
     /// `max_models`.
     pub const MAX_MODELS: usize = 16;
+    /// `inject_usage`: streams are asked for their usage chunk, so token counts are exact.
+    pub const INJECT_USAGE: bool = true;
     /// `max_peek_bytes`: 4 MiB.
     pub const MAX_PEEK_BYTES: usize = 4 << 20;
     /// `max_body_bytes`: 64 MiB, room for multimodal requests with inline images.
@@ -418,7 +420,7 @@ impl Config {
             log: o.log.or(f.log).unwrap_or_else(|| defaults::LOG.to_string()),
             log_format: o.log_format.or(f.log_format).unwrap_or(LogFormat::Text),
             engine: o.engine.or(f.engine).unwrap_or(EngineSetting::Auto),
-            inject_usage: f.inject_usage.unwrap_or(true),
+            inject_usage: f.inject_usage.unwrap_or(defaults::INJECT_USAGE),
             models: f.models.unwrap_or_default(),
             max_models: f.max_models.unwrap_or(defaults::MAX_MODELS),
             max_peek_bytes: f.max_peek_bytes.unwrap_or(defaults::MAX_PEEK_BYTES),

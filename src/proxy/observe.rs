@@ -64,7 +64,7 @@ impl Default for ObserveSettings {
             max_peek_bytes: defaults::MAX_PEEK_BYTES,
             max_buffered_request_bytes: defaults::MAX_BUFFERED_REQUEST_BYTES,
             max_event_bytes: defaults::MAX_EVENT_BYTES,
-            inject_usage: true,
+            inject_usage: defaults::INJECT_USAGE,
             tokenizer: None,
         }
     }
@@ -139,34 +139,23 @@ where
         let t0 = Instant::now();
         // The ready service answers this request; the clone waits for the next one.
         let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
+        let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = self.shared.clone();
         let operation = Operation::of_request(&request);
-        match operation {
-            Some(operation) => Box::pin(shared.observe(inner, operation, request, t0)),
-            None => Box::pin(shared.pass(inner, request)),
-        }
+        let Some(operation) = operation else {
+            // Not measured: forwarded as it is; its response may still name the engine.
+            let sent = call_inner(&mut inner, request.map(|body| body.map_err(Into::into).boxed_unsync()));
+            return Box::pin(async move {
+                let response = sent.await.map_err(Into::into)?;
+                shared.learn_engine(None, &response);
+                Ok(response.map(|body| body.map_err(Into::into).boxed_unsync()))
+            });
+        };
+        Box::pin(shared.observe(inner, operation, request, t0))
     }
 }
 
 impl Shared {
-    /// Forwards a request llmslo does not measure; its response may still name the engine.
-    async fn pass<S, B, RB>(self: Arc<Self>, mut inner: S, request: Request<B>) -> Result<Response<ProxyBody>, BoxError>
-    where
-        S: tower::Service<Request<UpstreamBody>, Response = Response<RB>>,
-        S::Error: Into<BoxError>,
-        S::Future: Send + 'static,
-        B: Body<Data = Bytes> + Send + 'static,
-        B::Error: Into<BoxError>,
-        RB: Body<Data = Bytes> + Send + 'static,
-        RB::Error: Into<BoxError>,
-    {
-        let request = request.map(|body| body.map_err(Into::into).boxed_unsync());
-        let response = call_inner(&mut inner, request).await.map_err(Into::into)?;
-        self.learn_engine(None, &response);
-        Ok(response.map(|body| body.map_err(Into::into).boxed_unsync()))
-    }
-
     /// Measures a generation request from its head to the end of its response.
     async fn observe<S, B, RB>(
         self: Arc<Self>,

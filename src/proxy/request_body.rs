@@ -102,12 +102,6 @@ impl ClientBody {
         self.fault.clone()
     }
 
-    /// The same body, failed with `fault` before a byte of it is read.
-    pub fn refused(self, fault: ClientFault) -> Self {
-        let _ = self.fault.set(fault);
-        self
-    }
-
     fn fail(&mut self, fault: ClientFault) -> Poll<Option<Result<Frame<Bytes>, ClientFault>>> {
         let _ = self.fault.set(fault);
         Poll::Ready(Some(Err(fault)))
