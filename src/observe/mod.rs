@@ -5,6 +5,7 @@ pub mod body;
 pub mod decode;
 pub mod openai;
 pub mod record;
+pub mod repeat;
 pub mod sse;
 pub mod stream;
 pub mod strip;

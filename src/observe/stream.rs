@@ -2,6 +2,7 @@
 
 use super::openai::{self, EventSummary, Usage};
 use super::record::Protocol;
+use super::repeat::RepeatSummariser;
 use super::sse::SseParser;
 use super::tgi;
 use super::tokens::TokenCounter;
@@ -29,6 +30,8 @@ pub struct Counting {
 pub struct StreamObserver {
     protocol: Protocol,
     parser: SseParser,
+    /// OpenAI events, summarised without a parse where they repeat an earlier shape.
+    repeat: RepeatSummariser,
     counting: Counting,
     facts: Facts,
     /// Spans of usage-only events to cut from what the client receives (when it did not ask).
@@ -135,6 +138,7 @@ impl StreamObserver {
         Self {
             protocol,
             parser: SseParser::new(max_event_bytes),
+            repeat: RepeatSummariser::default(),
             counting: Counting::default(),
             facts: Facts::default(),
             removable: strip_usage.then(Vec::new),
@@ -152,13 +156,14 @@ impl StreamObserver {
         let Self {
             protocol,
             parser,
+            repeat,
             counting,
             facts,
             removable,
         } = self;
         parser.feed(bytes, |event| {
             let mut summary = match protocol {
-                Protocol::OpenAi => openai::summarise(event.data),
+                Protocol::OpenAi => repeat.summarise(event.data),
                 Protocol::Tgi => tgi::summarise(event.data),
             };
             if let (true, Some(spans)) = (summary.usage_only, removable.as_mut()) {
