@@ -3,6 +3,7 @@
 
 use crate::metrics::{Metrics, RefusalReason};
 use hyper::body::{Body, Incoming};
+use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -96,16 +97,7 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT)
-        .max_buf_size(MAX_HEADER_BYTES);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(MAX_HEADER_BYTES as u32);
+    let builders = Builders::new();
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     loop {
@@ -128,11 +120,11 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
             continue;
         };
         let open = limits.metrics.as_ref().map(|m| m.connection_opened());
-        let (handler, wrap, builder, watcher) = (handler.clone(), wrap.clone(), builder.clone(), graceful.watcher());
+        let (handler, wrap, builders, watcher) = (handler.clone(), wrap.clone(), builders.clone(), graceful.watcher());
         tokio::spawn(async move {
             let _held = (slot, open);
-            let io = match tokio::time::timeout(HEADER_READ_TIMEOUT, first_byte_then(stream, wrap)).await {
-                Ok(Ok(io)) => io,
+            let (io, protocol) = match tokio::time::timeout(HEADER_READ_TIMEOUT, first_bytes_then(stream, wrap)).await {
+                Ok(Ok(sniffed)) => sniffed,
                 Ok(Err(error)) => {
                     debug!(%peer, %error, "connection set-up failed");
                     return;
@@ -142,9 +134,19 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
                     return;
                 }
             };
-            let service = service_fn(move |request| handler(request, peer));
-            let connection = builder.serve_connection(TokioIo::new(io), service);
-            if let Err(error) = watcher.watch(connection).await {
+            let (io, service) = (TokioIo::new(io), service_fn(move |request| handler(request, peer)));
+            let served = match protocol {
+                Some(Protocol::Http1) => watcher
+                    .watch(builders.http1.serve_connection(io, service))
+                    .await
+                    .map_err(Into::into),
+                Some(Protocol::H2c) => watcher
+                    .watch(builders.h2c.serve_connection(io, service))
+                    .await
+                    .map_err(Into::into),
+                None => watcher.watch(builders.sniffing.serve_connection(io, service)).await,
+            };
+            if let Err(error) = served {
                 debug!(%peer, error = %error, "connection closed with an error");
             }
         });
@@ -156,19 +158,87 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
     }
 }
 
-/// Waits for the client's first byte (or its EOF), then sets the connection up with `wrap`.
-async fn first_byte_then<W, WF, IO>(stream: TcpStream, wrap: W) -> std::io::Result<IO>
+/// How each connection is served, once its first bytes tell the protocol or do not.
+#[derive(Clone)]
+struct Builders {
+    http1: http1::Builder,
+    h2c: http2::Builder<TokioExecutor>,
+    /// hyper-util's version sniff, for a TLS stream or a client that sent too few bytes to
+    /// tell. It has no request-head limit of its own: a head that arrives in few reads can
+    /// pass `max_buf_size`.
+    sniffing: auto::Builder<TokioExecutor>,
+}
+
+impl Builders {
+    fn new() -> Self {
+        let mut http1 = http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .max_buf_size(MAX_HEADER_BYTES)
+            .max_header_size(MAX_HEADER_BYTES);
+        let mut h2c = http2::Builder::new(TokioExecutor::new());
+        h2c.timer(TokioTimer::new())
+            .max_header_list_size(MAX_HEADER_BYTES as u32);
+        let mut sniffing = auto::Builder::new(TokioExecutor::new());
+        sniffing
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_READ_TIMEOUT)
+            .max_buf_size(MAX_HEADER_BYTES);
+        sniffing
+            .http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(MAX_HEADER_BYTES as u32);
+        Self { http1, h2c, sniffing }
+    }
+}
+
+/// Waits for the client's first bytes (or its EOF), then sets the connection up with `wrap`;
+/// says which protocol the bytes begin, when they are plain HTTP.
+async fn first_bytes_then<W, WF, IO>(stream: TcpStream, wrap: W) -> std::io::Result<(IO, Option<Protocol>)>
 where
     W: Fn(TcpStream) -> WF,
     WF: Future<Output = std::io::Result<IO>>,
 {
-    if stream.peek(&mut [0u8; 1]).await? == 0 {
+    let mut first = [0u8; H2C_PREFACE.len()];
+    let n = stream.peek(&mut first).await?;
+    if n == 0 {
         return Err(std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,
             "closed before sending anything",
         ));
     }
-    wrap(stream).await
+    Ok((wrap(stream).await?, Protocol::of_first_bytes(&first[..n])))
+}
+
+/// What every HTTP/2 connection without TLS (h2c with prior knowledge) begins with.
+const H2C_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The protocol a plain-text connection speaks, told from its first bytes before hyper reads
+/// them. Told here, the connection gets its protocol's own server: HTTP/1.1 then enforces the
+/// request-head limit however the head arrives, and its read buffer stays at 8 KiB (hyper-util's
+/// sniff hands HTTP/1 the first bytes alone, and the buffer doubles to 16 KiB on every
+/// connection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Protocol {
+    /// A request line: a method in capitals.
+    Http1,
+    /// The HTTP/2 connection preface.
+    H2c,
+}
+
+impl Protocol {
+    /// `None` when the bytes do not tell: a TLS handshake (the protocol comes after it), or
+    /// too few bytes of what may be the preface; hyper-util then sniffs as before.
+    fn of_first_bytes(first: &[u8]) -> Option<Protocol> {
+        let preface_so_far = H2C_PREFACE.starts_with(first);
+        match first.first()? {
+            _ if preface_so_far => (first.len() >= b"PRI ".len()).then_some(Protocol::H2c),
+            b'A'..=b'Z' => Some(Protocol::Http1),
+            _ => None,
+        }
+    }
 }
 
 /// Answers a connection over the cap with a 503 and closes it, off the accept loop.
@@ -189,4 +259,31 @@ fn refuse_over_capacity(mut stream: TcpStream, peer: SocketAddr, limits: &Connec
         })
         .await;
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_first_bytes_tell_plain_http1_from_h2c() {
+        assert_eq!(
+            Protocol::of_first_bytes(b"POST /v1/chat/completions HTTP/1.1\r\n"),
+            Some(Protocol::Http1)
+        );
+        assert_eq!(Protocol::of_first_bytes(b"G"), Some(Protocol::Http1));
+        assert_eq!(Protocol::of_first_bytes(b"PRI / HTTP/1.1\r\n"), Some(Protocol::Http1));
+        assert_eq!(Protocol::of_first_bytes(H2C_PREFACE), Some(Protocol::H2c));
+        assert_eq!(Protocol::of_first_bytes(b"PRI *"), Some(Protocol::H2c));
+    }
+
+    #[test]
+    fn what_the_first_bytes_do_not_tell_is_left_to_hyper() {
+        // Maybe the preface, maybe POST or PUT: too few bytes.
+        assert_eq!(Protocol::of_first_bytes(b"P"), None);
+        assert_eq!(Protocol::of_first_bytes(b"PR"), None);
+        // A TLS ClientHello: the protocol comes after the handshake.
+        assert_eq!(Protocol::of_first_bytes(&[0x16, 0x03, 0x01, 0x02, 0x00]), None);
+        assert_eq!(Protocol::of_first_bytes(b"get / HTTP/1.1\r\n"), None);
+    }
 }

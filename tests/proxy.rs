@@ -460,6 +460,30 @@ async fn oversized_request_head_is_refused_and_the_proxy_keeps_serving() {
     assert_eq!(status, 200, "other clients are unaffected");
 }
 
+#[tokio::test]
+async fn a_request_that_begins_with_a_lone_byte_is_still_served() {
+    // One byte cannot tell HTTP/1.1 from the h2c preface: hyper-util's sniff takes over.
+    let (engine, _stop) = start_engine(timed_engine(2, 1)).await;
+    let sidecar = start_sidecar(engine, "").await;
+    let body = chat_body(2, true, false);
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let mut stream = TcpStream::connect(sidecar.proxy_addr).await.unwrap();
+    stream.write_all(&request.as_bytes()[..1]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    stream.write_all(&request.as_bytes()[1..]).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    assert!(answer.contains("data: [DONE]"), "{answer}");
+    let m = settled(&sidecar).await;
+    assert_eq!(sample(&m, "llmslo_requests_total", &[("outcome", "success")]), 1.0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn slow_request_head_is_timed_out() {
     let (engine, _stop) = start_engine(timed_engine(1, 1)).await;
