@@ -19,6 +19,7 @@ pub mod health;
 pub mod k8s;
 pub mod metrics;
 pub mod observe;
+pub mod otel;
 pub mod provider;
 pub mod proxy;
 pub mod quantile;

@@ -8,6 +8,7 @@ use crate::gpu::{run_sampler, DeviceSource, GpuState};
 use crate::health::{self, Readiness};
 use crate::metrics::{server as metrics_server, Metrics, MetricsConfig};
 use crate::observe::tokens::TokenCounter;
+use crate::otel::export::Telemetry;
 use crate::proxy::client::UpstreamClient;
 use crate::proxy::observe::ObserveSettings;
 use crate::proxy::{Proxy, ProxySettings};
@@ -34,6 +35,7 @@ pub struct Sidecar {
     pub metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     tasks: JoinSet<()>,
+    telemetry: Telemetry,
 }
 
 impl Sidecar {
@@ -52,6 +54,13 @@ impl Sidecar {
             slos: config.slos.clone(),
             capacity_window: config.capacity_window,
         });
+        let otel = config
+            .otel_settings()
+            .map_err(|e| std::io::Error::other(format!("{}: {}", e.key, e.reason)))?;
+        let telemetry = Telemetry::start(&otel).map_err(std::io::Error::other)?;
+        if let Some(meter) = telemetry.meter() {
+            metrics.export_otlp(&meter);
+        }
         let gpu = config.gpu.enabled.then(|| GpuState::new(config.gpu.interval));
         if let Some(state) = &gpu {
             metrics.register_gpu(state.clone());
@@ -83,6 +92,7 @@ impl Sidecar {
                     max_event_bytes: config.max_event_bytes,
                     inject_usage: config.inject_usage,
                     tokenizer,
+                    spans: telemetry.spans(),
                 },
             },
         ));
@@ -151,6 +161,7 @@ impl Sidecar {
             metrics,
             shutdown,
             tasks,
+            telemetry,
         })
     }
 
@@ -158,6 +169,7 @@ impl Sidecar {
     pub async fn shutdown(mut self) {
         self.shutdown.cancel();
         while self.tasks.join_next().await.is_some() {}
+        self.telemetry.shutdown().await;
         info!("llmslo sidecar stopped");
     }
 }

@@ -4,6 +4,7 @@
 mod locate;
 
 use crate::metrics::buckets::BucketOverrides;
+use crate::otel::settings::{OtelConfig, OtelSettings, SettingError};
 use crate::slo::spec::{GoodputEntry, SloEntry, SloFile, SloSet};
 use http::Uri;
 use serde::Deserialize;
@@ -212,6 +213,7 @@ struct FileConfig {
     goodput: Option<GoodputEntry>,
     gpu: Option<GpuFile>,
     capacity: Option<CapacityFile>,
+    otel: Option<OtelConfig>,
 }
 
 /// `capacity:` as written.
@@ -302,6 +304,8 @@ pub struct Config {
     pub gpu: GpuSettings,
     /// `capacity.window`: how far back the live capacity model looks.
     pub capacity_window: Duration,
+    /// `otel:`: OTLP export, under the `OTEL_*` variables.
+    pub otel: OtelConfig,
     /// The file it was read from, re-read on reload.
     pub file: Option<PathBuf>,
     /// The flags and environment it was merged with, applied again on reload.
@@ -456,11 +460,17 @@ impl Config {
                 .capacity
                 .and_then(|c| c.window)
                 .unwrap_or(crate::capacity::DEFAULT_WINDOW),
+            otel: f.otel.unwrap_or_default(),
             file: None,
             overrides,
         };
         config.validate()?;
         Ok(config)
+    }
+
+    /// OTLP export as the `otel:` keys and the `OTEL_*` variables set it.
+    pub fn otel_settings(&self) -> Result<OtelSettings, SettingError> {
+        OtelSettings::resolve(&self.otel, |name| std::env::var(name).ok())
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -514,6 +524,9 @@ impl Config {
             if value.is_zero() {
                 return Err(ConfigError::invalid(key, "must be longer than zero"));
             }
+        }
+        if let Err(error) = self.otel_settings() {
+            return Err(ConfigError::invalid(&error.key, error.reason));
         }
         if !(Duration::from_millis(100)..=Duration::from_secs(3600)).contains(&self.gpu.interval) {
             return Err(ConfigError::invalid("gpu.interval", "must be between 100ms and 1h"));
@@ -628,6 +641,17 @@ impl Config {
             mapping.insert(
                 "buckets".into(),
                 serde_json::from_value(buckets).expect("plain JSON maps to YAML"),
+            );
+        }
+        if self.otel != OtelConfig::default() {
+            let mut otel = self.otel.clone();
+            if otel.exporter_otlp_headers.is_some() {
+                otel.exporter_otlp_headers = Some("<redacted>".into());
+            }
+            let otel = serde_json::to_value(&otel).expect("otel keys serialize");
+            mapping.insert(
+                "otel".into(),
+                serde_json::from_value(otel).expect("plain JSON maps to YAML"),
             );
         }
         mapping.insert("slos".into(), slos.into());

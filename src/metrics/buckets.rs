@@ -1,5 +1,6 @@
 //! Histogram bucket edges (DESIGN §4) and the constructor that gives each family its own.
 
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::MetricConstructor;
 use prometheus_client::metrics::histogram::Histogram;
 use serde::Deserialize;
@@ -92,6 +93,17 @@ impl Buckets {
         edges.sort_by(f64::total_cmp);
         edges.dedup();
         Buckets(edges.into())
+    }
+
+    /// The edges, ascending.
+    pub fn edges(&self) -> &[f64] {
+        &self.0
+    }
+}
+
+impl<S> MetricConstructor<HistogramWithExemplars<S>> for Buckets {
+    fn new_metric(&self) -> HistogramWithExemplars<S> {
+        HistogramWithExemplars::new(self.0.iter().copied())
     }
 }
 

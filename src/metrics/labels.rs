@@ -2,6 +2,7 @@
 
 use crate::observe::record::{Operation, Outcome};
 use crate::observe::stream::CountSource;
+use crate::otel::context::TraceRef;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use std::collections::HashSet;
 use std::fmt::Write;
@@ -35,6 +36,24 @@ pub struct RequestLabels {
     pub operation: Operation,
     /// Engine kind.
     pub provider: String,
+}
+
+/// An exemplar's labels: the trace and span of the observation (Grafana links `trace_id`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ExemplarLabels {
+    /// 32 hex digits.
+    pub trace_id: String,
+    /// 16 hex digits.
+    pub span_id: String,
+}
+
+impl From<TraceRef> for ExemplarLabels {
+    fn from(trace: TraceRef) -> Self {
+        Self {
+            trace_id: trace.trace_id.to_string(),
+            span_id: trace.span_id.to_string(),
+        }
+    }
 }
 
 /// `model`, `operation`, `provider`, `outcome`.

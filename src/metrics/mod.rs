@@ -11,16 +11,19 @@ use crate::config::Engine;
 use crate::gpu::{GpuCollector, GpuState};
 use crate::observe::record::{Operation, Outcome, RequestRecord};
 use crate::observe::stream::CountSource;
+use crate::otel::metrics::{Boundaries, OtelMetrics};
 use crate::provider::Provider;
 use crate::slo::spec::{SloKind, SloSet};
 use crate::slo::SloEngine;
 use buckets::{BucketOverrides, Buckets};
 use labels::{
-    BuildLabels, CountSourceLabels, InFlightLabels, ModelNames, OutcomeLabels, RefusalLabels, RequestLabels,
-    TokenLabels, UnmeasuredLabels,
+    BuildLabels, CountSourceLabels, ExemplarLabels, InFlightLabels, ModelNames, OutcomeLabels, RefusalLabels,
+    RequestLabels, TokenLabels, UnmeasuredLabels,
 };
 pub use labels::{RefusalReason, UnmeasuredReason};
+use opentelemetry::metrics::Meter;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -64,17 +67,19 @@ impl Default for MetricsConfig {
 }
 
 type HistogramFamily<L> = Family<L, Histogram, Buckets>;
+/// A latency family whose buckets each keep the trace of their latest sampled observation.
+type ExemplarFamily<L> = Family<L, HistogramWithExemplars<ExemplarLabels>, Buckets>;
 
 /// All request-level metric families, registered in one registry.
 pub struct Metrics {
     registry: Registry,
     provider: Provider,
     models: ModelNames,
-    ttft: HistogramFamily<RequestLabels>,
-    tpot: HistogramFamily<RequestLabels>,
+    ttft: ExemplarFamily<RequestLabels>,
+    tpot: ExemplarFamily<RequestLabels>,
     inter_chunk: HistogramFamily<RequestLabels>,
     tokens_per_chunk: HistogramFamily<RequestLabels>,
-    duration: HistogramFamily<OutcomeLabels>,
+    duration: ExemplarFamily<OutcomeLabels>,
     token_usage: HistogramFamily<TokenLabels>,
     requests: Family<OutcomeLabels, Counter>,
     output_tokens: Family<RequestLabels, Counter>,
@@ -86,6 +91,10 @@ pub struct Metrics {
     open_connections: Gauge,
     slo: Arc<SloEngine>,
     capacity: Arc<CapacityEngine>,
+    /// The histograms' edges, for the OTLP instruments.
+    boundaries: Boundaries,
+    /// The same records as OTLP instruments, when metric export is on.
+    otlp: Option<OtelMetrics>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -138,6 +147,16 @@ impl Metrics {
         let ttft_edges = slos.thresholds(|k| if let SloKind::Ttft(d) = k { Some(d) } else { None });
         let tpot_edges = slos.thresholds(|k| if let SloKind::Tpot(d) = k { Some(d) } else { None });
         let e2e_edges = slos.thresholds(|k| if let SloKind::E2e(d) = k { Some(d) } else { None });
+        let boundaries = Boundaries {
+            ttft: Buckets::new(b.ttft.as_ref(), buckets::TTFT, &ttft_edges)
+                .edges()
+                .to_vec(),
+            tpot: Buckets::new(b.tpot.as_ref(), buckets::TPOT, &tpot_edges)
+                .edges()
+                .to_vec(),
+            e2e: Buckets::new(b.e2e.as_ref(), buckets::E2E, &e2e_edges).edges().to_vec(),
+            tokens: Buckets::new(b.tokens.as_ref(), buckets::TOKENS, &[]).edges().to_vec(),
+        };
         let mut registry = Registry::default();
         let slo = SloEngine::new(slos.clone(), &mut registry);
         let capacity = CapacityEngine::new(config.capacity_window, slo.clone(), &mut registry);
@@ -165,10 +184,17 @@ impl Metrics {
             open_connections: Gauge::default(),
             slo,
             capacity,
+            boundaries,
+            otlp: None,
         };
         let metrics = metrics.registered();
         metrics.create_known_series();
         metrics
+    }
+
+    /// Records every request into `meter`'s instruments too (before the registry is shared).
+    pub fn export_otlp(&mut self, meter: &Meter) {
+        self.otlp = Some(OtelMetrics::new(meter, self.boundaries.clone()));
     }
 
     /// Adds the GPU collector (before the registry is shared).
@@ -327,7 +353,10 @@ impl Metrics {
         };
         for &operation in operations {
             let labels = self.request_labels(model, operation);
-            for family in [&self.ttft, &self.tpot, &self.inter_chunk, &self.tokens_per_chunk] {
+            for family in [&self.ttft, &self.tpot] {
+                drop(family.get_or_create(&labels));
+            }
+            for family in [&self.inter_chunk, &self.tokens_per_chunk] {
                 drop(family.get_or_create(&labels));
             }
             drop(self.output_tokens.get_or_create(&labels));
@@ -415,11 +444,16 @@ impl Metrics {
     /// Records a finished request into every family it touches.
     pub fn record(&self, record: &RequestRecord) {
         let labels = self.request_labels(&record.model, record.operation);
+        let exemplar = record.trace.map(ExemplarLabels::from);
         if let Some(ttft) = record.ttft {
-            self.ttft.get_or_create(&labels).observe(ttft.as_secs_f64());
+            self.ttft
+                .get_or_create(&labels)
+                .observe(ttft.as_secs_f64(), exemplar.clone());
         }
         for tpot in &record.tpot_per_choice {
-            self.tpot.get_or_create(&labels).observe(tpot.as_secs_f64());
+            self.tpot
+                .get_or_create(&labels)
+                .observe(tpot.as_secs_f64(), exemplar.clone());
         }
         if let Some(mean) = record.tokens_per_chunk() {
             self.tokens_per_chunk.get_or_create(&labels).observe(mean);
@@ -441,9 +475,14 @@ impl Metrics {
         }
         let labels = self.outcome_labels(&labels, record.outcome);
         self.requests.get_or_create(&labels).inc();
-        self.duration.get_or_create(&labels).observe(record.e2e.as_secs_f64());
+        self.duration
+            .get_or_create(&labels)
+            .observe(record.e2e.as_secs_f64(), exemplar);
         self.slo.record(record);
         self.capacity.record(record);
+        if let Some(otlp) = &self.otlp {
+            otlp.record(record, self.provider());
+        }
     }
 
     /// The whole registry in the OpenMetrics text format, each family's series in label order.
@@ -531,6 +570,7 @@ mod tests {
             token_events: 7,
             count_source: None,
             load: None,
+            trace: None,
         });
         drop(handles);
         let text = m.encode();

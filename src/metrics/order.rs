@@ -35,6 +35,8 @@ pub fn sorted(text: &str) -> String {
 
 /// A sample's labels without `le` and `quantile`: the same for every sample of one series.
 fn series_key(line: &str) -> String {
+    // A bucket's exemplar (` # {trace_id="…"} 0.43`) is not part of its series.
+    let line = line.find(" # {").map_or(line, |at| &line[..at]);
     let labels = line
         .split_once('{')
         .and_then(|(_, rest)| rest.rsplit_once('}'))

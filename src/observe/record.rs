@@ -2,6 +2,7 @@
 
 use super::stream::{CountSource, StreamSummary};
 use crate::capacity::meter::RequestLoad;
+use crate::otel::context::TraceRef;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -137,6 +138,8 @@ pub struct RequestRecord {
     pub count_source: Option<CountSource>,
     /// The load it ran under, when the sidecar metered it.
     pub load: Option<RequestLoad>,
+    /// The sampled trace it belongs to (llmslo's span, or the client's): its exemplar.
+    pub trace: Option<TraceRef>,
 }
 
 impl RequestRecord {

@@ -10,6 +10,8 @@ use super::tgi;
 use super::tokens::TokenCounter;
 use crate::config::Engine;
 use crate::metrics::{Metrics, RequestHandles, UnmeasuredReason};
+use crate::otel::context::TraceRef;
+use crate::otel::spans::RequestSpan;
 use bytes::Bytes;
 use http::{header, HeaderMap, StatusCode};
 use prometheus_client::metrics::histogram::Histogram;
@@ -43,6 +45,10 @@ pub struct RequestTracker {
     tokenizer: Option<Arc<TokenCounter>>,
     response: ResponseKind,
     finished: bool,
+    /// The request's own span, ended with its record.
+    span: Option<RequestSpan>,
+    /// The sampled trace its observations point to, when llmslo started no span.
+    client_trace: Option<TraceRef>,
 }
 
 #[derive(Debug)]
@@ -128,7 +134,19 @@ impl RequestTracker {
             tokenizer: None,
             response: ResponseKind::Waiting,
             finished: false,
+            span: None,
+            client_trace: None,
         }
+    }
+
+    /// Ends `span` with the request, and points the request's exemplars at it.
+    pub fn trace_with(&mut self, span: RequestSpan) {
+        self.span = Some(span);
+    }
+
+    /// Points the request's exemplars at the client's trace (when llmslo starts no span).
+    pub fn link_client_trace(&mut self, trace: Option<TraceRef>) {
+        self.client_trace = trace;
     }
 
     /// The request's normalised model label (never the raw client string).
@@ -274,6 +292,7 @@ impl RequestTracker {
             token_events: 0,
             count_source: None,
             load: Some(self.handles.load.load(now)),
+            trace: self.span.as_ref().map_or(self.client_trace, RequestSpan::trace),
         };
         let mut first_event = None;
         let body_outcome = match &self.response {
@@ -332,6 +351,9 @@ impl RequestTracker {
             load_decode = record.load.and_then(|l| l.decode),
             "request finished"
         );
+        if let Some(span) = self.span.take() {
+            span.finish(&record, self.metrics.provider());
+        }
         self.metrics.record(&record);
     }
 }

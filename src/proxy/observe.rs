@@ -26,6 +26,8 @@ use crate::observe::body::ObservedBody;
 use crate::observe::record::{Operation, Outcome, Protocol};
 use crate::observe::tokens::TokenCounter;
 use crate::observe::tracker::{End, RequestTracker};
+use crate::otel::context;
+use crate::otel::spans::RequestSpans;
 use crate::provider;
 use bytes::Bytes;
 use http::{header, Request, Response};
@@ -55,6 +57,9 @@ pub struct ObserveSettings {
     pub inject_usage: bool,
     /// The model's tokenizer, for streams that state no token counts.
     pub tokenizer: Option<Arc<TokenCounter>>,
+    /// Starts a span per generation request (OTLP traces on); without it, observations point
+    /// at the client's own trace, when its `traceparent` names a sampled one.
+    pub spans: Option<RequestSpans>,
 }
 
 impl Default for ObserveSettings {
@@ -66,6 +71,7 @@ impl Default for ObserveSettings {
             max_event_bytes: defaults::MAX_EVENT_BYTES,
             inject_usage: defaults::INJECT_USAGE,
             tokenizer: None,
+            spans: None,
         }
     }
 }
@@ -207,6 +213,13 @@ impl Shared {
         }
         if let Some(tokenizer) = &self.settings.tokenizer {
             tracker.count_with(tokenizer.clone());
+        }
+        match &self.settings.spans {
+            Some(spans) => {
+                let span = spans.start(&mut parts.headers, operation, tracker.model());
+                tracker.trace_with(span);
+            }
+            None => tracker.link_client_trace(context::client_trace(&parts.headers)),
         }
         let response = match call_inner(&mut inner, Request::from_parts(parts, body)).await {
             Ok(response) => response,

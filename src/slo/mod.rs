@@ -433,6 +433,7 @@ mod tests {
             token_events: 10,
             count_source: None,
             load: None,
+            trace: None,
         }
     }
 

@@ -152,6 +152,7 @@ impl Requester {
                 token_events: 0,
                 count_source: None,
                 load: None,
+                trace: None,
             },
             gaps: Vec::new(),
             ttfb: None,

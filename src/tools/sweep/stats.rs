@@ -311,6 +311,7 @@ mod tests {
                 token_events: tokens,
                 count_source: None,
                 load: None,
+                trace: None,
             },
             gaps: vec![Duration::from_millis(tpot_ms); tokens as usize - 1],
             ttfb: Some(Duration::from_millis(ttft_ms)),

@@ -1,0 +1,112 @@
+//! The request-level families as OpenTelemetry instruments, with the GenAI names and
+//! attributes (`gen_ai.server.time_to_first_token`, …, `gen_ai.request.model`), plus llmslo's
+//! own counters; the same buckets as on `/metrics`. Recorded once per finished request.
+
+use crate::observe::record::{Outcome, RequestRecord};
+use opentelemetry::metrics::{Counter, Histogram, Meter};
+use opentelemetry::KeyValue;
+
+/// Bucket edges of the exported histograms, the same as the Prometheus families'.
+#[derive(Debug, Clone)]
+pub struct Boundaries {
+    /// TTFT, seconds.
+    pub ttft: Vec<f64>,
+    /// TPOT, seconds.
+    pub tpot: Vec<f64>,
+    /// End-to-end duration, seconds.
+    pub e2e: Vec<f64>,
+    /// Token usage, tokens.
+    pub tokens: Vec<f64>,
+}
+
+/// The instruments one meter records requests into.
+#[derive(Debug, Clone)]
+pub struct OtelMetrics {
+    ttft: Histogram<f64>,
+    tpot: Histogram<f64>,
+    duration: Histogram<f64>,
+    token_usage: Histogram<u64>,
+    requests: Counter<u64>,
+    output_tokens: Counter<u64>,
+    input_tokens: Counter<u64>,
+}
+
+impl OtelMetrics {
+    /// Creates the instruments on `meter`.
+    pub fn new(meter: &Meter, boundaries: Boundaries) -> Self {
+        Self {
+            ttft: meter
+                .f64_histogram("gen_ai.server.time_to_first_token")
+                .with_unit("s")
+                .with_description("Time to generate the first token of a response")
+                .with_boundaries(boundaries.ttft)
+                .build(),
+            tpot: meter
+                .f64_histogram("gen_ai.server.time_per_output_token")
+                .with_unit("s")
+                .with_description("Time per output token after the first")
+                .with_boundaries(boundaries.tpot)
+                .build(),
+            duration: meter
+                .f64_histogram("gen_ai.server.request.duration")
+                .with_unit("s")
+                .with_description("Generation request duration, head to end of response")
+                .with_boundaries(boundaries.e2e)
+                .build(),
+            token_usage: meter
+                .u64_histogram("gen_ai.client.token.usage")
+                .with_unit("{token}")
+                .with_description("Input and output tokens per request")
+                .with_boundaries(boundaries.tokens)
+                .build(),
+            requests: meter
+                .u64_counter("llmslo.requests")
+                .with_unit("{request}")
+                .with_description("Generation requests by outcome")
+                .build(),
+            output_tokens: meter
+                .u64_counter("llmslo.output_tokens")
+                .with_unit("{token}")
+                .with_description("Output tokens generated")
+                .build(),
+            input_tokens: meter
+                .u64_counter("llmslo.input_tokens")
+                .with_unit("{token}")
+                .with_description("Input tokens read")
+                .build(),
+        }
+    }
+
+    /// Records one finished request; `provider` is the engine's label.
+    pub fn record(&self, record: &RequestRecord, provider: &'static str) {
+        let common = [
+            KeyValue::new("gen_ai.request.model", record.model.clone()),
+            KeyValue::new("gen_ai.operation.name", record.operation.as_str()),
+            KeyValue::new("gen_ai.provider.name", provider),
+        ];
+        if let Some(ttft) = record.ttft {
+            self.ttft.record(ttft.as_secs_f64(), &common);
+        }
+        for tpot in &record.tpot_per_choice {
+            self.tpot.record(tpot.as_secs_f64(), &common);
+        }
+        let mut with_outcome = common.to_vec();
+        with_outcome.push(KeyValue::new("llmslo.outcome", record.outcome.as_str()));
+        if record.outcome != Outcome::Success {
+            with_outcome.push(KeyValue::new("error.type", record.outcome.as_str()));
+        }
+        self.duration.record(record.e2e.as_secs_f64(), &with_outcome);
+        self.requests.add(1, &with_outcome);
+        for (count, token_type, total) in [
+            (record.input_tokens, "input", &self.input_tokens),
+            (record.output_tokens, "output", &self.output_tokens),
+        ] {
+            if let Some(n) = count {
+                total.add(n, &common);
+                let mut attributes = common.to_vec();
+                attributes.push(KeyValue::new("gen_ai.token.type", token_type));
+                self.token_usage.record(n, &attributes);
+            }
+        }
+    }
+}
