@@ -30,8 +30,9 @@ impl RequestSpans {
         Self { tracer }
     }
 
-    /// Starts the span of a request for `model`, as a child of the trace its headers name, and
-    /// rewrites those headers so that the engine's spans become children of this one.
+    /// Starts the span of a request for `model` (its label so far: the engine may yet confirm
+    /// it), as a child of the trace its headers name, and rewrites those headers so that the
+    /// engine's spans become children of this one.
     pub fn start(&self, headers: &mut HeaderMap, operation: Operation, model: &str) -> RequestSpan {
         let parent = context::extract(headers);
         let started = SystemTime::now();
@@ -40,10 +41,7 @@ impl RequestSpans {
             .span_builder(span_name(operation, model))
             .with_kind(SpanKind::Server)
             .with_start_time(started)
-            .with_attributes([
-                KeyValue::new("gen_ai.operation.name", operation.as_str()),
-                KeyValue::new("gen_ai.request.model", model.to_string()),
-            ])
+            .with_attributes([KeyValue::new("gen_ai.operation.name", operation.as_str())])
             .start_with_context(&self.tracer, &parent);
         context::inject(span.span_context(), headers);
         RequestSpan { span, started }
@@ -56,7 +54,8 @@ impl RequestSpan {
         TraceRef::of_sampled(self.span.span_context())
     }
 
-    /// Ends the span with the request's measurements; `provider` is the engine's label.
+    /// Ends the span with the request's measurements and final model label; `provider` is the
+    /// engine's label.
     pub fn finish(mut self, record: &RequestRecord, provider: &'static str) {
         self.span.update_name(span_name(record.operation, &record.model));
         let mut attributes = vec![

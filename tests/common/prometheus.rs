@@ -30,6 +30,18 @@ pub fn binary() -> Option<PathBuf> {
 /// Starts `binary` in `dir` scraping `target` every second with `rules` loaded; `labels` are
 /// added to the target the way Kubernetes discovery adds `namespace` and `pod`.
 pub fn start(binary: &Path, dir: &Path, target: std::net::SocketAddr, rules: &str, labels: &str) -> Prometheus {
+    start_with_flags(binary, dir, target, rules, labels, &[])
+}
+
+/// [`start`] with extra command-line `flags` (feature flags).
+pub fn start_with_flags(
+    binary: &Path,
+    dir: &Path,
+    target: std::net::SocketAddr,
+    rules: &str,
+    labels: &str,
+    flags: &[&str],
+) -> Prometheus {
     std::fs::create_dir_all(dir.join("data")).unwrap();
     std::fs::write(dir.join("rules.yaml"), rules).unwrap();
     std::fs::write(
@@ -45,6 +57,7 @@ pub fn start(binary: &Path, dir: &Path, target: std::net::SocketAddr, rules: &st
         .arg(format!("--config.file={}", dir.join("prometheus.yaml").display()))
         .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
         .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+        .args(flags)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
