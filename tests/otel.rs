@@ -37,18 +37,38 @@ use tokio::net::TcpListener;
 struct Received {
     spans: Arc<Mutex<Vec<Span>>>,
     metrics: Arc<Mutex<Vec<Metric>>>,
+    /// Every resource's attributes, as `key=value`.
+    resources: Arc<Mutex<Vec<String>>>,
+    /// Every HTTP payload as it arrived, and its `authorization` header.
+    raw: Arc<Mutex<Vec<(Bytes, Option<String>)>>>,
     undecodable: Arc<AtomicUsize>,
 }
 
 impl Received {
     fn take_traces(&self, request: ExportTraceServiceRequest) {
-        let spans = request.resource_spans.into_iter().flat_map(|r| r.scope_spans);
-        self.spans.lock().unwrap().extend(spans.flat_map(|s| s.spans));
+        for resource_spans in request.resource_spans {
+            self.take_resource(resource_spans.resource);
+            let spans = resource_spans.scope_spans.into_iter().flat_map(|s| s.spans);
+            self.spans.lock().unwrap().extend(spans);
+        }
     }
 
     fn take_metrics(&self, request: ExportMetricsServiceRequest) {
-        let metrics = request.resource_metrics.into_iter().flat_map(|r| r.scope_metrics);
-        self.metrics.lock().unwrap().extend(metrics.flat_map(|s| s.metrics));
+        for resource_metrics in request.resource_metrics {
+            self.take_resource(resource_metrics.resource);
+            let metrics = resource_metrics.scope_metrics.into_iter().flat_map(|s| s.metrics);
+            self.metrics.lock().unwrap().extend(metrics);
+        }
+    }
+
+    fn take_resource(&self, resource: Option<opentelemetry_proto::tonic::resource::v1::Resource>) {
+        let attributes = resource.map(|r| r.attributes).unwrap_or_default();
+        let mut resources = self.resources.lock().unwrap();
+        for kv in &attributes {
+            if let Some(value) = string_attribute(&attributes, &kv.key) {
+                resources.push(format!("{}={value}", kv.key));
+            }
+        }
     }
 }
 
@@ -67,7 +87,12 @@ async fn http_receiver() -> (SocketAddr, Received) {
                     let state = state.clone();
                     async move {
                         let path = request.uri().path().to_string();
+                        let authorization = request
+                            .headers()
+                            .get("authorization")
+                            .map(|v| v.to_str().unwrap().to_string());
                         let body = request.into_body().collect().await.unwrap().to_bytes();
+                        state.raw.lock().unwrap().push((body.clone(), authorization));
                         let decoded = match path.as_str() {
                             "/v1/traces" => ExportTraceServiceRequest::decode(body).map(|r| state.take_traces(r)),
                             "/v1/metrics" => ExportMetricsServiceRequest::decode(body).map(|r| state.take_metrics(r)),
@@ -446,6 +471,80 @@ async fn bad_otel_settings_stop_the_sidecar_with_the_key_named() {
         let error = llmslo::config::Config::from_yaml(&yaml).unwrap_err().to_string();
         assert!(error.contains(key), "{error}");
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_standard_variables_alone_switch_export_on_and_no_prompt_is_exported() {
+    const PROMPT_SECRET: &str = "prompt-secret-c41d";
+    let (receiver, received) = http_receiver().await;
+    let (upstream, _) = scripted_upstream(paced_capture()).await;
+    let (proxy, metrics) = (free_port(), free_port());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_llmslo"))
+        .args(["run", "--upstream", &format!("http://{upstream}"), "--engine", "vllm"])
+        .args(["--listen", &format!("127.0.0.1:{proxy}")])
+        .args(["--metrics-listen", &format!("127.0.0.1:{metrics}")])
+        .env("OTEL_TRACES_EXPORTER", "otlp")
+        .env("OTEL_METRICS_EXPORTER", "otlp")
+        .env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{receiver}"))
+        .env("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        .env("OTEL_EXPORTER_OTLP_HEADERS", "authorization=Bearer collector-token")
+        .env("OTEL_METRIC_EXPORT_INTERVAL", "200")
+        .env("OTEL_BSP_SCHEDULE_DELAY", "100")
+        .env("OTEL_SERVICE_NAME", "llm-gateway")
+        .env("OTEL_RESOURCE_ATTRIBUTES", "k8s.cluster.name=prod-eu")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let proxy_addr: SocketAddr = format!("127.0.0.1:{proxy}").parse().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(proxy_addr).await.is_err() {
+        assert!(std::time::Instant::now() < deadline, "the sidecar never listened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let body = serde_json::json!({
+        "model": "sim", "stream": true,
+        "messages": [{"role": "user", "content": format!("keep {PROMPT_SECRET} safe")}],
+    });
+    let request = Request::post(format!("http://{proxy_addr}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("traceparent", format!("00-{}-{CLIENT_SPAN}-01", TRACE_IDS[0]))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    client()
+        .request(request)
+        .await
+        .unwrap()
+        .into_body()
+        .collect()
+        .await
+        .unwrap();
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while received.spans.lock().unwrap().is_empty()
+        || histogram_count(&received.metrics.lock().unwrap(), "gen_ai.server.time_to_first_token") == 0
+    {
+        assert!(std::time::Instant::now() < deadline, "nothing exported");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    terminate(&mut child);
+    let span = received.spans.lock().unwrap()[0].clone();
+    assert_eq!(hex(&span.trace_id), TRACE_IDS[0]);
+    let resources = received.resources.lock().unwrap().clone();
+    assert!(
+        resources.contains(&"service.name=llm-gateway".to_string()),
+        "{resources:?}"
+    );
+    assert!(
+        resources.contains(&"k8s.cluster.name=prod-eu".to_string()),
+        "{resources:?}"
+    );
+    for (payload, authorization) in received.raw.lock().unwrap().iter() {
+        assert_eq!(authorization.as_deref(), Some("Bearer collector-token"));
+        let text = String::from_utf8_lossy(payload);
+        assert!(!text.contains(PROMPT_SECRET), "a prompt reached the collector");
+    }
+    assert_eq!(received.undecodable.load(Ordering::SeqCst), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
