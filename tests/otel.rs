@@ -32,6 +32,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
 
+/// One HTTP export as it arrived, with its `authorization` header.
+type Payload = (Bytes, Option<String>);
+
 /// What a receiver was sent, decoded; and how many payloads it could not decode.
 #[derive(Default, Clone)]
 struct Received {
@@ -39,8 +42,8 @@ struct Received {
     metrics: Arc<Mutex<Vec<Metric>>>,
     /// Every resource's attributes, as `key=value`.
     resources: Arc<Mutex<Vec<String>>>,
-    /// Every HTTP payload as it arrived, and its `authorization` header.
-    raw: Arc<Mutex<Vec<(Bytes, Option<String>)>>>,
+    /// Every HTTP payload as it arrived.
+    raw: Arc<Mutex<Vec<Payload>>>,
     undecodable: Arc<AtomicUsize>,
 }
 
