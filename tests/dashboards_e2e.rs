@@ -60,6 +60,30 @@ fn dashboard_queries() -> (Vec<PanelQuery>, Vec<PanelQuery>) {
     (panels, variables)
 }
 
+#[test]
+fn latency_panels_show_exemplars() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards/serving-overview.json");
+    let dashboard: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    let mut latency_targets = 0;
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap();
+            let latency = [
+                "gen_ai_server_time_to_first_token_seconds_bucket",
+                "gen_ai_server_time_per_output_token_seconds_bucket",
+                "gen_ai_server_request_duration_seconds_bucket",
+            ]
+            .iter()
+            .any(|family| expr.contains(family));
+            if latency && panel["type"] == "timeseries" {
+                latency_targets += 1;
+                assert_eq!(target["exemplar"], true, "{} / {}", panel["title"], target["refId"]);
+            }
+        }
+    }
+    assert!(latency_targets >= 9, "{latency_targets}");
+}
+
 /// The expression with Grafana's variables replaced: one concrete value each, or "All" (`.*`).
 fn substitute(expr: &str, all: bool) -> String {
     let value = |concrete: &'static str| if all { ".*" } else { concrete };
