@@ -865,6 +865,25 @@ mod tests {
     }
 
     #[test]
+    fn otel_keys_are_read_checked_and_printed_without_credentials() {
+        let c = Config::from_yaml(
+            "upstream: http://x:1\notel: {traces_exporter: otlp, exporter_otlp_headers: 'authorization=Bearer s3cret'}\n",
+        )
+        .unwrap();
+        assert_eq!(c.otel.traces_exporter.as_deref(), Some("otlp"));
+        let printed = c.to_yaml();
+        assert!(printed.contains("traces_exporter: otlp"), "{printed}");
+        assert!(!printed.contains("s3cret"), "{printed}");
+        assert_eq!(
+            key_of(Config::from_yaml(
+                "upstream: http://x:1\notel: {traces_exporter: zipkin}\n"
+            )),
+            "otel.traces_exporter"
+        );
+        assert!(Config::from_yaml("upstream: http://x:1\notel: {endpoint: x}\n").is_err());
+    }
+
+    #[test]
     fn gpu_settings() {
         let c = Config::from_yaml("upstream: http://x:1\n").unwrap();
         assert!(c.gpu.enabled && !c.gpu.processes);
