@@ -7,7 +7,8 @@
 //!   [`health`], [`provider`];
 //! - the request path: [`proxy`] (tower layers: guard, observe, timeout, forward), [`observe`]
 //!   (stream parsing and the per-request record), then what records go into: [`metrics`],
-//!   [`slo`], [`capacity`]; beside them [`gpu`];
+//!   [`slo`], [`capacity`], and [`otel`] (trace context, spans, OTLP export); beside them
+//!   [`gpu`];
 //! - [`k8s`]: the injector and the admission webhook; [`tools`]: demo, simulated engine,
 //!   sweep, bench; [`cli`]: the subcommands.
 

@@ -306,22 +306,18 @@ async fn spans_and_metrics_arrive(protocol: &str, receiver: SocketAddr, received
         let trace_id = hex(&span.trace_id);
         let span_id = hex(&span.span_id);
         let attributes = &span.attributes;
-        assert_eq!(
-            string_attribute(attributes, "gen_ai.operation.name").as_deref(),
-            Some("chat")
-        );
-        assert_eq!(
-            string_attribute(attributes, "gen_ai.request.model").as_deref(),
-            Some("sim")
-        );
-        assert_eq!(
-            string_attribute(attributes, "gen_ai.provider.name").as_deref(),
-            Some("vllm")
-        );
-        assert_eq!(
-            string_attribute(attributes, "llmslo.outcome").as_deref(),
-            Some("success")
-        );
+        for (key, value) in [
+            ("gen_ai.operation.name", "chat"),
+            ("gen_ai.request.model", "sim"),
+            ("gen_ai.provider.name", "vllm"),
+            ("llmslo.outcome", "success"),
+        ] {
+            assert_eq!(
+                string_attribute(attributes, key).as_deref(),
+                Some(value),
+                "{protocol}: {key}"
+            );
+        }
         assert_eq!(
             attribute(attributes, "gen_ai.usage.output_tokens"),
             Some(&AnyValue::IntValue(capture_output_tokens()))
