@@ -11,7 +11,7 @@ use crate::config::Engine;
 use crate::gpu::{GpuCollector, GpuState};
 use crate::observe::record::{Operation, Outcome, RequestRecord};
 use crate::observe::stream::CountSource;
-use crate::otel::metrics::{Boundaries, OtelMetrics};
+use crate::otel::metrics::{Boundaries, OtelMetrics, OtlpGaps};
 use crate::provider::Provider;
 use crate::slo::spec::{SloKind, SloSet};
 use crate::slo::SloEngine;
@@ -114,11 +114,29 @@ pub struct RequestHandles {
     pub candidate: Option<String>,
     /// The request's operation.
     pub operation: Operation,
-    /// Inter-chunk latency histogram for this request's labels.
-    pub inter_chunk: Histogram,
+    /// Inter-chunk latency histogram(s) for this request's labels.
+    pub inter_chunk: GapRecorder,
     /// The request counted in its model's load meter.
     pub load: InFlight,
     _in_flight: GaugeGuard,
+}
+
+/// Where one request's inter-chunk gaps are observed: its Prometheus series and, when metric
+/// export is on, its OTLP instrument.
+#[derive(Debug, Clone)]
+pub struct GapRecorder {
+    prometheus: Histogram,
+    otlp: Option<OtlpGaps>,
+}
+
+impl GapRecorder {
+    /// Observes one gap, in seconds.
+    pub fn observe(&self, seconds: f64) {
+        self.prometheus.observe(seconds);
+        if let Some(otlp) = &self.otlp {
+            otlp.record(seconds);
+        }
+    }
 }
 
 /// Counts one in a gauge for as long as it lives: a request in flight, an open connection.
@@ -156,6 +174,10 @@ impl Metrics {
                 .to_vec(),
             e2e: Buckets::new(b.e2e.as_ref(), buckets::E2E, &e2e_edges).edges().to_vec(),
             tokens: Buckets::new(b.tokens.as_ref(), buckets::TOKENS, &[]).edges().to_vec(),
+            inter_chunk: Buckets::new(b.tpot.as_ref(), buckets::TPOT, &[]).edges().to_vec(),
+            tokens_per_chunk: Buckets::new(b.tokens_per_chunk.as_ref(), buckets::TOKENS_PER_CHUNK, &[])
+                .edges()
+                .to_vec(),
         };
         let mut registry = Registry::default();
         let slo = SloEngine::new(slos.clone(), &mut registry);
@@ -410,8 +432,8 @@ impl Metrics {
         }
     }
 
-    /// The in-flight count and inter-chunk histogram of a request labelled `model`.
-    fn request_series(&self, model: &str, operation: Operation) -> (GaugeGuard, Histogram) {
+    /// The in-flight count and inter-chunk histogram(s) of a request labelled `model`.
+    fn request_series(&self, model: &str, operation: Operation) -> (GaugeGuard, GapRecorder) {
         let gauge = self
             .in_flight
             .get_or_create(&InFlightLabels {
@@ -419,10 +441,16 @@ impl Metrics {
                 operation,
             })
             .clone();
-        let inter_chunk = self
-            .inter_chunk
-            .get_or_create(&self.request_labels(model, operation))
-            .clone();
+        let inter_chunk = GapRecorder {
+            prometheus: self
+                .inter_chunk
+                .get_or_create(&self.request_labels(model, operation))
+                .clone(),
+            otlp: self
+                .otlp
+                .as_ref()
+                .map(|otlp| otlp.gap_recorder(model, operation, self.provider())),
+        };
         (GaugeGuard::new(gauge), inter_chunk)
     }
 

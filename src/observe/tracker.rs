@@ -9,12 +9,11 @@ use super::strip::UsageStripper;
 use super::tgi;
 use super::tokens::TokenCounter;
 use crate::config::Engine;
-use crate::metrics::{Metrics, RequestHandles, UnmeasuredReason};
+use crate::metrics::{GapRecorder, Metrics, RequestHandles, UnmeasuredReason};
 use crate::otel::context::TraceRef;
 use crate::otel::spans::RequestSpan;
 use bytes::Bytes;
 use http::{header, HeaderMap, StatusCode};
-use prometheus_client::metrics::histogram::Histogram;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -73,7 +72,7 @@ enum ResponseKind {
 struct StreamSink {
     observer: StreamObserver,
     now: Instant,
-    gaps: Histogram,
+    gaps: GapRecorder,
 }
 
 impl Write for StreamSink {

@@ -2,9 +2,10 @@
 //! attributes (`gen_ai.server.time_to_first_token`, …, `gen_ai.request.model`), plus llmslo's
 //! own counters; the same buckets as on `/metrics`. Recorded once per finished request.
 
-use crate::observe::record::{Outcome, RequestRecord};
+use crate::observe::record::{Operation, Outcome, RequestRecord};
 use opentelemetry::metrics::{Counter, Histogram, Meter};
 use opentelemetry::KeyValue;
+use std::sync::Arc;
 
 /// Bucket edges of the exported histograms, the same as the Prometheus families'.
 #[derive(Debug, Clone)]
@@ -17,6 +18,10 @@ pub struct Boundaries {
     pub e2e: Vec<f64>,
     /// Token usage, tokens.
     pub tokens: Vec<f64>,
+    /// Inter-chunk latency, seconds.
+    pub inter_chunk: Vec<f64>,
+    /// Tokens per chunk.
+    pub tokens_per_chunk: Vec<f64>,
 }
 
 /// The instruments one meter records requests into.
@@ -26,6 +31,8 @@ pub struct OtelMetrics {
     tpot: Histogram<f64>,
     duration: Histogram<f64>,
     token_usage: Histogram<u64>,
+    inter_chunk: Histogram<f64>,
+    tokens_per_chunk: Histogram<f64>,
     requests: Counter<u64>,
     output_tokens: Counter<u64>,
     input_tokens: Counter<u64>,
@@ -59,6 +66,18 @@ impl OtelMetrics {
                 .with_description("Input and output tokens per request")
                 .with_boundaries(boundaries.tokens)
                 .build(),
+            inter_chunk: meter
+                .f64_histogram("llmslo.inter_chunk_latency")
+                .with_unit("s")
+                .with_description("Time between consecutive token-carrying stream events")
+                .with_boundaries(boundaries.inter_chunk)
+                .build(),
+            tokens_per_chunk: meter
+                .f64_histogram("llmslo.tokens_per_chunk")
+                .with_unit("{token}")
+                .with_description("Mean output tokens per token-carrying event, per request")
+                .with_boundaries(boundaries.tokens_per_chunk)
+                .build(),
             requests: meter
                 .u64_counter("llmslo.requests")
                 .with_unit("{request}")
@@ -77,13 +96,20 @@ impl OtelMetrics {
         }
     }
 
+    /// Where one request's inter-chunk gaps go, with its attributes made once.
+    pub fn gap_recorder(&self, model: &str, operation: Operation, provider: &'static str) -> OtlpGaps {
+        OtlpGaps {
+            histogram: self.inter_chunk.clone(),
+            attributes: common_attributes(model, operation, provider).into(),
+        }
+    }
+
     /// Records one finished request; `provider` is the engine's label.
     pub fn record(&self, record: &RequestRecord, provider: &'static str) {
-        let common = [
-            KeyValue::new("gen_ai.request.model", record.model.clone()),
-            KeyValue::new("gen_ai.operation.name", record.operation.as_str()),
-            KeyValue::new("gen_ai.provider.name", provider),
-        ];
+        let common = common_attributes(&record.model, record.operation, provider);
+        if let Some(mean) = record.tokens_per_chunk() {
+            self.tokens_per_chunk.record(mean, &common);
+        }
         if let Some(ttft) = record.ttft {
             self.ttft.record(ttft.as_secs_f64(), &common);
         }
@@ -109,4 +135,27 @@ impl OtelMetrics {
             }
         }
     }
+}
+
+/// One request's inter-chunk latency instrument and attributes.
+#[derive(Debug, Clone)]
+pub struct OtlpGaps {
+    histogram: Histogram<f64>,
+    attributes: Arc<[KeyValue]>,
+}
+
+impl OtlpGaps {
+    /// Records one gap, in seconds.
+    pub fn record(&self, seconds: f64) {
+        self.histogram.record(seconds, &self.attributes);
+    }
+}
+
+/// `gen_ai.request.model`, `gen_ai.operation.name`, `gen_ai.provider.name`.
+fn common_attributes(model: &str, operation: Operation, provider: &'static str) -> [KeyValue; 3] {
+    [
+        KeyValue::new("gen_ai.request.model", model.to_string()),
+        KeyValue::new("gen_ai.operation.name", operation.as_str()),
+        KeyValue::new("gen_ai.provider.name", provider),
+    ]
 }
