@@ -455,6 +455,38 @@ async fn without_export_the_exemplars_name_the_clients_sampled_trace_and_nothing
     assert!(first.contains(&format!("traceparent: 00-{}-{CLIENT_SPAN}-01", TRACE_IDS[0])));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sampler_that_drops_the_trace_exports_no_span_and_leaves_no_exemplar() {
+    let (receiver, received) = http_receiver().await;
+    let (upstream, engine_log) = scripted_upstream(paced_capture()).await;
+    let sidecar = start_sidecar(
+        upstream,
+        &format!(
+            "otel: {{traces_exporter: otlp, metrics_exporter: otlp, traces_sampler: always_off, \
+             exporter_otlp_endpoint: 'http://{receiver}'}}\n"
+        ),
+    )
+    .await;
+    assert_eq!(chat(sidecar.proxy_addr, Some(TRACE_IDS[1])).await, 200);
+    let registry = sidecar.metrics.clone();
+    settle(&sidecar).await;
+    sidecar.shutdown().await;
+    assert!(received.spans.lock().unwrap().is_empty(), "always_off exports no span");
+    assert_eq!(
+        histogram_count(&received.metrics.lock().unwrap(), "gen_ai.server.time_to_first_token"),
+        1,
+        "metrics are exported whatever the sampler says"
+    );
+    assert!(!registry.encode().contains(" # {"), "an unsampled span is no exemplar");
+    // The engine still continues the client's trace, told it is not sampled.
+    let request = request_to(&engine_log, "POST /v1/chat/completions").to_ascii_lowercase();
+    assert!(
+        request.contains(&format!("traceparent: 00-{}-", TRACE_IDS[1])),
+        "{request}"
+    );
+    assert!(request.contains("-00\r\n"), "{request}");
+}
+
 #[tokio::test]
 async fn bad_otel_settings_stop_the_sidecar_with_the_key_named() {
     let (upstream, _) = scripted_upstream(paced_capture()).await;
