@@ -34,6 +34,8 @@ interface PromQuery {
   instant: boolean;
   editorMode: "code" | "builder";
   format?: "time_series" | "table";
+  // Grafana's Prometheus query model: also fetch the series' exemplars.
+  exemplar?: boolean;
 }
 type Typed<O, F> = Omit<Plain<Panel<O, F>>, "targets" | "options"> & { options: Plain<O>; targets: PromQuery[] };
 type TimeSeriesPanel = Typed<TimeSeriesOptions, TimeSeriesFieldConfig> & { type: "timeseries" };
