@@ -44,10 +44,20 @@ pub struct RequestTracker {
     tokenizer: Option<Arc<TokenCounter>>,
     response: ResponseKind,
     finished: bool,
-    /// The request's own span, ended with its record.
-    span: Option<RequestSpan>,
-    /// The sampled trace its observations point to, when llmslo started no span.
-    client_trace: Option<TraceRef>,
+    /// The trace its observations point to.
+    trace: Trace,
+}
+
+/// The trace a request's observations point to (its exemplars).
+#[derive(Debug, Default)]
+enum Trace {
+    /// None: not sampled, or no trace context at all.
+    #[default]
+    None,
+    /// llmslo's own span, ended with the request's record.
+    Span(Box<RequestSpan>),
+    /// The client's sampled trace, when llmslo starts no span.
+    Client(TraceRef),
 }
 
 #[derive(Debug)]
@@ -133,19 +143,18 @@ impl RequestTracker {
             tokenizer: None,
             response: ResponseKind::Waiting,
             finished: false,
-            span: None,
-            client_trace: None,
+            trace: Trace::None,
         }
     }
 
     /// Ends `span` with the request, and points the request's exemplars at it.
     pub fn trace_with(&mut self, span: RequestSpan) {
-        self.span = Some(span);
+        self.trace = Trace::Span(Box::new(span));
     }
 
     /// Points the request's exemplars at the client's trace (when llmslo starts no span).
     pub fn link_client_trace(&mut self, trace: Option<TraceRef>) {
-        self.client_trace = trace;
+        self.trace = trace.map_or(Trace::None, Trace::Client);
     }
 
     /// The request's normalised model label (never the raw client string).
@@ -291,7 +300,11 @@ impl RequestTracker {
             token_events: 0,
             count_source: None,
             load: Some(self.handles.load.load(now)),
-            trace: self.span.as_ref().map_or(self.client_trace, RequestSpan::trace),
+            trace: match &self.trace {
+                Trace::None => None,
+                Trace::Span(span) => span.trace(),
+                Trace::Client(trace) => Some(*trace),
+            },
         };
         let mut first_event = None;
         let body_outcome = match &self.response {
@@ -350,7 +363,7 @@ impl RequestTracker {
             load_decode = record.load.and_then(|l| l.decode),
             "request finished"
         );
-        if let Some(span) = self.span.take() {
+        if let Trace::Span(span) = std::mem::take(&mut self.trace) {
             span.finish(&record, self.metrics.provider());
         }
         self.metrics.record(&record);
