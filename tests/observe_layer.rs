@@ -15,17 +15,7 @@ use std::time::Duration;
 
 /// The real vLLM capture, one event per chunk: the first after 120 ms, then every 25 ms.
 fn paced_capture() -> Script {
-    let capture = fixture("vllm-chat.sse");
-    let text = String::from_utf8(capture).unwrap();
-    let pieces = text
-        .split_inclusive("\n\n")
-        .enumerate()
-        .map(|(i, event)| {
-            let delay = if i == 0 { 120 } else { 25 };
-            (Duration::from_millis(delay), event.as_bytes().to_vec())
-        })
-        .collect();
-    Script::sse(pieces)
+    common::paced_capture(Duration::from_millis(120), Duration::from_millis(25))
 }
 
 /// The request families the sidecar records, as text (process-level ones left out).

@@ -163,16 +163,7 @@ async fn grpc_receiver() -> (SocketAddr, Received) {
 
 /// The real vLLM capture, paced: the first event after 60 ms, then one every 5 ms.
 fn paced_capture() -> Script {
-    let text = String::from_utf8(fixture("vllm-chat.sse")).unwrap();
-    let pieces = text
-        .split_inclusive("\n\n")
-        .enumerate()
-        .map(|(i, event)| {
-            let delay = if i == 0 { 60 } else { 5 };
-            (Duration::from_millis(delay), event.as_bytes().to_vec())
-        })
-        .collect();
-    Script::sse(pieces)
+    common::paced_capture(Duration::from_millis(60), Duration::from_millis(5))
 }
 
 /// The capture's `usage.completion_tokens`.

@@ -223,6 +223,18 @@ impl Script {
     }
 }
 
+/// The real vLLM chat capture as a script, one event per chunk: the first after `first`,
+/// then one every `every`.
+pub fn paced_capture(first: Duration, every: Duration) -> Script {
+    let text = String::from_utf8(fixture("vllm-chat.sse")).unwrap();
+    let pieces = text
+        .split_inclusive("\n\n")
+        .enumerate()
+        .map(|(i, event)| (if i == 0 { first } else { every }, event.as_bytes().to_vec()))
+        .collect();
+    Script::sse(pieces)
+}
+
 /// A raw upstream that answers every request with `script` and keeps every request it got.
 pub async fn scripted_upstream(script: Script) -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
     scripted_upstream_by(move |_| script.clone()).await
