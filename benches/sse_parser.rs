@@ -2,7 +2,7 @@
 //! next to a plain newline scan over the same bytes as the same-run baseline.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use llmslo::observe::record::Protocol;
+use llmslo::observe::route::Protocol;
 use llmslo::observe::sse::SseParser;
 use llmslo::observe::stream::StreamObserver;
 use std::hint::black_box;

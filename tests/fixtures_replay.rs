@@ -4,7 +4,7 @@
 mod common;
 
 use common::fixture;
-use llmslo::observe::record::Protocol;
+use llmslo::observe::route::Protocol;
 use llmslo::observe::stream::{StreamObserver, StreamSummary};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -45,7 +45,7 @@ fn chat_with_usage_chunk() {
     assert_eq!(s.input_tokens, Some(11));
     // 16 token events, two of them empty (held-back partial UTF-8).
     assert_eq!(s.token_events, 16);
-    assert!(s.saw_done && !s.saw_error);
+    assert!(s.saw_done && s.error.is_none());
 }
 
 #[test]

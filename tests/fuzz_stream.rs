@@ -26,7 +26,7 @@ use hyper::body::{Body, Frame};
 use llmslo::config::Engine;
 use llmslo::metrics::{Metrics, MetricsConfig};
 use llmslo::observe::body::ObservedBody;
-use llmslo::observe::record::{Operation, Protocol};
+use llmslo::observe::route::{Operation, Protocol};
 use llmslo::observe::sse::SseParser;
 use llmslo::observe::stream::StreamObserver;
 use llmslo::observe::tracker::RequestTracker;

@@ -61,13 +61,14 @@ pub enum Latency {
 }
 
 impl Latency {
-    /// The latency an SLO judges, with its threshold in seconds; `None` for availability.
+    /// The latency an SLO judges, with its threshold in seconds; `None` for availability and
+    /// for the time to first answer token (reasoning length, not load, decides most of it).
     pub fn of(slo: &Slo) -> Option<(Latency, f64)> {
         match slo.kind {
             SloKind::Ttft(t) => Some((Latency::Ttft, t.as_secs_f64())),
             SloKind::Tpot(t) => Some((Latency::Tpot, t.as_secs_f64())),
             SloKind::E2e(t) => Some((Latency::E2e, t.as_secs_f64())),
-            SloKind::Availability => None,
+            SloKind::AnswerTtft(_) | SloKind::Availability => None,
         }
     }
 

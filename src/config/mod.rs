@@ -580,6 +580,7 @@ impl Config {
                 entry.insert("objective".into(), slo.objective_percent().into());
                 let (key, value): (&str, serde_yaml::Value) = match slo.kind {
                     SloKind::Ttft(d) => ("ttft", human(d).into()),
+                    SloKind::AnswerTtft(d) => ("answer_ttft", human(d).into()),
                     SloKind::Tpot(d) => ("tpot", human(d).into()),
                     SloKind::E2e(d) => ("e2e", human(d).into()),
                     SloKind::Availability => ("availability", true.into()),

@@ -1,6 +1,7 @@
 //! Label sets and the bounded model-name normaliser.
 
-use crate::observe::record::{Operation, Outcome};
+use crate::observe::record::Outcome;
+use crate::observe::route::Operation;
 use crate::observe::stream::CountSource;
 use crate::otel::context::TraceRef;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};

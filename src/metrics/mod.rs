@@ -9,7 +9,8 @@ use crate::capacity::meter::InFlight;
 use crate::capacity::CapacityEngine;
 use crate::config::Engine;
 use crate::gpu::{GpuCollector, GpuState};
-use crate::observe::record::{Operation, Outcome, RequestRecord};
+use crate::observe::record::{Outcome, RequestRecord};
+use crate::observe::route::Operation;
 use crate::observe::stream::CountSource;
 use crate::otel::metrics::{Boundaries, OtelMetrics, OtlpGaps};
 use crate::provider::Provider;
@@ -76,6 +77,7 @@ pub struct Metrics {
     provider: Provider,
     models: ModelNames,
     ttft: ExemplarFamily<RequestLabels>,
+    answer_ttft: ExemplarFamily<RequestLabels>,
     tpot: ExemplarFamily<RequestLabels>,
     inter_chunk: HistogramFamily<RequestLabels>,
     tokens_per_chunk: HistogramFamily<RequestLabels>,
@@ -84,6 +86,7 @@ pub struct Metrics {
     requests: Family<OutcomeLabels, Counter>,
     output_tokens: Family<RequestLabels, Counter>,
     input_tokens: Family<RequestLabels, Counter>,
+    reasoning_tokens: Family<RequestLabels, Counter>,
     in_flight: Family<InFlightLabels, Gauge>,
     refused: Family<RefusalLabels, Counter>,
     count_sources: Family<CountSourceLabels, Counter>,
@@ -116,8 +119,9 @@ pub struct RequestHandles {
     pub operation: Operation,
     /// Inter-chunk latency histogram(s) for this request's labels.
     pub inter_chunk: GapRecorder,
-    /// The request counted in its model's load meter.
-    pub load: InFlight,
+    /// The request counted in its model's load meter (generation requests only: pooling
+    /// work does not run on the decode loop).
+    pub load: Option<InFlight>,
     _in_flight: GaugeGuard,
 }
 
@@ -136,6 +140,22 @@ impl GapRecorder {
         if let Some(otlp) = &self.otlp {
             otlp.record(seconds);
         }
+    }
+}
+
+/// The generation APIs `engine` serves, whose series are created at zero for every known
+/// model. TGI has no Responses or Messages API; the other engines serve chat, completions
+/// and both (vLLM and SGLang natively; llama.cpp the Messages API). Non-generation routes get
+/// their series on first use.
+fn served_generation(engine: Engine) -> &'static [Operation] {
+    match engine {
+        Engine::Tgi => &[Operation::Chat, Operation::TextCompletion, Operation::Generate],
+        _ => &[
+            Operation::Chat,
+            Operation::TextCompletion,
+            Operation::Responses,
+            Operation::Messages,
+        ],
     }
 }
 
@@ -163,10 +183,14 @@ impl Metrics {
         let b = &config.buckets;
         let slos = &config.slos;
         let ttft_edges = slos.thresholds(|k| if let SloKind::Ttft(d) = k { Some(d) } else { None });
+        let answer_edges = slos.thresholds(|k| if let SloKind::AnswerTtft(d) = k { Some(d) } else { None });
         let tpot_edges = slos.thresholds(|k| if let SloKind::Tpot(d) = k { Some(d) } else { None });
         let e2e_edges = slos.thresholds(|k| if let SloKind::E2e(d) = k { Some(d) } else { None });
         let boundaries = Boundaries {
             ttft: Buckets::new(b.ttft.as_ref(), buckets::TTFT, &ttft_edges)
+                .edges()
+                .to_vec(),
+            answer_ttft: Buckets::new(b.ttft.as_ref(), buckets::TTFT, &answer_edges)
                 .edges()
                 .to_vec(),
             tpot: Buckets::new(b.tpot.as_ref(), buckets::TPOT, &tpot_edges)
@@ -187,6 +211,7 @@ impl Metrics {
             provider: Provider::new(config.engine),
             models: ModelNames::new(&config.models, config.max_models),
             ttft: Family::new_with_constructor(Buckets::new(b.ttft.as_ref(), buckets::TTFT, &ttft_edges)),
+            answer_ttft: Family::new_with_constructor(Buckets::new(b.ttft.as_ref(), buckets::TTFT, &answer_edges)),
             tpot: Family::new_with_constructor(Buckets::new(b.tpot.as_ref(), buckets::TPOT, &tpot_edges)),
             inter_chunk: Family::new_with_constructor(Buckets::new(b.tpot.as_ref(), buckets::TPOT, &[])),
             tokens_per_chunk: Family::new_with_constructor(Buckets::new(
@@ -199,6 +224,7 @@ impl Metrics {
             requests: Family::default(),
             output_tokens: Family::default(),
             input_tokens: Family::default(),
+            reasoning_tokens: Family::default(),
             in_flight: Family::default(),
             refused: Family::default(),
             count_sources: Family::default(),
@@ -275,6 +301,13 @@ impl Metrics {
             self.ttft.clone(),
         );
         r.register_with_unit(
+            "llmslo_time_to_first_answer_token",
+            "Time from the request head reaching llmslo to the first token of the answer itself (after any \
+             reasoning; tool-call arguments are not the answer) forwarded to the client",
+            Unit::Seconds,
+            self.answer_ttft.clone(),
+        );
+        r.register_with_unit(
             "gen_ai_server_time_per_output_token",
             "Time per output token after the first: (t_last - t_first) / (N - 1)",
             Unit::Seconds,
@@ -312,6 +345,11 @@ impl Metrics {
             "llmslo_input_tokens",
             "Input (prompt) tokens reported by the engine",
             self.input_tokens.clone(),
+        );
+        r.register(
+            "llmslo_reasoning_tokens",
+            "Output tokens spent on reasoning, where the engine's usage reports them (part of llmslo_output_tokens)",
+            self.reasoning_tokens.clone(),
         );
         r.register(
             "llmslo_requests_in_flight",
@@ -369,13 +407,9 @@ impl Metrics {
         let Some(engine) = self.provider.engine() else {
             return;
         };
-        let operations: &[Operation] = match engine {
-            Engine::Tgi => &[Operation::Chat, Operation::TextCompletion, Operation::Generate],
-            _ => &[Operation::Chat, Operation::TextCompletion],
-        };
-        for &operation in operations {
+        for &operation in served_generation(engine) {
             let labels = self.request_labels(model, operation);
-            for family in [&self.ttft, &self.tpot] {
+            for family in [&self.ttft, &self.answer_ttft, &self.tpot] {
                 drop(family.get_or_create(&labels));
             }
             for family in [&self.inter_chunk, &self.tokens_per_chunk] {
@@ -383,6 +417,7 @@ impl Metrics {
             }
             drop(self.output_tokens.get_or_create(&labels));
             drop(self.input_tokens.get_or_create(&labels));
+            drop(self.reasoning_tokens.get_or_create(&labels));
             for token_type in ["input", "output"] {
                 drop(self.token_usage.get_or_create(&self.token_labels(&labels, token_type)));
             }
@@ -404,7 +439,7 @@ impl Metrics {
         let (model, candidate) = self.models.label(raw_model);
         let (in_flight, inter_chunk) = self.request_series(&model, operation);
         RequestHandles {
-            load: self.capacity.arrive(&model, now),
+            load: operation.is_generation().then(|| self.capacity.arrive(&model, now)),
             model,
             candidate,
             operation,
@@ -425,7 +460,9 @@ impl Metrics {
         }
         if model != handles.model {
             let (in_flight, inter_chunk) = self.request_series(&model, handles.operation);
-            handles.load = self.capacity.arrive(&model, Instant::now());
+            if handles.operation.is_generation() {
+                handles.load = Some(self.capacity.arrive(&model, Instant::now()));
+            }
             handles.model = model;
             handles.inter_chunk = inter_chunk;
             handles._in_flight = in_flight;
@@ -477,6 +514,14 @@ impl Metrics {
             self.ttft
                 .get_or_create(&labels)
                 .observe(ttft.as_secs_f64(), exemplar.clone());
+        }
+        if let Some(answer) = record.answer_ttft {
+            self.answer_ttft
+                .get_or_create(&labels)
+                .observe(answer.as_secs_f64(), exemplar.clone());
+        }
+        if let Some(n) = record.reasoning_tokens {
+            self.reasoning_tokens.get_or_create(&labels).inc_by(n);
         }
         for tpot in &record.tpot_per_choice {
             self.tpot
@@ -591,10 +636,12 @@ mod tests {
             operation: Operation::Chat,
             outcome: Outcome::Success,
             ttft: Some(Duration::from_millis(120)),
+            answer_ttft: Some(Duration::from_millis(120)),
             tpot_per_choice: vec![Duration::from_millis(20)],
             e2e: Duration::from_millis(500),
             output_tokens: Some(21),
             input_tokens: Some(7),
+            reasoning_tokens: None,
             token_events: 7,
             count_source: None,
             load: None,

@@ -1,48 +1,17 @@
-//! Interpretation of OpenAI-compatible stream events (chat and completions), per DESIGN §2.
+//! Interpretation of OpenAI-compatible stream events (chat and completions), and of the
+//! JSON bodies of every OpenAI-shaped route (embeddings, pooling, scoring, reranking,
+//! transcription).
 //!
-//! Each SSE `data:` payload (or a whole non-streaming JSON body) is summarised without allocating (sonic-rs's SIMD
-//! JSON reader under the same serde visitors): which choices carried tokens,
-//! whether any of them is visible content, the token counts the event states, its usage and
-//! whether it is an error or the `[DONE]` sentinel.
+//! Each SSE `data:` payload (or a whole non-streaming JSON body) is summarised without
+//! allocating (sonic-rs's SIMD JSON reader under the same serde visitors): which choices
+//! carried tokens, whether any of them is visible content and whether it is the answer, the
+//! token counts the event states, its usage and whether it is an error (and whose fault) or
+//! the `[DONE]` sentinel.
 
+use super::event::{fault_of, EventSummary, Usage};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::fmt;
-
-/// Token counts reported by the engine in a `usage` object.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-pub struct Usage {
-    /// `usage.prompt_tokens`.
-    #[serde(default)]
-    pub prompt_tokens: Option<u64>,
-    /// `usage.completion_tokens`.
-    #[serde(default)]
-    pub completion_tokens: Option<u64>,
-}
-
-/// What one stream event means for measurement.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct EventSummary {
-    /// The event carries at least one generated token (possibly held-back, empty text).
-    pub has_tokens: bool,
-    /// The event carries visible generated content: the first such event is the first token.
-    pub visible: bool,
-    /// The `index` of the choice that carried the tokens (the first one, when several did).
-    pub choice: u32,
-    /// Tokens the event states explicitly (`token_ids` or `logprobs.content` lengths), if any.
-    pub explicit_tokens: Option<u64>,
-    /// The event's `usage` object, if any (the usage-only chunk, or continuous usage).
-    pub usage: Option<Usage>,
-    /// The event is a usage-only chunk (`choices: []` with usage).
-    pub usage_only: bool,
-    /// The event is an error payload (`{"error": ...}`).
-    pub error: bool,
-    /// The event is the `[DONE]` sentinel.
-    pub done: bool,
-    /// Its only token-carrying choices hold empty text and a `finish_reason`: a held-back
-    /// last token for vLLM, no token at all for llama.cpp.
-    pub finish_only: bool,
-}
 
 /// Summarises one `data:` payload of an OpenAI-compatible stream.
 pub fn summarise(data: &[u8]) -> EventSummary {
@@ -63,13 +32,14 @@ pub fn summarise(data: &[u8]) -> EventSummary {
             EventSummary {
                 has_tokens: choices.token_choices > 0,
                 visible: choices.visible,
+                answer: choices.answer,
                 choice: choices.first_token_choice.unwrap_or(0),
                 explicit_tokens: choices.explicit_tokens,
                 usage_only: chunk.usage.is_some() && choices.count == 0,
-                usage: chunk.usage,
-                error: chunk.error.is_some(),
-                done: false,
+                usage: chunk.usage.map(WireUsage::usage),
+                error: chunk.error.as_ref().map(fault_of),
                 finish_only: choices.token_choices > 0 && choices.finish_only == choices.token_choices,
+                ..EventSummary::default()
             }
         }
         None => EventSummary::default(),
@@ -81,9 +51,47 @@ struct Chunk {
     #[serde(default)]
     choices: Option<ChoicesSummary>,
     #[serde(default)]
-    usage: Option<Usage>,
+    usage: Option<WireUsage>,
+    /// Read in full (a rare event) to tell the client's fault from the engine's.
     #[serde(default)]
-    error: Option<NotNull>,
+    error: Option<serde_json::Value>,
+}
+
+/// A `usage` object under any of the names OpenAI-shaped routes use.
+#[derive(Deserialize)]
+struct WireUsage {
+    #[serde(default)]
+    prompt_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens: Option<u64>,
+    /// Transcription's usage.
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    /// Rerank states only a total, all of it input.
+    #[serde(default)]
+    total_tokens: Option<u64>,
+    #[serde(default)]
+    completion_tokens_details: Option<CompletionDetails>,
+}
+
+#[derive(Deserialize)]
+struct CompletionDetails {
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
+}
+
+impl WireUsage {
+    fn usage(self) -> Usage {
+        let output_tokens = self.completion_tokens.or(self.output_tokens);
+        let stated_input = self.prompt_tokens.or(self.input_tokens);
+        Usage {
+            input_tokens: stated_input.or(self.total_tokens.filter(|_| output_tokens.is_none())),
+            output_tokens,
+            reasoning_tokens: self.completion_tokens_details.and_then(|d| d.reasoning_tokens),
+        }
+    }
 }
 
 /// Present when a JSON value is not `null`.
@@ -102,6 +110,7 @@ struct ChoicesSummary {
     token_choices: usize,
     first_token_choice: Option<u32>,
     visible: bool,
+    answer: bool,
     explicit_tokens: Option<u64>,
     /// Token-carrying choices with empty text and a finish reason.
     finish_only: usize,
@@ -136,6 +145,7 @@ impl<'de> Deserialize<'de> for ChoicesSummary {
                         summary.finish_only += 1;
                     }
                     summary.visible |= visible;
+                    summary.answer |= text == Some(Text::NonEmpty);
                     if let Some(n) = choice.token_ids.or(choice.logprobs.and_then(|l| l.content)) {
                         *summary.explicit_tokens.get_or_insert(0) += n.0;
                     }
@@ -352,6 +362,7 @@ pub fn generated_text(data: &[u8], mut on_text: impl FnMut(u32, &str)) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::event::Fault;
 
     #[test]
     fn role_only_chunk_is_not_a_token() {
@@ -386,12 +397,18 @@ mod tests {
     }
 
     #[test]
-    fn reasoning_and_tool_calls_are_content() {
-        assert!(summarise(br#"{"choices":[{"delta":{"reasoning_content":"hmm","content":null}}]}"#).visible);
-        assert!(summarise(br#"{"choices":[{"delta":{"reasoning":"hmm"}}]}"#).visible);
-        assert!(
-            summarise(br#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#).visible
-        );
+    fn reasoning_and_tool_calls_are_content_but_not_the_answer() {
+        for event in [
+            &br#"{"choices":[{"delta":{"reasoning_content":"hmm","content":null}}]}"#[..],
+            br#"{"choices":[{"delta":{"reasoning":"hmm"}}]}"#,
+            br#"{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}"#,
+        ] {
+            let s = summarise(event);
+            assert!(s.visible && !s.answer, "{}", String::from_utf8_lossy(event));
+        }
+        let s = summarise(br#"{"choices":[{"delta":{"reasoning_content":"","content":"Yes"}}]}"#);
+        assert!(s.visible && s.answer);
+        assert!(summarise(br#"{"choices":[{"index":0,"text":" a"}]}"#).answer);
     }
 
     #[test]
@@ -470,17 +487,54 @@ mod tests {
         assert_eq!(
             s.usage,
             Some(Usage {
-                prompt_tokens: Some(11),
-                completion_tokens: Some(16)
+                input_tokens: Some(11),
+                output_tokens: Some(16),
+                reasoning_tokens: None,
             })
+        );
+        let reasoning = summarise(
+            br#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":9,"completion_tokens_details":{"reasoning_tokens":5}}}"#,
+        );
+        assert_eq!(reasoning.usage.unwrap().reasoning_tokens, Some(5));
+    }
+
+    #[test]
+    fn the_usage_of_every_openai_shaped_route() {
+        let input = |body: &[u8]| summarise(body).usage.and_then(|u| u.input_tokens);
+        assert_eq!(
+            input(br#"{"object":"list","data":[{"embedding":[0.1]}],"usage":{"prompt_tokens":8,"total_tokens":8}}"#),
+            Some(8)
+        );
+        assert_eq!(
+            input(br#"{"id":"rerank-1","results":[],"usage":{"total_tokens":12}}"#),
+            Some(12)
+        );
+        let transcription =
+            summarise(br#"{"text":"hi","usage":{"type":"tokens","input_tokens":30,"output_tokens":2}}"#)
+                .usage
+                .unwrap();
+        assert_eq!(
+            (transcription.input_tokens, transcription.output_tokens),
+            (Some(30), Some(2))
+        );
+        let chat = summarise(br#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2,"total_tokens":5}}"#);
+        assert_eq!(
+            chat.usage.unwrap().input_tokens,
+            Some(3),
+            "a total is input only without output"
         );
     }
 
     #[test]
     fn error_payload_and_done() {
-        assert!(summarise(br#"{"error":{"message":"boom","code":500}}"#).error);
+        assert_eq!(
+            summarise(br#"{"error":{"message":"boom","code":500}}"#).error,
+            Some(Fault::Engine)
+        );
+        let invalid = br#"{"error": {"message": "Requested sample logprobs of 50", "type": "BadRequestError", "param": "logprobs", "code": 400}}"#;
+        assert_eq!(summarise(invalid).error, Some(Fault::Client));
         assert!(summarise(b"[DONE]").done);
-        assert!(!summarise(br#"{"error":null,"choices":[]}"#).error);
+        assert_eq!(summarise(br#"{"error":null,"choices":[]}"#).error, None);
     }
 
     #[test]

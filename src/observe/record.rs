@@ -1,75 +1,21 @@
 //! The per-request record: what one finished request measured, ready for metrics and SLOs.
 
+use super::event::Fault;
+use super::route::Operation;
 use super::stream::{CountSource, StreamSummary};
 use crate::capacity::meter::RequestLoad;
 use crate::otel::context::TraceRef;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// The kind of generation a request asked for, from its route.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Operation {
-    /// `POST /v1/chat/completions`.
-    Chat,
-    /// `POST /v1/completions`.
-    TextCompletion,
-    /// TGI's native `POST /generate_stream` and `POST /generate`.
-    Generate,
-}
-
-/// The wire protocol of a measured route's responses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Protocol {
-    /// OpenAI-compatible chat and completions.
-    OpenAi,
-    /// TGI's native generate API.
-    Tgi,
-}
-
-impl Operation {
-    /// The `operation` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Operation::Chat => "chat",
-            Operation::TextCompletion => "text_completion",
-            Operation::Generate => "generate",
-        }
-    }
-
-    /// The protocol its responses speak.
-    pub fn protocol(self) -> Protocol {
-        match self {
-            Operation::Chat | Operation::TextCompletion => Protocol::OpenAi,
-            Operation::Generate => Protocol::Tgi,
-        }
-    }
-
-    /// The operation a request asks for, if it is one llmslo measures (a POST to its path).
-    pub fn of_request<B>(request: &http::Request<B>) -> Option<Self> {
-        (request.method() == http::Method::POST)
-            .then(|| Self::from_path(request.uri().path()))
-            .flatten()
-    }
-
-    /// The operation served at `path`, if it is one llmslo measures.
-    pub fn from_path(path: &str) -> Option<Self> {
-        match path.trim_end_matches('/') {
-            "/v1/chat/completions" => Some(Operation::Chat),
-            "/v1/completions" => Some(Operation::TextCompletion),
-            "/generate_stream" | "/generate" => Some(Operation::Generate),
-            _ => None,
-        }
-    }
-}
-
 /// How a request ended (DESIGN §2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
     /// Completed normally.
     Success,
-    /// Status ≥ 500, an error payload after 200, or a stream cut short.
+    /// Status ≥ 500, an engine error reported after 200, or a stream cut short.
     UpstreamError,
-    /// The engine answered 4xx.
+    /// The engine answered 4xx, or reported after 200 that the request was invalid.
     ClientError,
     /// The client went away before the response ended.
     ClientCancelled,
@@ -102,6 +48,14 @@ impl Outcome {
         }
     }
 
+    /// The outcome of an error reported inside a successful answer.
+    pub fn of_fault(fault: Fault) -> Self {
+        match fault {
+            Fault::Client => Outcome::ClientError,
+            Fault::Engine => Outcome::UpstreamError,
+        }
+    }
+
     /// The outcome an HTTP status implies before the body is seen, if it decides one.
     pub fn from_status(status: u16) -> Option<Self> {
         match status {
@@ -123,6 +77,8 @@ pub struct RequestRecord {
     pub outcome: Outcome,
     /// Time to first token, when a first token was seen.
     pub ttft: Option<Duration>,
+    /// Time to the first token of the answer itself (after any reasoning), when one was seen.
+    pub answer_ttft: Option<Duration>,
     /// Time per output token of each choice that had at least two token events
     /// (one entry for ordinary requests, one per choice for `n > 1`).
     pub tpot_per_choice: Vec<Duration>,
@@ -132,6 +88,8 @@ pub struct RequestRecord {
     pub output_tokens: Option<u64>,
     /// Input tokens from usage, when reported.
     pub input_tokens: Option<u64>,
+    /// Output tokens spent on reasoning, when the usage reports them.
+    pub reasoning_tokens: Option<u64>,
     /// Stream events that carried tokens.
     pub token_events: u64,
     /// Where a stream's output token count came from; `None` for other responses.
@@ -143,23 +101,48 @@ pub struct RequestRecord {
 }
 
 impl RequestRecord {
+    /// A record of `operation` on `model` that took `e2e`, before anything else is known.
+    pub fn new(model: String, operation: Operation, e2e: Duration) -> Self {
+        Self {
+            model,
+            operation,
+            outcome: Outcome::Success,
+            ttft: None,
+            answer_ttft: None,
+            tpot_per_choice: Vec::new(),
+            e2e,
+            output_tokens: None,
+            input_tokens: None,
+            reasoning_tokens: None,
+            token_events: 0,
+            count_source: None,
+            load: None,
+            trace: None,
+        }
+    }
+
     /// The request's TPOT: its slowest choice's (for `n = 1`, simply its TPOT).
     pub fn tpot(&self) -> Option<Duration> {
         self.tpot_per_choice.iter().max().copied()
     }
 
     /// Takes the stream's measurements, timed from the request head at `t0`; returns the
-    /// outcome the events imply when they show a failure (an error payload, or a stream cut
-    /// short before its end signal).
+    /// outcome the events imply when they show a failure (an error payload: the client's
+    /// fault or the engine's; or a stream cut short before its end signal).
     pub fn apply_stream(&mut self, summary: StreamSummary, t0: Instant) -> Option<Outcome> {
         self.ttft = summary.first_token.map(|first| first - t0);
+        self.answer_ttft = summary.first_answer_token.map(|first| first - t0);
         self.tpot_per_choice = summary.tpot_per_choice;
         self.count_source = summary.count_source;
         self.output_tokens = summary.output_tokens;
         self.input_tokens = summary.input_tokens;
+        self.reasoning_tokens = summary.reasoning_tokens;
         self.token_events = summary.token_events;
         let cut_short = !summary.saw_done && !summary.gave_up;
-        (summary.saw_error || cut_short).then_some(Outcome::UpstreamError)
+        match summary.error {
+            Some(fault) => Some(Outcome::of_fault(fault)),
+            None => cut_short.then_some(Outcome::UpstreamError),
+        }
     }
 
     /// Mean output tokens per token-carrying stream event, when both are known.

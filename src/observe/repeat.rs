@@ -8,7 +8,8 @@
 //! gets the stored summary after a byte comparison, with no JSON parse. Everything else, and
 //! any text that is not a plain JSON string interior, is parsed in full.
 
-use super::openai::{self, EventSummary};
+use super::event::EventSummary;
+use super::openai;
 use sonic_rs::{pointer, JsonPointer};
 
 /// After this many events in a row miss the template, the next visible event replaces it.

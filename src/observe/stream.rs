@@ -1,11 +1,11 @@
 //! The streaming observer: SSE parsing plus interpretation plus timestamps for one response.
 
-use super::openai::{self, EventSummary, Usage};
-use super::record::Protocol;
+use super::event::{EventSummary, Fault, Usage};
 use super::repeat::RepeatSummariser;
+use super::route::Protocol;
 use super::sse::SseParser;
-use super::tgi;
 use super::tokens::TokenCounter;
+use super::{messages, openai, responses, tgi};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -43,6 +43,11 @@ pub struct StreamObserver {
 struct Facts {
     first_token: Option<Instant>,
     first_token_event: Option<Instant>,
+    first_answer: Option<Instant>,
+    /// An event sent with the first generated token although it carries no text (§3).
+    first_token_mark: Option<Instant>,
+    /// The latest event after the first token that closes generated output.
+    generation_end: Option<Instant>,
     choices: Vec<ChoiceFacts>,
     token_events: u64,
     /// Tokens the events stated (`token_ids`, `logprobs`, TGI's one-token events).
@@ -53,7 +58,7 @@ struct Facts {
     text_overflow: bool,
     text_bytes: usize,
     usage: Option<Usage>,
-    saw_error: bool,
+    error: Option<Fault>,
     saw_done: bool,
 }
 
@@ -65,8 +70,14 @@ struct ChoiceFacts {
     events: u64,
     stated: u64,
     unstated_events: u64,
+    /// Characters of text its first token event carried, and all its events (where the
+    /// protocol states them).
+    first_chars: u32,
+    chars: u64,
     /// Its generated text, kept only for a tokenizer.
     text: String,
+    /// How much of `text` its first token event carried.
+    first_text_bytes: usize,
 }
 
 /// Where a response's output token count came from (`llmslo_token_count_source_total`).
@@ -112,6 +123,8 @@ pub struct StreamSummary {
     /// When the first token-carrying event was forwarded, visible or not (held-back partial
     /// UTF-8, a special token): what clients that stamp the first chunk call TTFT.
     pub first_token_event: Option<Instant>,
+    /// When the first token of the answer itself (not reasoning, not a tool call) was forwarded.
+    pub first_answer_token: Option<Instant>,
     /// TPOT of each choice whose token count is known and that had two token events, timed
     /// from its first token-carrying event (visible or not) to its last.
     pub tpot_per_choice: Vec<Duration>,
@@ -121,11 +134,15 @@ pub struct StreamSummary {
     pub count_source: Option<CountSource>,
     /// Input tokens from usage.
     pub input_tokens: Option<u64>,
+    /// Output tokens spent on reasoning, from usage.
+    pub reasoning_tokens: Option<u64>,
     /// Events that carried tokens.
     pub token_events: u64,
-    /// An error payload arrived.
-    pub saw_error: bool,
-    /// The end-of-stream signal arrived (`[DONE]`, or TGI's final event).
+    /// An error payload arrived, and whose fault it says it is (the engine's, when several
+    /// disagree).
+    pub error: Option<Fault>,
+    /// The end-of-stream signal arrived (`[DONE]`, TGI's final event, a Responses terminal
+    /// event, `message_stop`).
     pub saw_done: bool,
     /// An oversized event stopped interpretation part-way.
     pub gave_up: bool,
@@ -164,6 +181,8 @@ impl StreamObserver {
         parser.feed(bytes, |event| {
             let mut summary = match protocol {
                 Protocol::OpenAi => repeat.summarise(event.data),
+                Protocol::Responses => responses::summarise(event.event_type, event.data),
+                Protocol::Messages => messages::summarise(event.event_type, event.data),
                 Protocol::Tgi => tgi::summarise(event.data),
             };
             if let (true, Some(spans)) = (summary.usage_only, removable.as_mut()) {
@@ -174,8 +193,15 @@ impl StreamObserver {
             }
             let keep_text = counting.tokenizer.is_some() && summary.has_tokens && summary.explicit_tokens.is_none();
             facts.observe(&summary, now, &mut on_gap);
-            if keep_text && *protocol == Protocol::OpenAi {
-                openai::generated_text(event.data, |choice, text| facts.keep_text(choice, text));
+            if keep_text {
+                match protocol {
+                    Protocol::OpenAi => {
+                        openai::generated_text(event.data, |choice, text| facts.keep_text(choice, text))
+                    }
+                    Protocol::Responses => responses::generated_text(event.data, |text| facts.keep_text(0, text)),
+                    Protocol::Messages => messages::generated_text(event.data, |text| facts.keep_text(0, text)),
+                    Protocol::Tgi => {}
+                }
             }
         });
     }
@@ -202,7 +228,7 @@ impl StreamObserver {
         let usage = facts.usage.unwrap_or_default();
         let active: Vec<&ChoiceFacts> = facts.choices.iter().filter(|c| c.events > 0).collect();
         let tokenized = self.tokenized(&active);
-        let (output_tokens, count_source) = match (usage.completion_tokens, tokenized.as_ref()) {
+        let (output_tokens, count_source) = match (usage.output_tokens, tokenized.as_ref()) {
             (Some(n), _) => (Some(n), Some(CountSource::Usage)),
             _ if facts.token_events == 0 => (None, None),
             (None, _) if facts.unstated_events == 0 => (Some(facts.stated_tokens), Some(CountSource::TokenIds)),
@@ -229,19 +255,69 @@ impl StreamObserver {
         let tpot_per_choice = active
             .iter()
             .zip(per_choice)
-            .filter_map(|(c, n)| tpot(c.first, c.last, n?))
+            .filter_map(|(c, n)| match self.protocol {
+                Protocol::Responses | Protocol::Messages => self.delta_tpot(c, n?),
+                Protocol::OpenAi | Protocol::Tgi => tpot(c.first, c.last, n?),
+            })
             .collect();
         StreamSummary {
             first_token: facts.first_token,
             first_token_event: facts.first_token_event,
+            first_answer_token: facts.first_answer,
             tpot_per_choice,
             output_tokens,
             count_source,
-            input_tokens: usage.prompt_tokens,
+            input_tokens: usage.input_tokens,
+            reasoning_tokens: usage.reasoning_tokens,
             token_events: facts.token_events,
-            saw_error: facts.saw_error,
+            error: facts.error,
             saw_done: facts.saw_done,
             gave_up: self.parser.gave_up(),
+        }
+    }
+
+    /// TPOT where the engine sends no delta for held-back tokens (Responses, Messages), so
+    /// that `n` tokens arrive in fewer deltas. The decode clock starts at the first token:
+    /// an event that marks it (vLLM's `message_start`), when its lead over the first delta
+    /// fits the held-back tokens; else the first delta, counted as the tokens it carries
+    /// (the tokenizer's count of its text, or one plus its share, by characters, of the tokens
+    /// that had no delta of their own). It stops at the last token: the last delta, or the
+    /// later event that closes the output when the last tokens' text was held back to the end.
+    fn delta_tpot(&self, choice: &ChoiceFacts, n: u64) -> Option<Duration> {
+        let (first, last) = (choice.first?, choice.last?);
+        let last = self.facts.generation_end.map_or(last, |end| end.max(last));
+        let deltas = choice.events;
+        let held_back = n.saturating_sub(deltas);
+        let mark_fits = |mark: Instant| {
+            let lead = first.saturating_duration_since(mark);
+            deltas < 2
+                || lead
+                    <= (last - first)
+                        .mul_f64(held_back as f64 + 0.5)
+                        .div_f64((deltas - 1) as f64)
+        };
+        let (start, carried) = match self.facts.first_token_mark {
+            Some(mark) if mark_fits(mark) => (mark, 1),
+            _ => (first, self.first_delta_tokens(choice, held_back)),
+        };
+        (n > carried && last > start).then(|| (last - start).div_f64((n - carried) as f64))
+    }
+
+    /// How many tokens a choice's first delta carried (see [`Self::delta_tpot`]).
+    fn first_delta_tokens(&self, choice: &ChoiceFacts, held_back: u64) -> u64 {
+        let counted = self
+            .counting
+            .tokenizer
+            .as_ref()
+            .filter(|_| !self.facts.text_overflow)
+            .and_then(|t| {
+                let first = choice.text.get(..choice.first_text_bytes).filter(|f| !f.is_empty())?;
+                t.count(first)
+            });
+        match counted {
+            Some(tokens) => tokens.max(1),
+            None if choice.chars == 0 => 1,
+            None => 1 + (held_back as f64 * f64::from(choice.first_chars) / choice.chars as f64).round() as u64,
         }
     }
 
@@ -312,11 +388,22 @@ fn tpot(first: Option<Instant>, last: Option<Instant>, n: u64) -> Option<Duratio
 
 impl Facts {
     fn observe(&mut self, summary: &EventSummary, now: Instant, on_gap: &mut impl FnMut(Duration)) {
-        if summary.usage.is_some() {
-            self.usage = summary.usage;
+        if let Some(usage) = summary.usage {
+            self.usage = Some(self.usage.unwrap_or_default().merged(usage));
         }
-        self.saw_error |= summary.error;
+        if let Some(fault) = summary.error {
+            self.error = Some(match self.error {
+                Some(Fault::Engine) => Fault::Engine,
+                _ => fault,
+            });
+        }
         self.saw_done |= summary.done;
+        if summary.first_token_mark && self.first_token_event.is_none() {
+            self.first_token_mark.get_or_insert(now);
+        }
+        if summary.generation_end && self.first_token_event.is_some() {
+            self.generation_end = Some(now);
+        }
         if !summary.has_tokens {
             return;
         }
@@ -337,6 +424,9 @@ impl Facts {
         if summary.visible {
             self.first_token.get_or_insert(now);
         }
+        if summary.answer {
+            self.first_answer.get_or_insert(now);
+        }
         // Decode timing counts every generated token, held-back text and special tokens too:
         // N includes them, so the first of them starts the (N - 1) decode steps.
         let choice = &mut self.choices[index];
@@ -345,7 +435,11 @@ impl Facts {
             Some(n) => choice.stated += n,
             None => choice.unstated_events += 1,
         }
-        choice.first.get_or_insert(now);
+        if choice.first.is_none() {
+            choice.first = Some(now);
+            choice.first_chars = summary.text_chars;
+        }
+        choice.chars += u64::from(summary.text_chars);
         if let Some(previous) = choice.last.replace(now) {
             on_gap(now - previous);
         }
@@ -359,7 +453,11 @@ impl Facts {
             self.text_overflow = true;
             return;
         }
-        self.choices[index].text.push_str(text);
+        let choice = &mut self.choices[index];
+        choice.text.push_str(text);
+        if choice.events == 1 {
+            choice.first_text_bytes = choice.text.len();
+        }
     }
 }
 
@@ -393,7 +491,7 @@ mod tests {
         assert_eq!(s.count_source, Some(CountSource::TokenIds));
         assert_eq!(s.tpot_per_choice, [Duration::from_millis(20)]);
         assert_eq!(gaps, vec![Duration::from_millis(20); 3]);
-        assert!(s.saw_done && !s.saw_error);
+        assert!(s.saw_done && s.error.is_none());
     }
 
     #[tokio::test(start_paused = true)]

@@ -6,7 +6,7 @@
 //! details were asked for). There is no `[DONE]`: the final event plays its part. Errors are
 //! `{"error": "...", "error_type": "..."}`, e.g. `incomplete_generation_stream`.
 
-use super::openai::{EventSummary, Usage};
+use super::event::{EventSummary, Fault, Usage};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 
@@ -20,6 +20,8 @@ struct Event {
     details: Option<Details>,
     #[serde(default)]
     error: Option<IgnoredAny>,
+    #[serde(default)]
+    error_type: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -47,16 +49,23 @@ pub fn summarise(data: &[u8]) -> EventSummary {
         return EventSummary::default();
     };
     let completion_tokens = event.details.and_then(|d| d.generated_tokens);
+    let visible = event.token.as_ref().is_some_and(|t| !t.special);
+    // TGI rejects an invalid request with `error_type: validation`; every other error is its own.
+    let fault = match event.error_type.as_deref() {
+        Some("validation") => Fault::Client,
+        _ => Fault::Engine,
+    };
     EventSummary {
         has_tokens: event.token.is_some(),
-        visible: event.token.as_ref().is_some_and(|t| !t.special),
+        visible,
+        answer: visible,
         // Every TGI stream event is exactly one token.
         explicit_tokens: event.token.is_some().then_some(1),
         usage: completion_tokens.map(|n| Usage {
-            prompt_tokens: None,
-            completion_tokens: Some(n),
+            output_tokens: Some(n),
+            ..Usage::default()
         }),
-        error: event.error.is_some(),
+        error: event.error.is_some().then_some(fault),
         done: event.generated_text.is_some(),
         ..EventSummary::default()
     }
@@ -69,7 +78,7 @@ mod tests {
     #[test]
     fn token_events() {
         let s = summarise(br#"{"index":1,"token":{"id":42,"text":" Hi","logprob":-0.3,"special":false},"generated_text":null,"details":null}"#);
-        assert!(s.has_tokens && s.visible && !s.done);
+        assert!(s.has_tokens && s.visible && s.answer && !s.done);
     }
 
     #[test]
@@ -82,7 +91,7 @@ mod tests {
     fn final_event_ends_the_stream_and_reports_tokens() {
         let s = summarise(br#"{"index":20,"token":{"id":5,"text":".","logprob":-1.0,"special":false},"generated_text":"a b.","details":{"finish_reason":"length","generated_tokens":20,"seed":null}}"#);
         assert!(s.done && s.visible);
-        assert_eq!(s.usage.unwrap().completion_tokens, Some(20));
+        assert_eq!(s.usage.unwrap().output_tokens, Some(20));
         let no_details = summarise(
             br#"{"index":3,"token":{"id":5,"text":".","special":false},"generated_text":"abc","details":null}"#,
         );
@@ -93,11 +102,14 @@ mod tests {
     fn errors_and_whole_bodies() {
         let e =
             summarise(br#"{"error":"Request failed during generation","error_type":"incomplete_generation_stream"}"#);
-        assert!(e.error && !e.has_tokens);
+        assert!(e.error == Some(Fault::Engine) && !e.has_tokens);
+        let invalid =
+            summarise(br#"{"error":"Input validation error: `inputs` must not be empty","error_type":"validation"}"#);
+        assert_eq!(invalid.error, Some(Fault::Client));
         let body = summarise(br#"{"generated_text":"x","details":{"finish_reason":"length","generated_tokens":7}}"#);
-        assert_eq!(body.usage.unwrap().completion_tokens, Some(7));
+        assert_eq!(body.usage.unwrap().output_tokens, Some(7));
         let array = summarise(br#"[{"generated_text":"x","details":{"generated_tokens":3}}]"#);
-        assert_eq!(array.usage.unwrap().completion_tokens, Some(3));
+        assert_eq!(array.usage.unwrap().output_tokens, Some(3));
         assert_eq!(summarise(b"nope"), EventSummary::default());
     }
 }

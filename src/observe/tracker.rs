@@ -2,12 +2,13 @@
 //! records it exactly once, also when the client goes away (drop).
 
 use super::decode::{Decoder, Encoding};
-use super::openai::{self, EventSummary};
-use super::record::{Operation, Outcome, Protocol, RequestRecord};
+use super::event::EventSummary;
+use super::record::{Outcome, RequestRecord};
+use super::route::{Operation, Protocol};
 use super::stream::{CountSource, Counting, StreamObserver};
 use super::strip::UsageStripper;
-use super::tgi;
 use super::tokens::TokenCounter;
+use super::{messages, openai, responses, tgi};
 use crate::config::Engine;
 use crate::metrics::{GapRecorder, Metrics, RequestHandles, UnmeasuredReason};
 use crate::otel::context::TraceRef;
@@ -257,8 +258,10 @@ impl RequestTracker {
             ResponseKind::Stream(decoder, stripper) => {
                 decoder.sink_mut().now = now;
                 let decoded = decoder.write(frame);
-                if !self.handles.load.has_first_token() && decoder.sink().observer.first_token_event().is_some() {
-                    self.handles.load.first_token(now);
+                if let Some(load) = self.handles.load.as_mut() {
+                    if !load.has_first_token() && decoder.sink().observer.first_token_event().is_some() {
+                        load.first_token(now);
+                    }
                 }
                 if let (Ok(()), Some(stripper)) = (&decoded, stripper.as_mut()) {
                     let observer = &mut decoder.sink_mut().observer;
@@ -288,23 +291,12 @@ impl RequestTracker {
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
-        let mut record = RequestRecord {
-            model: self.handles.model.clone(),
-            operation: self.handles.operation,
-            outcome: Outcome::Success,
-            ttft: None,
-            tpot_per_choice: Vec::new(),
-            e2e: now - self.t0,
-            output_tokens: None,
-            input_tokens: None,
-            token_events: 0,
-            count_source: None,
-            load: Some(self.handles.load.load(now)),
-            trace: match &self.trace {
-                Trace::None => None,
-                Trace::Span(span) => span.trace(),
-                Trace::Client(trace) => Some(*trace),
-            },
+        let mut record = RequestRecord::new(self.handles.model.clone(), self.handles.operation, now - self.t0);
+        record.load = self.handles.load.as_ref().map(|load| load.load(now));
+        record.trace = match &self.trace {
+            Trace::None => None,
+            Trace::Span(span) => span.trace(),
+            Trace::Client(trace) => Some(*trace),
         };
         let mut first_event = None;
         let body_outcome = match &self.response {
@@ -334,12 +326,15 @@ impl RequestTracker {
                 let summary = match (sink.overflowed, self.handles.operation.protocol()) {
                     (true, _) => EventSummary::default(),
                     (false, Protocol::OpenAi) => openai::summarise(&sink.body),
+                    (false, Protocol::Responses) => responses::summarise_body(&sink.body),
+                    (false, Protocol::Messages) => messages::summarise_body(&sink.body),
                     (false, Protocol::Tgi) => tgi::summarise(&sink.body),
                 };
                 let usage = summary.usage.unwrap_or_default();
-                record.output_tokens = usage.completion_tokens;
-                record.input_tokens = usage.prompt_tokens;
-                summary.error.then_some(Outcome::UpstreamError)
+                record.output_tokens = usage.output_tokens;
+                record.input_tokens = usage.input_tokens;
+                record.reasoning_tokens = usage.reasoning_tokens;
+                summary.error.map(Outcome::of_fault)
             }
         };
         record.outcome = match (end, &self.response) {

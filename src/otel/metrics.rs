@@ -2,7 +2,8 @@
 //! attributes (`gen_ai.server.time_to_first_token`, …, `gen_ai.request.model`), plus llmslo's
 //! own counters; the same buckets as on `/metrics`. Recorded once per finished request.
 
-use crate::observe::record::{Operation, Outcome, RequestRecord};
+use crate::observe::record::{Outcome, RequestRecord};
+use crate::observe::route::Operation;
 use opentelemetry::metrics::{Counter, Histogram, Meter};
 use opentelemetry::KeyValue;
 use std::sync::Arc;
@@ -12,6 +13,8 @@ use std::sync::Arc;
 pub struct Boundaries {
     /// TTFT, seconds.
     pub ttft: Vec<f64>,
+    /// Time to first answer token, seconds.
+    pub answer_ttft: Vec<f64>,
     /// TPOT, seconds.
     pub tpot: Vec<f64>,
     /// End-to-end duration, seconds.
@@ -28,6 +31,7 @@ pub struct Boundaries {
 #[derive(Debug, Clone)]
 pub struct OtelMetrics {
     ttft: Histogram<f64>,
+    answer_ttft: Histogram<f64>,
     tpot: Histogram<f64>,
     duration: Histogram<f64>,
     token_usage: Histogram<u64>,
@@ -36,6 +40,7 @@ pub struct OtelMetrics {
     requests: Counter<u64>,
     output_tokens: Counter<u64>,
     input_tokens: Counter<u64>,
+    reasoning_tokens: Counter<u64>,
 }
 
 impl OtelMetrics {
@@ -47,6 +52,12 @@ impl OtelMetrics {
                 .with_unit("s")
                 .with_description("Time to generate the first token of a response")
                 .with_boundaries(boundaries.ttft)
+                .build(),
+            answer_ttft: meter
+                .f64_histogram("llmslo.time_to_first_answer_token")
+                .with_unit("s")
+                .with_description("Time to the first token of the answer itself, after any reasoning")
+                .with_boundaries(boundaries.answer_ttft)
                 .build(),
             tpot: meter
                 .f64_histogram("gen_ai.server.time_per_output_token")
@@ -93,6 +104,11 @@ impl OtelMetrics {
                 .with_unit("{token}")
                 .with_description("Input tokens read")
                 .build(),
+            reasoning_tokens: meter
+                .u64_counter("llmslo.reasoning_tokens")
+                .with_unit("{token}")
+                .with_description("Output tokens spent on reasoning, where the usage reports them")
+                .build(),
         }
     }
 
@@ -112,6 +128,12 @@ impl OtelMetrics {
         }
         if let Some(ttft) = record.ttft {
             self.ttft.record(ttft.as_secs_f64(), &common);
+        }
+        if let Some(answer) = record.answer_ttft {
+            self.answer_ttft.record(answer.as_secs_f64(), &common);
+        }
+        if let Some(n) = record.reasoning_tokens {
+            self.reasoning_tokens.add(n, &common);
         }
         for tpot in &record.tpot_per_choice {
             self.tpot.record(tpot.as_secs_f64(), &common);

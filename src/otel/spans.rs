@@ -4,7 +4,8 @@
 //! prompt, a completion or any other client string.
 
 use super::context::{self, TraceRef};
-use crate::observe::record::{Operation, Outcome, RequestRecord};
+use crate::observe::record::{Outcome, RequestRecord};
+use crate::observe::route::Operation;
 use http::HeaderMap;
 use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _};
 use opentelemetry::KeyValue;
@@ -73,6 +74,14 @@ impl RequestSpan {
             attributes.push(KeyValue::new("gen_ai.server.time_to_first_token", ttft.as_secs_f64()));
             self.span
                 .add_event_with_timestamp("gen_ai.first_token", self.started + ttft, Vec::new());
+        }
+        if let Some(answer) = record.answer_ttft {
+            attributes.push(KeyValue::new("llmslo.time_to_first_answer_token", answer.as_secs_f64()));
+            self.span
+                .add_event_with_timestamp("llmslo.first_answer_token", self.started + answer, Vec::new());
+        }
+        if let Some(n) = record.reasoning_tokens {
+            attributes.push(KeyValue::new("llmslo.usage.reasoning_tokens", n as i64));
         }
         if let Some(tpot) = record.tpot() {
             attributes.push(KeyValue::new("gen_ai.server.time_per_output_token", tpot.as_secs_f64()));

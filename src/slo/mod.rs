@@ -52,6 +52,7 @@ pub fn classify(slo: &Slo, record: &RequestRecord) -> Verdict {
             Outcome::ClientError | Outcome::ClientCancelled => Verdict::NotCounted,
         },
         SloKind::Ttft(threshold) => within(record.ttft, threshold),
+        SloKind::AnswerTtft(threshold) => within(record.answer_ttft, threshold),
         SloKind::Tpot(threshold) => within(record.tpot(), threshold),
         SloKind::E2e(threshold) => within(Some(record.e2e), threshold),
     }
@@ -405,7 +406,7 @@ impl Collector for SloCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::record::Operation;
+    use crate::observe::route::Operation;
     use spec::SloFile;
 
     const MIN: Duration = Duration::from_secs(60);
@@ -426,10 +427,12 @@ mod tests {
             operation: Operation::Chat,
             outcome,
             ttft: Some(Duration::from_millis(ttft_ms)),
+            answer_ttft: Some(Duration::from_millis(ttft_ms)),
             tpot_per_choice: vec![Duration::from_millis(tpot_ms)],
             e2e: Duration::from_secs(1),
             output_tokens: Some(10),
             input_tokens: Some(5),
+            reasoning_tokens: None,
             token_events: 10,
             count_source: None,
             load: None,

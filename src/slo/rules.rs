@@ -226,6 +226,10 @@ fn promise(slo: &Slo) -> String {
     let ms = |d: Duration| format!("{} ms", d.as_secs_f64() * 1e3);
     match slo.kind {
         SloKind::Ttft(d) => format!("{pct}% of successful streamed requests have TTFT <= {}", ms(d)),
+        SloKind::AnswerTtft(d) => format!(
+            "{pct}% of successful streamed requests have their first answer token (after reasoning) within {}",
+            ms(d)
+        ),
         SloKind::Tpot(d) => format!("{pct}% of successful streamed requests have TPOT <= {}", ms(d)),
         SloKind::E2e(d) => format!("{pct}% of successful requests complete within {}", ms(d)),
         SloKind::Availability => format!("{pct}% of requests are answered without an engine error"),

@@ -33,6 +33,9 @@ pub struct SloEntry {
     /// `ttft`: threshold on time to first token.
     #[serde(default, with = "humantime_serde")]
     pub ttft: Option<Duration>,
+    /// `answer_ttft`: threshold on time to the first token of the answer (after reasoning).
+    #[serde(default, with = "humantime_serde")]
+    pub answer_ttft: Option<Duration>,
     /// `tpot`: threshold on time per output token.
     #[serde(default, with = "humantime_serde")]
     pub tpot: Option<Duration>,
@@ -61,6 +64,9 @@ pub struct GoodputEntry {
 pub enum SloKind {
     /// Successful streamed requests with TTFT at most this.
     Ttft(Duration),
+    /// Successful streamed requests whose first answer token (after any reasoning) came
+    /// within this.
+    AnswerTtft(Duration),
     /// Successful streamed requests with TPOT at most this.
     Tpot(Duration),
     /// Successful requests that completed within this.
@@ -181,6 +187,7 @@ impl SloSet {
             }
             let kinds: Vec<SloKind> = [
                 entry.ttft.map(SloKind::Ttft),
+                entry.answer_ttft.map(SloKind::AnswerTtft),
                 entry.tpot.map(SloKind::Tpot),
                 entry.e2e.map(SloKind::E2e),
                 entry.availability.then_some(SloKind::Availability),
@@ -190,13 +197,24 @@ impl SloSet {
             .collect();
             let kind = match kinds.as_slice() {
                 [kind] => *kind,
-                [] => return invalid(key("name"), "needs one of ttft, tpot, e2e or availability: true"),
-                _ => return invalid(key("name"), "sets more than one of ttft, tpot, e2e and availability"),
+                [] => {
+                    return invalid(
+                        key("name"),
+                        "needs one of ttft, answer_ttft, tpot, e2e or availability: true",
+                    )
+                }
+                _ => {
+                    return invalid(
+                        key("name"),
+                        "sets more than one of ttft, answer_ttft, tpot, e2e and availability",
+                    )
+                }
             };
-            if let SloKind::Ttft(d) | SloKind::Tpot(d) | SloKind::E2e(d) = kind {
+            if let SloKind::Ttft(d) | SloKind::AnswerTtft(d) | SloKind::Tpot(d) | SloKind::E2e(d) = kind {
                 if d.is_zero() {
                     let field = match kind {
                         SloKind::Ttft(_) => "ttft",
+                        SloKind::AnswerTtft(_) => "answer_ttft",
                         SloKind::Tpot(_) => "tpot",
                         _ => "e2e",
                     };
@@ -251,6 +269,7 @@ mod tests {
     #[test]
     fn an_objective_must_be_a_percentage_whose_budget_a_page_can_burn() {
         let entry = |objective: f64| SloEntry {
+            answer_ttft: None,
             name: "s".into(),
             objective,
             ttft: Some(Duration::from_secs(1)),

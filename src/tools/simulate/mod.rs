@@ -1,13 +1,15 @@
 //! The built-in simulated engine: an OpenAI-compatible server shaped like vLLM, TGI (with
-//! its native generate API) or llama.cpp, with configurable TTFT and TPOT, several tokens
-//! per chunk, `n > 1`, reasoning deltas and injected faults. It is what the tests run
+//! its native generate API) or llama.cpp, serving chat, completions, embeddings and the
+//! Responses and Messages APIs, with configurable TTFT and TPOT, several tokens per chunk,
+//! `n > 1`, reasoning before the answer and injected faults. It is what the tests run
 //! against and what `llmslo demo` serves.
 
 pub mod batching;
 pub mod delay;
 pub mod shape;
+pub mod typed;
 
-use crate::observe::record::Operation;
+use crate::observe::route::Operation;
 use batching::{Batcher, BatchingOptions};
 use bytes::Bytes;
 use delay::Delay;
@@ -55,7 +57,8 @@ const WORDS: [&str; 16] = [
 pub struct SimOptions {
     /// The engine imitated.
     pub flavor: Flavor,
-    /// Output tokens sent as `reasoning_content` before the answer (chat only).
+    /// Output tokens sent as reasoning before the answer (chat's `reasoning_content`, a
+    /// Responses reasoning item, a Messages thinking block).
     pub reasoning_tokens: u32,
     /// Model names served; requests naming another get 404 like vLLM.
     pub models: Vec<String>,
@@ -116,6 +119,10 @@ struct GenerationRequest {
     stream: bool,
     max_tokens: Option<u32>,
     max_completion_tokens: Option<u32>,
+    /// The Responses API's limit.
+    max_output_tokens: Option<u32>,
+    /// The Responses API's input.
+    input: Option<serde_json::Value>,
     n: Option<u32>,
     stream_options: Option<StreamOptions>,
     messages: Option<Vec<serde_json::Value>>,
@@ -189,8 +196,11 @@ impl SimEngine {
             (Method::GET, "/info") if tgi => self.info(),
             (Method::POST, "/generate_stream" | "/generate") if !tgi => not_found(),
             (Method::POST, _) => match Operation::from_path(&path) {
-                Some(operation) => self.generate(request, operation, path == "/generate_stream").await,
-                None => not_found(),
+                Some(Operation::Embeddings) => self.embed(request).await,
+                Some(operation) if operation.is_generation() => {
+                    self.generate(request, operation, path == "/generate_stream").await
+                }
+                _ => not_found(),
             },
             _ => not_found(),
         };
@@ -242,23 +252,29 @@ impl SimEngine {
             Some(m) if self.options.models.iter().any(|served| served == m) => m.to_string(),
             Some(m) => {
                 let message = format!("The model `{m}` does not exist.");
-                return json_response(
-                    StatusCode::NOT_FOUND,
-                    error_body(&message, "NotFoundError", 404).to_string(),
-                );
+                let body = match operation {
+                    Operation::Messages => typed::messages::error_body("not_found_error", &message),
+                    _ => error_body(&message, "NotFoundError", 404),
+                };
+                return json_response(StatusCode::NOT_FOUND, body.to_string());
             }
         };
         let max_tokens = parsed
             .max_tokens
             .or(parsed.max_completion_tokens)
+            .or(parsed.max_output_tokens)
             .or(parsed.parameters.as_ref().and_then(|p| p.max_new_tokens))
             .unwrap_or(self.options.default_max_tokens);
         if max_tokens == 0 || max_tokens > 1_000_000 {
             return bad_request("max_tokens must be between 1 and 1000000");
         }
         let choices = parsed.n.unwrap_or(1);
-        if !(1..=16).contains(&choices) || (choices > 1 && operation == Operation::Generate) {
-            return bad_request("n must be between 1 and 16 (and 1 for /generate)");
+        let single = matches!(
+            operation,
+            Operation::Generate | Operation::Responses | Operation::Messages
+        );
+        if !(1..=16).contains(&choices) || (choices > 1 && single) {
+            return bad_request("n must be between 1 and 16 (and 1 for /generate, /v1/responses and /v1/messages)");
         }
         let serial = self.requests.fetch_add(1, Ordering::Relaxed);
         let mut rng = SmallRng::seed_from_u64(self.options.seed ^ serial.wrapping_mul(0x9E37_79B9_7F4A_7C15));
@@ -280,6 +296,8 @@ impl SimEngine {
             created: unix_now(),
             model,
             operation,
+            prompt_tokens: prompt_tokens(&parsed),
+            reasons_first: self.options.reasoning_tokens > 0 && operation != Operation::TextCompletion,
         };
         let plan = Plan {
             prompt_tokens: prompt_tokens(&parsed),
@@ -327,6 +345,8 @@ impl SimEngine {
             }
             let fault_at = plan.max_tokens / 2;
             let mut texts = vec![String::new(); plan.choices as usize];
+            // The block being streamed (reasoning or not) and its text, for the typed APIs.
+            let mut block: Option<(bool, String)> = None;
             let mut sent = 0;
             while sent < plan.max_tokens {
                 let Some(n) = pacer.next(plan.max_tokens - sent, &mut rng).await else {
@@ -343,30 +363,49 @@ impl SimEngine {
                     }
                     return;
                 }
-                let reasoning = shape.operation == Operation::Chat && sent < options.reasoning_tokens;
+                let reasoning = shape.reasons_first && sent < options.reasoning_tokens;
                 sent += n;
                 for (choice, all) in texts.iter_mut().enumerate() {
                     let text = words(&mut rng, n);
-                    all.push_str(&text);
+                    let mut event = match &block {
+                        Some((kind, _)) if *kind == reasoning => String::new(),
+                        Some((kind, previous)) => {
+                            shape.close_block(*kind, previous) + &shape.open_block(reasoning, false)
+                        }
+                        None => shape.open_block(reasoning, true),
+                    };
+                    if block.as_ref().is_none_or(|(kind, _)| *kind != reasoning) {
+                        block = Some((reasoning, String::new()));
+                    }
+                    if let Some((_, block_text)) = block.as_mut() {
+                        block_text.push_str(&text);
+                    }
+                    if !reasoning {
+                        all.push_str(&text);
+                    }
                     let finish = (sent == plan.max_tokens).then_some((all.as_str(), sent));
-                    if send(shape.token(choice as u32, sent, &text, reasoning, finish))
-                        .await
-                        .is_err()
-                    {
+                    event += &shape.token(choice as u32, sent, &text, reasoning, finish);
+                    if send(event).await.is_err() {
                         return; // the client went away
                     }
                 }
             }
             let completion_tokens = u64::from(plan.max_tokens) * u64::from(plan.choices);
-            if let Some(usage) = plan
-                .include_usage
-                .then(|| shape.usage(plan.prompt_tokens, completion_tokens))
-                .flatten()
-            {
-                let _ = send(usage).await;
-            }
-            if let Some(done) = shape.done() {
-                let _ = send(done).await;
+            let reasoning_tokens =
+                u64::from(options.reasoning_tokens.min(plan.max_tokens)) * u64::from(shape.reasons_first);
+            let (last_kind, last_text) = block.unwrap_or_default();
+            let answer = texts.first().map_or("", String::as_str);
+            let closing = shape.closing(
+                plan.include_usage,
+                completion_tokens,
+                reasoning_tokens,
+                (last_kind, &last_text),
+                answer,
+            );
+            for event in closing {
+                if send(event).await.is_err() {
+                    return;
+                }
             }
         });
         Response::builder()
@@ -386,6 +425,33 @@ impl SimEngine {
                 per_chunk: self.options.tokens_per_chunk.max(1),
             },
         }
+    }
+
+    /// Answers `/v1/embeddings` after the time to first token: one small vector per input.
+    async fn embed(&self, request: Request<Incoming>) -> Response<SimBody> {
+        let body = match Limited::new(request.into_body(), MAX_REQUEST_BYTES).collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(_) => return bad_request("request body too large or unreadable"),
+        };
+        let parsed: GenerationRequest = match serde_json::from_slice(&body) {
+            Ok(parsed) => parsed,
+            Err(e) => return bad_request(&format!("invalid JSON body: {e}")),
+        };
+        let serial = self.requests.fetch_add(1, Ordering::Relaxed);
+        let mut rng = SmallRng::seed_from_u64(self.options.seed ^ serial.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        if self.draw_fault(&mut rng) != Fault::None {
+            let body = error_body("simulated engine failure", "InternalServerError", 500);
+            return json_response(StatusCode::INTERNAL_SERVER_ERROR, body.to_string());
+        }
+        tokio::time::sleep(self.options.ttft.sample(&mut rng)).await;
+        let tokens = prompt_tokens(&parsed);
+        let answer = serde_json::json!({
+            "object": "list",
+            "model": parsed.model.unwrap_or_else(|| self.options.models[0].clone()),
+            "data": [{"object": "embedding", "index": 0, "embedding": [0.25, -0.5, 0.125, 1.0]}],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        });
+        json_response(StatusCode::OK, answer.to_string())
     }
 
     /// Waits as long as generating all tokens takes, then answers with one JSON body.
@@ -470,6 +536,7 @@ fn prompt_tokens(request: &GenerationRequest) -> u64 {
         .prompt
         .as_ref()
         .or(request.inputs.as_ref())
+        .or(request.input.as_ref())
         .map_or(0, count_chars);
     ((messages + prompt) / 4).max(1)
 }

@@ -1,7 +1,9 @@
 //! The engine-specific shapes of the simulated engine's answers: vLLM, TGI (its OpenAI
-//! routes and its native generate API) and llama.cpp.
+//! routes and its native generate API) and llama.cpp; the Responses and Messages APIs as
+//! vLLM serves them (in `typed`).
 
-use crate::observe::record::Operation;
+use super::typed::{messages, responses};
+use crate::observe::route::Operation;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::io;
@@ -45,8 +47,12 @@ pub struct Shape {
     pub created: u64,
     /// The served model name.
     pub model: String,
-    /// Chat, completions or TGI's native generate.
+    /// Chat, completions, TGI's native generate, Responses or Messages.
     pub operation: Operation,
+    /// Prompt tokens, which the Messages API states in its first event.
+    pub prompt_tokens: u64,
+    /// Whether the answer is preceded by reasoning (its own item or block).
+    pub reasons_first: bool,
 }
 
 impl Shape {
@@ -54,7 +60,7 @@ impl Shape {
         match (self.operation, streaming) {
             (Operation::Chat, true) => "chat.completion.chunk",
             (Operation::Chat, false) => "chat.completion",
-            (Operation::TextCompletion | Operation::Generate, _) => "text_completion",
+            _ => "text_completion",
         }
     }
 
@@ -79,6 +85,9 @@ impl Shape {
 
     /// The events before the first token: a role-only chunk per choice where the engine sends one.
     pub fn opening(&self, choices: u32) -> Vec<String> {
+        if self.operation == Operation::Responses {
+            return responses::opening(self);
+        }
         let role = match (self.flavor, self.operation) {
             (Flavor::Vllm, Operation::Chat) => json!({"role": "assistant", "content": ""}),
             (Flavor::Llamacpp, Operation::Chat) => json!({"role": "assistant", "content": null}),
@@ -92,11 +101,44 @@ impl Shape {
             .collect()
     }
 
-    /// An event carrying `text` for one choice; `reasoning` puts it in `reasoning_content`.
-    /// `step` numbers TGI's tokens; `finish` (with the whole text for TGI) marks the last.
+    /// The index of the Responses output item or Messages content block of the reasoning
+    /// (0) or the answer (after the reasoning, if any).
+    fn block_index(&self, reasoning: bool) -> u32 {
+        u32::from(!reasoning && self.reasons_first)
+    }
+
+    /// The events that open a reasoning or answer block of the typed APIs (Messages: with
+    /// `message_start` before the first); nothing for the others.
+    pub fn open_block(&self, reasoning: bool, first: bool) -> String {
+        let index = self.block_index(reasoning);
+        match self.operation {
+            Operation::Responses => responses::open(reasoning, index),
+            Operation::Messages if first => {
+                messages::start(self, self.prompt_tokens) + &messages::open(reasoning, index)
+            }
+            Operation::Messages => messages::open(reasoning, index),
+            _ => String::new(),
+        }
+    }
+
+    /// The events that close a reasoning or answer block whose whole text is `text`.
+    pub fn close_block(&self, reasoning: bool, text: &str) -> String {
+        let index = self.block_index(reasoning);
+        match self.operation {
+            Operation::Responses => responses::close(reasoning, index, text),
+            Operation::Messages => messages::close(index),
+            _ => String::new(),
+        }
+    }
+
+    /// An event carrying `text` for one choice; `reasoning` puts it in `reasoning_content`
+    /// (a reasoning item or thinking block in the typed APIs). `step` numbers TGI's tokens;
+    /// `finish` (with the whole text for TGI) marks the last.
     pub fn token(&self, choice: u32, step: u32, text: &str, reasoning: bool, finish: Option<(&str, u32)>) -> String {
         let finish_reason = finish.map(|_| "length");
         let value = match self.operation {
+            Operation::Responses => return responses::delta(reasoning, self.block_index(reasoning), text),
+            Operation::Messages => return messages::delta(reasoning, self.block_index(reasoning), text),
             Operation::Generate => json!({
                 "index": step,
                 "token": {"id": step, "text": text, "logprob": -0.25, "special": false},
@@ -106,7 +148,7 @@ impl Shape {
             Operation::TextCompletion => self.chunk(json!([
                 {"index": choice, "text": text, "logprobs": null, "finish_reason": finish_reason}
             ])),
-            Operation::Chat => {
+            _ => {
                 let key = if reasoning { "reasoning_content" } else { "content" };
                 let mut delta = json!({ key: text });
                 if self.flavor == Flavor::Tgi {
@@ -120,7 +162,7 @@ impl Shape {
 
     /// The usage-only chunk, where this engine sends one.
     pub fn usage(&self, prompt_tokens: u64, completion_tokens: u64) -> Option<String> {
-        if !self.flavor.sends_usage() || self.operation == Operation::Generate {
+        if !self.flavor.sends_usage() || !matches!(self.operation, Operation::Chat | Operation::TextCompletion) {
             return None;
         }
         let mut chunk = self.chunk(json!([]));
@@ -128,14 +170,46 @@ impl Shape {
         Some(self.event(&chunk))
     }
 
-    /// The closing sentinel (TGI's native stream has none).
+    /// The closing sentinel (TGI's native stream and the typed APIs have none).
     pub fn done(&self) -> Option<String> {
-        (self.operation != Operation::Generate).then(|| "data: [DONE]\n\n".to_string())
+        matches!(self.operation, Operation::Chat | Operation::TextCompletion).then(|| "data: [DONE]\n\n".to_string())
+    }
+
+    /// The events after the last token: the usage chunk when asked for and `[DONE]`; for the
+    /// typed APIs, the last block's close and the terminal events with usage.
+    /// `last_block` is the last block's kind (reasoning or not) and whole text.
+    pub fn closing(
+        &self,
+        include_usage: bool,
+        output_tokens: u64,
+        reasoning_tokens: u64,
+        last_block: (bool, &str),
+        answer: &str,
+    ) -> Vec<String> {
+        let close = self.close_block(last_block.0, last_block.1);
+        match self.operation {
+            Operation::Responses => {
+                let usage = responses::usage(self.prompt_tokens, output_tokens, reasoning_tokens);
+                vec![close + &responses::completed(self, answer, usage)]
+            }
+            Operation::Messages => vec![close + &messages::end(self.prompt_tokens, output_tokens)],
+            _ => [
+                include_usage
+                    .then(|| self.usage(self.prompt_tokens, output_tokens))
+                    .flatten(),
+                self.done(),
+            ]
+            .into_iter()
+            .flatten()
+            .collect(),
+        }
     }
 
     /// An error event in the middle of a stream.
     pub fn error(&self) -> String {
         match self.operation {
+            Operation::Responses => responses::failed(self),
+            Operation::Messages => messages::overloaded(),
             Operation::Generate => self.event(&json!({
                 "error": "Request failed during generation: simulated failure",
                 "error_type": "incomplete_generation_stream",
@@ -146,6 +220,17 @@ impl Shape {
 
     /// A whole non-streaming answer with one text per choice.
     pub fn whole(&self, texts: &[String], prompt_tokens: u64, completion_tokens: u64) -> Value {
+        let first = texts.first().map_or("", String::as_str);
+        match self.operation {
+            Operation::Responses => {
+                let output = json!([{"id": "msg_sim", "type": "message", "role": "assistant", "status": "completed",
+                                     "content": [{"type": "output_text", "text": first, "annotations": []}]}]);
+                let usage = responses::usage(prompt_tokens, completion_tokens, 0);
+                return responses::object(self, "incomplete", output, usage);
+            }
+            Operation::Messages => return messages::whole(self, first, prompt_tokens, completion_tokens),
+            _ => {}
+        }
         let choices: Vec<Value> = texts
             .iter()
             .enumerate()
@@ -234,6 +319,8 @@ mod tests {
             created: 1,
             model: "m".into(),
             operation,
+            prompt_tokens: 5,
+            reasons_first: false,
         }
     }
 

@@ -2,7 +2,8 @@
 //! observer (DESIGN §2), from the moment the request is sent.
 
 use super::prompts::Prompt;
-use crate::observe::record::{Operation, Outcome, Protocol, RequestRecord};
+use crate::observe::record::{Outcome, RequestRecord};
+use crate::observe::route::{Operation, Protocol};
 use crate::observe::stream::StreamObserver;
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, StatusCode, Uri};
@@ -145,10 +146,12 @@ impl Requester {
                 operation: self.shape.endpoint.operation(),
                 outcome: Outcome::Success,
                 ttft: None,
+                answer_ttft: None,
                 tpot_per_choice: Vec::new(),
                 e2e: Duration::ZERO,
                 output_tokens: None,
                 input_tokens: None,
+                reasoning_tokens: None,
                 token_events: 0,
                 count_source: None,
                 load: None,

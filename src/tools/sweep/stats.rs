@@ -273,12 +273,14 @@ fn shortfall(a: &Attainment) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::record::{Operation, RequestRecord};
+    use crate::observe::record::RequestRecord;
+    use crate::observe::route::Operation;
     use crate::slo::spec::{GoodputEntry, SloEntry, SloFile};
     use tokio::time::Instant;
 
     fn slos(require: &[&str]) -> SloSet {
         let entry = |name: &str, ttft: Option<u64>, tpot: Option<u64>| SloEntry {
+            answer_ttft: None,
             name: name.into(),
             objective: 99.0,
             ttft: ttft.map(Duration::from_millis),
@@ -304,10 +306,12 @@ mod tests {
                 operation: Operation::Chat,
                 outcome,
                 ttft: Some(Duration::from_millis(ttft_ms)),
+                answer_ttft: Some(Duration::from_millis(ttft_ms)),
                 tpot_per_choice: vec![Duration::from_millis(tpot_ms)],
                 e2e: Duration::from_millis(ttft_ms + tpot_ms * (tokens - 1)),
                 output_tokens: Some(tokens),
                 input_tokens: Some(10),
+                reasoning_tokens: None,
                 token_events: tokens,
                 count_source: None,
                 load: None,

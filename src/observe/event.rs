@@ -1,0 +1,216 @@
+//! What one stream event (or one whole JSON answer) means for measurement, whatever the
+//! wire protocol: each interpreter (`openai`, `responses`, `messages`, `tgi`) reduces its
+//! events to an [`EventSummary`], and the stream observer only reads summaries.
+
+use serde::{Deserialize, Deserializer};
+use serde_json::Value;
+use std::borrow::Cow;
+
+/// Token counts an answer reports, under whatever names its protocol uses.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Prompt tokens (`prompt_tokens`, `input_tokens`; `total_tokens` for pooling answers).
+    pub input_tokens: Option<u64>,
+    /// Generated tokens (`completion_tokens`, `output_tokens`, TGI's `generated_tokens`).
+    pub output_tokens: Option<u64>,
+    /// Generated tokens spent on reasoning, where the usage says (`reasoning_tokens`).
+    pub reasoning_tokens: Option<u64>,
+}
+
+impl Usage {
+    /// `self` with every count `newer` states replaced (the Messages API states input tokens
+    /// in its first event and output tokens in its last; continuous usage restates both).
+    pub fn merged(self, newer: Usage) -> Usage {
+        Usage {
+            input_tokens: newer.input_tokens.or(self.input_tokens),
+            output_tokens: newer.output_tokens.or(self.output_tokens),
+            reasoning_tokens: newer.reasoning_tokens.or(self.reasoning_tokens),
+        }
+    }
+}
+
+/// Whose fault an error reported inside a successful answer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The request was invalid (code 400/422, `invalid_request_error`, `BadRequestError`):
+    /// `client_error`, never counted against the engine.
+    Client,
+    /// Overload, an internal error, or anything not known to be the client's: `upstream_error`.
+    Engine,
+}
+
+/// What one stream event means for measurement.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EventSummary {
+    /// The event carries at least one generated token (possibly held-back, empty text).
+    pub has_tokens: bool,
+    /// The event carries visible generated content of any kind: the first such event is the
+    /// first token.
+    pub visible: bool,
+    /// The visible content includes the answer itself (not reasoning, not a tool call's
+    /// arguments): the first such event is the first answer token.
+    pub answer: bool,
+    /// The `index` of the choice that carried the tokens (the first one, when several did).
+    pub choice: u32,
+    /// Tokens the event states explicitly (`token_ids` or `logprobs.content` lengths), if any.
+    pub explicit_tokens: Option<u64>,
+    /// Characters of generated text the event carries, where the protocol sends no empty
+    /// deltas for held-back tokens (Responses, Messages): how the first delta's share of the
+    /// tokens is estimated.
+    pub text_chars: u32,
+    /// The event's usage, if any (the usage-only chunk, continuous usage, a terminal event).
+    pub usage: Option<Usage>,
+    /// The event is a usage-only chunk (`choices: []` with usage).
+    pub usage_only: bool,
+    /// The event reports an error, and whose fault it is.
+    pub error: Option<Fault>,
+    /// The event ends the stream (`[DONE]`, TGI's final event, `response.completed`,
+    /// `message_stop`).
+    pub done: bool,
+    /// Its only token-carrying choices hold empty text and a `finish_reason`: a held-back
+    /// last token for vLLM, no token at all for llama.cpp.
+    pub finish_only: bool,
+    /// The engine sends this event with the first generated token although it carries no
+    /// text (vLLM's Messages `message_start`): where the decode clock starts.
+    pub first_token_mark: bool,
+    /// The event closes generated output (a Responses `*.done`, a Messages
+    /// `content_block_stop` or `message_delta`): it is sent with the last generated token,
+    /// whose text may have been held back from every delta.
+    pub generation_end: bool,
+}
+
+/// Whose fault the error payload `error` is: an OpenAI `{"message", "type", "code"}` object,
+/// an Anthropic `{"type": "error", "error": {"type"}}` event, a Responses `error` event or
+/// `response.error`, or a bare string (TGI).
+pub fn fault_of(error: &Value) -> Fault {
+    let inner = error.get("error").filter(|e| e.is_object()).unwrap_or(error);
+    let code = inner.get("code").or_else(|| error.get("code"));
+    let status = code.and_then(|c| c.as_u64().or_else(|| c.as_str()?.parse().ok()));
+    if let Some(status) = status {
+        // 408 and 429 say the engine could not keep up, not that the request was wrong.
+        let client = (400..500).contains(&status) && status != 408 && status != 429;
+        return if client { Fault::Client } else { Fault::Engine };
+    }
+    let names = [
+        inner.get("type"),
+        code,
+        error.get("type").filter(|_| !std::ptr::eq(inner, error)),
+    ];
+    let client = names
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+        .any(is_client_error_name);
+    if client {
+        Fault::Client
+    } else {
+        Fault::Engine
+    }
+}
+
+/// Error type or code names that say the request itself was invalid, compared without case,
+/// `_`, `-` or spaces (`invalid_request_error`, `BadRequestError`, `Bad Request`).
+fn is_client_error_name(name: &str) -> bool {
+    const CLIENT: [&str; 14] = [
+        "invalidrequesterror",
+        "invalidrequest",
+        "badrequesterror",
+        "badrequest",
+        "notfounderror",
+        "notfound",
+        "authenticationerror",
+        "permissionerror",
+        "requesttoolarge",
+        "unprocessableentity",
+        "unprocessableentityerror",
+        "validationerror",
+        "invalidprompt",
+        "contextlengthexceeded",
+    ];
+    let folded: String = name
+        .chars()
+        .filter(|c| !matches!(c, '_' | '-' | ' '))
+        .flat_map(char::to_lowercase)
+        .collect();
+    CLIENT.contains(&folded.as_str())
+}
+
+/// The event's type: its `event:` field, or the `type` its data states when it has none.
+pub fn event_name<'a>(event_type: &'a [u8], data: &[u8]) -> Cow<'a, [u8]> {
+    if !event_type.is_empty() {
+        return Cow::Borrowed(event_type);
+    }
+    let stated = sonic_rs::get(data, ["type"])
+        .ok()
+        .and_then(|value| sonic_rs::JsonValueTrait::as_str(&value).map(|s| s.as_bytes().to_vec()));
+    Cow::Owned(stated.unwrap_or_default())
+}
+
+/// The length in characters of a JSON string, learned without keeping it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TextChars(pub u32);
+
+impl<'de> Deserialize<'de> for TextChars {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct CharsVisitor;
+        impl serde::de::Visitor<'_> for CharsVisitor {
+            type Value = TextChars;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<TextChars, E> {
+                Ok(TextChars(u32::try_from(s.chars().count()).unwrap_or(u32::MAX)))
+            }
+        }
+        d.deserialize_str(CharsVisitor)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn invalid_requests_are_the_clients_fault() {
+        for error in [
+            json!({"message": "logprobs", "type": "BadRequestError", "param": "logprobs", "code": 400}),
+            json!({"message": "x", "type": "Bad Request", "code": 422}),
+            json!({"type": "error", "error": {"type": "invalid_request_error", "message": "x"}}),
+            json!({"type": "error", "code": "invalid_prompt", "message": "x"}),
+            json!({"code": "400", "message": "as a string"}),
+            json!({"type": "NotFoundError", "message": "x"}),
+        ] {
+            assert_eq!(fault_of(&error), Fault::Client, "{error}");
+        }
+    }
+
+    #[test]
+    fn overload_internal_and_unknown_errors_are_the_engines() {
+        for error in [
+            json!({"type": "error", "error": {"type": "overloaded_error", "message": "x"}}),
+            json!({"message": "x", "type": "InternalServerError", "code": 500}),
+            json!({"code": "server_error", "message": "x"}),
+            json!({"message": "slow down", "code": 429}),
+            json!({"message": "x", "code": 408, "type": "BadRequestError"}),
+            json!("Request failed during generation"),
+            json!({}),
+        ] {
+            assert_eq!(fault_of(&error), Fault::Engine, "{error}");
+        }
+    }
+
+    #[test]
+    fn usage_merges_newer_counts_over_older() {
+        let start = Usage {
+            input_tokens: Some(41),
+            ..Usage::default()
+        };
+        let end = Usage {
+            output_tokens: Some(32),
+            ..Usage::default()
+        };
+        let merged = start.merged(end);
+        assert_eq!((merged.input_tokens, merged.output_tokens), (Some(41), Some(32)));
+    }
+}
