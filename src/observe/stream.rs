@@ -46,7 +46,8 @@ struct Facts {
     first_answer: Option<Instant>,
     /// An event sent with the first generated token although it carries no text (§3).
     first_token_mark: Option<Instant>,
-    /// The latest event after the first token that closes generated output.
+    /// The first event since the last token event that closes generated output: when the
+    /// last token was generated, if its text was held back.
     generation_end: Option<Instant>,
     choices: Vec<ChoiceFacts>,
     token_events: u64,
@@ -280,9 +281,9 @@ impl StreamObserver {
     /// that `n` tokens arrive in fewer deltas. The decode clock starts at the first token:
     /// an event that marks it (vLLM's `message_start`), when its lead over the first delta
     /// fits the held-back tokens; else the first delta, counted as the tokens it carries
-    /// (the tokenizer's count of its text, or one plus its share, by characters, of the tokens
-    /// that had no delta of their own). It stops at the last token: the last delta, or the
-    /// later event that closes the output when the last tokens' text was held back to the end.
+    /// (the tokenizer's count of its text; without one, its own token plus its share, by
+    /// characters of text, of the tokens that had no delta of their own). It stops at the last token: the last delta, or the first event after it that
+    /// closes the output, when the last tokens' text was held back to the end.
     fn delta_tpot(&self, choice: &ChoiceFacts, n: u64) -> Option<Duration> {
         let (first, last) = (choice.first?, choice.last?);
         let last = self.facts.generation_end.map_or(last, |end| end.max(last));
@@ -317,7 +318,10 @@ impl StreamObserver {
         match counted {
             Some(tokens) => tokens.max(1),
             None if choice.chars == 0 => 1,
-            None => 1 + (held_back as f64 * f64::from(choice.first_chars) / choice.chars as f64).round() as u64,
+            None => {
+                let share = f64::from(choice.first_chars) / choice.chars as f64;
+                1 + (held_back as f64 * share).round() as u64
+            }
         }
     }
 
@@ -402,11 +406,12 @@ impl Facts {
             self.first_token_mark.get_or_insert(now);
         }
         if summary.generation_end && self.first_token_event.is_some() {
-            self.generation_end = Some(now);
+            self.generation_end.get_or_insert(now);
         }
         if !summary.has_tokens {
             return;
         }
+        self.generation_end = None;
         self.first_token_event.get_or_insert(now);
         self.token_events += 1;
         match summary.explicit_tokens {
