@@ -727,6 +727,45 @@ mod tests {
         assert_eq!(vllm.summary().token_events, 4);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_message_start_sent_before_prefill_does_not_start_the_decode_clock() {
+        // Anthropic's own API sends `message_start` at once; the first token comes 500 ms later.
+        let t0 = Instant::now();
+        let mut obs = StreamObserver::new(Protocol::Messages, 1 << 20, false);
+        let at = |ms| t0 + Duration::from_millis(ms);
+        obs.feed(b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":9}}}\n\n", at(0), |_| {});
+        for i in 0..5 {
+            let delta = b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"a\"}}\n\n";
+            obs.feed(delta, at(500 + 10 * i), |_| {});
+        }
+        let end = b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":5}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+        obs.feed(end, at(540), |_| {});
+        let s = obs.summary();
+        assert_eq!(s.first_token, Some(at(500)));
+        assert_eq!(s.input_tokens, Some(9));
+        assert_eq!(s.tpot_per_choice, [Duration::from_millis(10)], "prefill is not decode");
+        assert!(s.saw_done);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_tokenizer_the_first_delta_takes_its_share_of_the_held_back_tokens() {
+        // 10 tokens in 6 deltas: 4 held back. The first delta holds 4 of the 14 characters.
+        let t0 = Instant::now();
+        let mut obs = StreamObserver::new(Protocol::Responses, 1 << 20, false);
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let delta = |text: &str| format!("event: response.output_text.delta\ndata: {{\"delta\":\"{text}\"}}\n\n");
+        obs.feed(delta("abcd").as_bytes(), at(100), |_| {});
+        for i in 1..6 {
+            obs.feed(delta("ef").as_bytes(), at(100 + 20 * i), |_| {});
+        }
+        let completed = b"event: response.completed\ndata: {\"response\":{\"status\":\"completed\",\"usage\":{\"output_tokens\":10}}}\n\n";
+        obs.feed(completed, at(200), |_| {});
+        let s = obs.summary();
+        // 1 + round(4 x 4 / 14) = 2 tokens in the first delta: 100 ms over 10 - 2 steps.
+        assert_eq!(s.tpot_per_choice, [Duration::from_micros(12_500)]);
+        assert_eq!(s.first_answer_token, Some(at(100)));
+    }
+
     #[test]
     fn usage_only_spans_are_marked_only_when_stripping() {
         let stream = b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"completion_tokens\":1}}\n\ndata: [DONE]\n\n";

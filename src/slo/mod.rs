@@ -209,7 +209,9 @@ impl SloEngine {
         let set = self.set();
         let now = Instant::now();
         let verdicts: Vec<Verdict> = set.slos.iter().map(|slo| classify(slo, record)).collect();
-        let valid = !matches!(record.outcome, Outcome::ClientError | Outcome::ClientCancelled);
+        // Goodput is generation's: embeddings and other pooling work are judged by their SLOs only.
+        let valid = record.operation.is_generation()
+            && !matches!(record.outcome, Outcome::ClientError | Outcome::ClientCancelled);
         let good = is_goodput(&set, record, &verdicts);
         let tokens = if good { record.output_tokens.unwrap_or(0) } else { 0 };
 
@@ -604,6 +606,58 @@ mod tests {
         assert!(text.contains("llmslo_slo_events_total{slo=\"ttft\",model=\"m\"} 3"));
         assert!(text.contains("llmslo_slo_error_ratio{slo=\"avail\",model=\"m\",window=\"5m\"} NaN"));
         assert!(text.contains("llmslo_slo_window_coverage_ratio{window=\"3d\"} 0.0"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn pooling_work_counts_for_availability_but_not_for_goodput() {
+        let engine = engine();
+        send(&engine, 30, &request(Outcome::Success, 100, 10));
+        let mut embedding = request(Outcome::Success, 0, 0);
+        embedding.operation = Operation::Embeddings;
+        (embedding.ttft, embedding.answer_ttft, embedding.output_tokens) = (None, None, None);
+        embedding.tpot_per_choice.clear();
+        send(&engine, 10, &embedding);
+        send(
+            &engine,
+            10,
+            &RequestRecord {
+                outcome: Outcome::UpstreamError,
+                ..embedding.clone()
+            },
+        );
+        let s = engine.snapshot(Instant::now());
+        assert!(
+            close(ratio(&s, "avail", "5m"), 10.0 / 50.0),
+            "every route answers to availability"
+        );
+        assert!(
+            close(ratio(&s, "ttft", "5m"), 0.0),
+            "only streamed generation has a TTFT"
+        );
+        assert!(close(per_model(&s.attainment, "5m"), 1.0), "goodput is generation's");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn answer_ttft_judges_the_first_answer_token() {
+        let file: SloFile =
+            serde_yaml::from_str("slos:\n  - {name: answer, objective: 99, answer_ttft: 2s}\n").unwrap();
+        let set = SloSet::validate(None, None, Some(1), file).unwrap();
+        let slo = &set.slos[0];
+        let mut reasoned = request(Outcome::Success, 300, 10);
+        reasoned.answer_ttft = Some(Duration::from_millis(2500));
+        assert_eq!(
+            classify(slo, &reasoned),
+            Verdict::Bad,
+            "a long reasoning before the answer"
+        );
+        reasoned.answer_ttft = Some(Duration::from_secs(2));
+        assert_eq!(classify(slo, &reasoned), Verdict::Good);
+        reasoned.answer_ttft = None;
+        assert_eq!(
+            classify(slo, &reasoned),
+            Verdict::NotCounted,
+            "a tool call alone has no answer token"
+        );
     }
 
     #[tokio::test(start_paused = true)]
