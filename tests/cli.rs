@@ -178,6 +178,13 @@ fn demo_runs_and_prints_a_table() {
         String::from_utf8_lossy(&output.stderr)
     );
     assert!(stdout.contains("TTFT p99") && stdout.contains("TPOT p50"), "{stdout}");
+    for api in ["chat", "responses", "messages"] {
+        assert!(
+            stdout.lines().any(|l| l.starts_with(api)),
+            "the demo speaks {api}: {stdout}"
+        );
+    }
+    assert!(stdout.contains("answer p50"), "{stdout}");
     let last_row = stdout.lines().rev().find(|l| l.starts_with("llama-sim-8b")).unwrap();
     let requests: u64 = last_row.split_whitespace().nth(1).unwrap().parse().unwrap();
     assert!(requests > 0, "{stdout}");

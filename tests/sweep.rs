@@ -99,6 +99,37 @@ async fn auto_finds_the_analytic_knee_exactly_under_paused_time() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_responses_and_messages_apis_find_the_same_knee() {
+    let (engine, stop) = start_engine(knee_40_engine()).await;
+    for endpoint in [Endpoint::Responses, Endpoint::Messages] {
+        let options = SweepOptions {
+            endpoint,
+            ..options(format!("http://{engine}"), LoadPlan::Auto { max: 1024 })
+        };
+        let report = llmslo::tools::sweep::run(options).await.unwrap();
+        assert_eq!(
+            report.knee.load,
+            Some(Load::Concurrency(40)),
+            "{endpoint:?}: {}",
+            report.render()
+        );
+        for step in &report.steps {
+            assert_eq!(step.failed(), 0, "{endpoint:?}");
+            let Load::Concurrency(c) = step.load else { panic!() };
+            let expected = (10.0 + 0.5 * c as f64) / 1e3;
+            assert!(
+                (step.tpot.p50 - expected).abs() / expected < 0.02,
+                "{endpoint:?} c={c}: {:?}",
+                step.tpot
+            );
+        }
+        let name = format!("{endpoint:?}").to_lowercase();
+        assert!(report.render().contains(&format!("({name} endpoint)")));
+    }
+    stop.cancel();
+}
+
+#[tokio::test(start_paused = true)]
 async fn poisson_steps_report_the_arrival_rate_and_the_knee() {
     let (engine, stop) = start_engine(knee_40_engine()).await;
     let mut options = options(format!("http://{engine}"), LoadPlan::Rate(vec![5.0, 20.0, 120.0]));

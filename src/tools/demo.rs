@@ -1,6 +1,7 @@
-//! `llmslo demo`: a continuous-batching simulated engine, the sidecar in front of it, a
-//! streaming load that ramps up past the engine's knee and back, and a live view of what the
-//! sidecar measures, read from its own `/metrics`: latency percentiles the way Prometheus's
+//! `llmslo demo`: a continuous-batching simulated engine that reasons before it answers,
+//! the sidecar in front of it, a streaming load over the chat, Responses and Messages APIs
+//! that ramps up past the engine's knee and back, and a live view of what the sidecar
+//! measures, read from its own `/metrics`: latency percentiles the way Prometheus's
 //! `histogram_quantile` computes them, and each SLO's attainment, burn rate and budget.
 
 use crate::config::Config;
@@ -43,6 +44,16 @@ pub struct DemoOptions {
 
 const MODELS: [&str; 2] = ["llama-sim-8b", "qwen-sim-1.5b"];
 
+/// The APIs the demo's clients speak in turn: (route, `operation` label).
+const APIS: [(&str, &str); 3] = [
+    ("/v1/chat/completions", "chat"),
+    ("/v1/responses", "responses"),
+    ("/v1/messages", "messages"),
+];
+
+/// Output tokens the demo engine reasons for before each answer.
+const REASONING_TOKENS: u32 = 6;
+
 /// The demo engine's batching: TPOT is 15 ms + 1.5 ms per running sequence, so the 50 ms TPOT
 /// SLO holds up to about 23 concurrent streams: the knee the ramp goes past.
 const DEMO_BATCHING: BatchingOptions = BatchingOptions {
@@ -74,6 +85,7 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
         error_rate: 0.0005,
         midstream_error_rate: 0.0005,
         batching: Some(DEMO_BATCHING),
+        reasoning_tokens: REASONING_TOKENS,
         ..SimOptions::default()
     });
     let engine_task = tokio::spawn(engine.serve(engine_listener, shutdown.clone()));
@@ -143,10 +155,11 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
                 let text = scrape(&client, sidecar.metrics_addr).await?;
                 let clients = active.load(Ordering::Relaxed);
                 let view = format!(
-                    "{:.0?} in, {clients} of {} clients streaming\n\n{}{}",
+                    "{:.0?} in, {clients} of {} clients streaming\n\n{}{}{}",
                     started.elapsed(),
                     options.concurrency,
                     render_table(&text, &mut previous),
+                    render_apis(&text),
                     render_slos(&text),
                 );
                 if redraw {
@@ -184,8 +197,8 @@ fn clients_at(elapsed: Duration, peak: usize, ramp: Duration) -> usize {
     low + ((peak - low) as f64 * height).round() as usize
 }
 
-/// One client: streams chat completions back to back until `shutdown`, while the ramp has
-/// it among the active ones.
+/// One client: streams requests back to back on its API (chat, Responses or Messages, by
+/// worker) until `shutdown`, while the ramp has it among the active ones.
 async fn stream_forever(
     client: DemoClient,
     proxy: SocketAddr,
@@ -204,13 +217,17 @@ async fn stream_forever(
             let mut rng = rand::rng();
             (MODELS[worker % MODELS.len()], rng.random_range(16..=96))
         };
-        let body = serde_json::json!({
-            "model": model,
-            "messages": [{"role": "user", "content": "Tell me about latency."}],
-            "max_tokens": max_tokens,
-            "stream": true,
-        });
-        let request = Request::post(format!("http://{proxy}/v1/chat/completions"))
+        let (route, operation) = APIS[worker % APIS.len()];
+        let question = serde_json::json!([{"role": "user", "content": "Tell me about latency."}]);
+        let body = match operation {
+            "responses" => serde_json::json!({
+                "model": model, "input": question, "max_output_tokens": max_tokens, "stream": true,
+            }),
+            _ => serde_json::json!({
+                "model": model, "messages": question, "max_tokens": max_tokens, "stream": true,
+            }),
+        };
+        let request = Request::post(format!("http://{proxy}{route}"))
             .header(header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body.to_string())))
             .expect("a valid request");
@@ -254,15 +271,16 @@ fn render_table(text: &str, previous: &mut Previous) -> String {
         "model", "requests", "errors", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "tok/s/user", "tokens/s"
     );
     for model in MODELS {
-        let requests = exposition.sum("llmslo_requests_total", model, None);
+        let of_model = [("model", model)];
+        let requests = exposition.sum("llmslo_requests_total", &of_model);
         let errors: f64 = ENGINE_ERRORS
             .iter()
-            .map(|outcome| exposition.sum("llmslo_requests_total", model, Some(outcome)))
+            .map(|outcome| exposition.sum("llmslo_requests_total", &[("model", model), ("outcome", outcome)]))
             .sum();
-        let tokens = exposition.sum("llmslo_output_tokens_total", model, None);
+        let tokens = exposition.sum("llmslo_output_tokens_total", &of_model);
         let before = previous.tokens.insert(model.to_string(), tokens).unwrap_or(0.0);
         let rate = (tokens - before) / elapsed.as_secs_f64().max(1e-3);
-        let q = |name: &str, quantile: f64| exposition.quantile_since(&earlier, name, model, quantile);
+        let q = |name: &str, quantile: f64| exposition.quantile_since(&earlier, name, &of_model, quantile);
         let ms = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.1}ms", s * 1e3));
         let ttft = "gen_ai_server_time_to_first_token_seconds_bucket";
         let tpot = "gen_ai_server_time_per_output_token_seconds_bucket";
@@ -277,6 +295,31 @@ fn render_table(text: &str, previous: &mut Previous) -> String {
     }
     out + "(requests and errors since the start, the rest since the last view; errors are upstream_error,\n \
            timeout and connect_error; percentiles as histogram_quantile computes them from the buckets)\n\n"
+}
+
+/// Per API since the start: requests, and the median wait for the first token beside the
+/// median wait for the first token of the answer (after the reasoning).
+fn render_apis(text: &str) -> String {
+    let exposition = Exposition::parse(text);
+    let nothing = Exposition { samples: Vec::new() };
+    let mut out = format!(
+        "{:<16} {:>8} {:>9} {:>12}\n",
+        "API", "requests", "TTFT p50", "answer p50"
+    );
+    for (_, operation) in APIS {
+        let of_api = [("operation", operation)];
+        let q = |name: &str| exposition.quantile_since(&nothing, name, &of_api, 0.5);
+        let ms = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.1}ms", s * 1e3));
+        out += &format!(
+            "{operation:<16} {:>8} {:>9} {:>12}\n",
+            exposition.sum("llmslo_requests_total", &of_api),
+            ms(q("gen_ai_server_time_to_first_token_seconds_bucket")),
+            ms(q("llmslo_time_to_first_answer_token_seconds_bucket")),
+        );
+    }
+    out + &format!(
+        "(the engine reasons for {REASONING_TOKENS} tokens before each answer: the answer's first token comes later)\n\n"
+    )
 }
 
 /// Each SLO's state per model: good events over the last 5 minutes, burn rate over 5m and 1h,
@@ -389,26 +432,28 @@ impl<'a> Exposition<'a> {
             .map(|(_, _, v)| *v)
     }
 
-    fn sum(&self, name: &str, model: &str, outcome: Option<&str>) -> f64 {
+    /// Whether `labels` include every one of `wanted`.
+    fn matches(labels: &str, wanted: &[(&str, &str)]) -> bool {
+        wanted.iter().all(|(k, v)| Self::label(labels, k) == Some(v))
+    }
+
+    /// The sum of every sample of `name` whose labels include `wanted`.
+    fn sum(&self, name: &str, wanted: &[(&str, &str)]) -> f64 {
         self.samples
             .iter()
-            .filter(|(n, labels, _)| {
-                *n == name
-                    && Self::label(labels, "model") == Some(model)
-                    && outcome.is_none_or(|o| Self::label(labels, "outcome") == Some(o))
-            })
+            .filter(|(n, labels, _)| *n == name && Self::matches(labels, wanted))
             .map(|(_, _, v)| v)
             .sum()
     }
 
-    /// `histogram_quantile` over every series of `model` in the `_bucket` family `name`.
-    /// `histogram_quantile` over every series of `model` in the `_bucket` family `name`,
-    /// counting only what the buckets gained since `earlier` (an earlier scrape, or nothing).
-    fn quantile_since(&self, earlier: &Exposition, name: &str, model: &str, q: f64) -> Option<f64> {
+    /// `histogram_quantile` over every series of the `_bucket` family `name` whose labels
+    /// include `wanted`, counting only what the buckets gained since `earlier` (an earlier
+    /// scrape, or nothing).
+    fn quantile_since(&self, earlier: &Exposition, name: &str, wanted: &[(&str, &str)], q: f64) -> Option<f64> {
         let mut buckets: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
         for (exposition, sign) in [(self, 1.0), (earlier, -1.0)] {
             for (n, labels, value) in &exposition.samples {
-                if *n != name || Self::label(labels, "model") != Some(model) {
+                if *n != name || !Self::matches(labels, wanted) {
                     continue;
                 }
                 let le = match Self::label(labels, "le")? {
@@ -460,19 +505,20 @@ mod tests {
         let text = "h_bucket{le=\"0.1\",model=\"m\"} 50\nh_bucket{le=\"0.2\",model=\"m\"} 100\nh_bucket{le=\"+Inf\",model=\"m\"} 100\n";
         let e = Exposition::parse(text);
         let nothing = Exposition { samples: Vec::new() };
-        assert!((e.quantile_since(&nothing, "h_bucket", "m", 0.5).unwrap() - 0.1).abs() < 1e-9);
-        assert!((e.quantile_since(&nothing, "h_bucket", "m", 0.75).unwrap() - 0.15).abs() < 1e-9);
-        assert_eq!(e.quantile_since(&nothing, "h_bucket", "other", 0.5), None);
+        let m = [("model", "m")];
+        assert!((e.quantile_since(&nothing, "h_bucket", &m, 0.5).unwrap() - 0.1).abs() < 1e-9);
+        assert!((e.quantile_since(&nothing, "h_bucket", &m, 0.75).unwrap() - 0.15).abs() < 1e-9);
+        assert_eq!(e.quantile_since(&nothing, "h_bucket", &[("model", "other")], 0.5), None);
         // Since an earlier scrape that held the first 50 (all under 0.1): the rest are in (0.1, 0.2].
         let earlier = Exposition::parse("h_bucket{le=\"0.1\",model=\"m\"} 50\nh_bucket{le=\"0.2\",model=\"m\"} 50\nh_bucket{le=\"+Inf\",model=\"m\"} 50\n");
-        assert!((e.quantile_since(&earlier, "h_bucket", "m", 0.5).unwrap() - 0.15).abs() < 1e-9);
+        assert!((e.quantile_since(&earlier, "h_bucket", &m, 0.5).unwrap() - 0.15).abs() < 1e-9);
     }
 
     #[test]
     fn sums_filter_by_model_and_outcome() {
         let text = "r_total{model=\"m\",outcome=\"success\"} 3\nr_total{model=\"m\",outcome=\"timeout\"} 1\n";
         let e = Exposition::parse(text);
-        assert_eq!(e.sum("r_total", "m", None), 4.0);
-        assert_eq!(e.sum("r_total", "m", Some("success")), 3.0);
+        assert_eq!(e.sum("r_total", &[("model", "m")]), 4.0);
+        assert_eq!(e.sum("r_total", &[("model", "m"), ("outcome", "success")]), 3.0);
     }
 }

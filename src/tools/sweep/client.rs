@@ -3,7 +3,7 @@
 
 use super::prompts::Prompt;
 use crate::observe::record::{Outcome, RequestRecord};
-use crate::observe::route::{Operation, Protocol};
+use crate::observe::route::Operation;
 use crate::observe::stream::StreamObserver;
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, StatusCode, Uri};
@@ -24,13 +24,17 @@ const MAX_EVENT_BYTES: usize = 1 << 20;
 /// How much of an error answer is kept to show the user.
 const ERROR_SNIPPET_BYTES: usize = 200;
 
-/// Which OpenAI-compatible route the sweep calls.
+/// Which route the sweep calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Endpoint {
     /// `POST /v1/chat/completions` with one user message (or the dataset's messages).
     Chat,
     /// `POST /v1/completions` with a plain prompt.
     Completions,
+    /// `POST /v1/responses` (OpenAI's Responses API) with the messages as its input.
+    Responses,
+    /// `POST /v1/messages` (Anthropic's Messages API) with the messages.
+    Messages,
 }
 
 impl Endpoint {
@@ -38,6 +42,8 @@ impl Endpoint {
         match self {
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
+            Endpoint::Responses => "/v1/responses",
+            Endpoint::Messages => "/v1/messages",
         }
     }
 
@@ -45,6 +51,8 @@ impl Endpoint {
         match self {
             Endpoint::Chat => Operation::Chat,
             Endpoint::Completions => Operation::TextCompletion,
+            Endpoint::Responses => Operation::Responses,
+            Endpoint::Messages => Operation::Messages,
         }
     }
 }
@@ -120,15 +128,20 @@ impl Requester {
 
     /// The request body for `prompt` asking for `output_tokens`.
     pub fn body(&self, prompt: &Prompt, output_tokens: u32) -> Bytes {
-        let mut body = serde_json::json!({
-            "model": self.shape.model,
-            "max_tokens": output_tokens,
-            "stream": true,
-            "stream_options": {"include_usage": true},
-        });
+        let mut body = serde_json::json!({"model": self.shape.model, "stream": true});
         match self.shape.endpoint {
-            Endpoint::Chat => body["messages"] = prompt.messages(),
+            Endpoint::Chat | Endpoint::Completions => {
+                body["max_tokens"] = output_tokens.into();
+                body["stream_options"] = serde_json::json!({"include_usage": true});
+            }
+            // The typed APIs always report usage in their last events.
+            Endpoint::Responses => body["max_output_tokens"] = output_tokens.into(),
+            Endpoint::Messages => body["max_tokens"] = output_tokens.into(),
+        }
+        match self.shape.endpoint {
+            Endpoint::Chat | Endpoint::Messages => body["messages"] = prompt.messages(),
             Endpoint::Completions => body["prompt"] = prompt.text().into(),
+            Endpoint::Responses => body["input"] = prompt.messages(),
         }
         if self.shape.ignore_eos {
             body["ignore_eos"] = true.into();
@@ -192,7 +205,13 @@ impl Requester {
                     "the API key holds characters a header cannot".to_string(),
                 )
             })?;
-            request = request.header(header::AUTHORIZATION, value);
+            request = request.header(header::AUTHORIZATION, value.clone());
+            if self.shape.endpoint == Endpoint::Messages {
+                request = request.header("x-api-key", value);
+            }
+        }
+        if self.shape.endpoint == Endpoint::Messages {
+            request = request.header("anthropic-version", "2023-06-01");
         }
         let request = request.body(Full::new(body)).expect("a valid request");
         let response = self.client.request(request).await.map_err(|e| {
@@ -218,7 +237,8 @@ impl Requester {
                 format!("answered {status} with Content-Type {content_type}, not an event stream: the endpoint does not stream"),
             ));
         }
-        let mut observer = StreamObserver::new(Protocol::OpenAi, MAX_EVENT_BYTES, false);
+        let protocol = self.shape.endpoint.operation().protocol();
+        let mut observer = StreamObserver::new(protocol, MAX_EVENT_BYTES, false);
         let mut body = response.into_body();
         let gaps = &mut sample.gaps;
         let mut broken = None;
@@ -245,7 +265,7 @@ impl Requester {
             (Some(message), _) => Err((Outcome::UpstreamError, message)),
             (None, Some(outcome)) => Err((
                 outcome,
-                "the stream carried an error or ended before [DONE]".to_string(),
+                "the stream carried an error or ended before its last event".to_string(),
             )),
             (None, None) => Ok(()),
         }

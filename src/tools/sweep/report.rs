@@ -146,6 +146,8 @@ impl Report {
             match self.endpoint {
                 Endpoint::Chat => "chat",
                 Endpoint::Completions => "completions",
+                Endpoint::Responses => "responses",
+                Endpoint::Messages => "messages",
             }
         );
         for row in rows {
