@@ -1,23 +1,27 @@
-//! Summaries of OpenAI stream events that repeat an earlier event's shape.
+//! Summaries of stream events that repeat an earlier event's shape, for every protocol.
 //!
 //! An engine writes every delta of a stream with the same bytes around a different piece of
-//! text: vLLM's chunks share the id, `created`, the model and every field but `content`. Once
-//! one such event has been parsed, the next one whose bytes equal it everywhere outside that
-//! string's text is the same JSON document with another string in one place, and its summary
-//! depends on that string only through whether it is empty (see [`openai::summarise`]). So it
-//! gets the stored summary after a byte comparison, with no JSON parse. Everything else, and
-//! any text that is not a plain JSON string interior, is parsed in full.
+//! text: vLLM's chat chunks share the id, `created`, the model and every field but `content`;
+//! its Messages deltas differ only in `text`. Once one such event has been parsed, the next
+//! one of the same `event:` type whose bytes equal it everywhere outside that string's text is
+//! the same JSON document with another string in one place, and its summary depends on that
+//! string only through its emptiness and its length in characters. So it gets the stored
+//! summary after a byte comparison, with no JSON parse. Everything else, and any text that is
+//! not a plain JSON string interior, goes to the protocol's interpreter. (The Responses API
+//! numbers every event, so its deltas never repeat: they always go to the interpreter.)
 
 use super::event::EventSummary;
-use super::openai;
+use super::route::Protocol;
+use super::{messages, openai, responses, tgi};
 use sonic_rs::{pointer, JsonPointer};
 
 /// After this many events in a row miss the template, the next visible event replaces it.
 const REBUILD_AFTER: u32 = 16;
 
-/// Summarises one stream's OpenAI events, reusing the summary of a repeated shape.
-#[derive(Debug, Default)]
+/// Summarises one stream's events, reusing the summary of a repeated shape.
+#[derive(Debug)]
 pub struct RepeatSummariser {
+    protocol: Protocol,
     template: Option<Template>,
     /// Events in a row that the template did not match.
     misses: u32,
@@ -27,9 +31,20 @@ pub struct RepeatSummariser {
 }
 
 impl RepeatSummariser {
-    /// The summary [`openai::summarise`] gives for `data`.
-    pub fn summarise(&mut self, data: &[u8]) -> EventSummary {
-        if let Some(summary) = self.template.as_ref().and_then(|t| t.summary_of(data)) {
+    /// A summariser of `protocol`'s events.
+    pub fn new(protocol: Protocol) -> Self {
+        Self {
+            protocol,
+            template: None,
+            misses: 0,
+            #[cfg(test)]
+            reused: 0,
+        }
+    }
+
+    /// The summary the protocol's interpreter gives for the event `event_type` with `data`.
+    pub fn summarise(&mut self, event_type: &[u8], data: &[u8]) -> EventSummary {
+        if let Some(summary) = self.template.as_ref().and_then(|t| t.summary_of(event_type, data)) {
             self.misses = 0;
             #[cfg(test)]
             {
@@ -37,10 +52,10 @@ impl RepeatSummariser {
             }
             return summary;
         }
-        let summary = openai::summarise(data);
+        let summary = interpret(self.protocol, event_type, data);
         self.misses = self.misses.saturating_add(1);
         if summary.visible && (self.template.is_none() || self.misses >= REBUILD_AFTER) {
-            if let Some(template) = Template::of(data) {
+            if let Some(template) = Template::of(self.protocol, event_type, data) {
                 self.template = Some(template);
                 self.misses = 0;
             }
@@ -49,9 +64,21 @@ impl RepeatSummariser {
     }
 }
 
-/// One event's bytes around a string's text, with the summaries for empty and non-empty text.
+/// The full summary of an event by its protocol's interpreter.
+fn interpret(protocol: Protocol, event_type: &[u8], data: &[u8]) -> EventSummary {
+    match protocol {
+        Protocol::OpenAi => openai::summarise(data),
+        Protocol::Responses => responses::summarise(event_type, data),
+        Protocol::Messages => messages::summarise(event_type, data),
+        Protocol::Tgi => tgi::summarise(data),
+    }
+}
+
+/// One event's type and bytes around a string's text, with the summaries for empty and
+/// non-empty text.
 #[derive(Debug)]
 struct Template {
+    event_type: Box<[u8]>,
     /// Everything up to and including the string's opening quote.
     prefix: Box<[u8]>,
     /// Everything from the string's closing quote.
@@ -61,19 +88,33 @@ struct Template {
 }
 
 impl Template {
-    /// The template of `data` around the first delta text it holds as a string.
-    fn of(data: &[u8]) -> Option<Template> {
-        let text_paths: [&JsonPointer; 4] = [
+    /// The template of the event `event_type` with `data` around the first generated text it
+    /// holds as a string.
+    fn of(protocol: Protocol, event_type: &[u8], data: &[u8]) -> Option<Template> {
+        // Where the protocol's events hold their generated text (the Responses API numbers its
+        // events and TGI's differ in their token ids: theirs never repeat).
+        let openai: [&JsonPointer; 4] = [
             &pointer!["choices", 0, "delta", "content"],
             &pointer!["choices", 0, "text"],
             &pointer!["choices", 0, "delta", "reasoning_content"],
             &pointer!["choices", 0, "delta", "reasoning"],
         ];
-        let (start, end) = text_paths.into_iter().find_map(|path| string_span(data, path))?;
+        let messages: [&JsonPointer; 3] = [
+            &pointer!["delta", "text"],
+            &pointer!["delta", "thinking"],
+            &pointer!["delta", "partial_json"],
+        ];
+        let paths: &[&JsonPointer] = match protocol {
+            Protocol::OpenAi => &openai,
+            Protocol::Messages => &messages,
+            Protocol::Responses | Protocol::Tgi => &[],
+        };
+        let (start, end) = paths.iter().find_map(|path| string_span(data, path))?;
         let prefix: Box<[u8]> = data[..=start].into();
         let suffix: Box<[u8]> = data[end - 1..].into();
-        let with_text = |text: &[u8]| openai::summarise(&[&prefix[..], text, &suffix[..]].concat());
+        let with_text = |text: &[u8]| interpret(protocol, event_type, &[&prefix[..], text, &suffix[..]].concat());
         Some(Template {
+            event_type: event_type.into(),
             empty: with_text(b""),
             filled: with_text(b"x"),
             prefix,
@@ -81,14 +122,25 @@ impl Template {
         })
     }
 
-    /// The summary of `data` if it is this template with other plain text in the string.
-    fn summary_of(&self, data: &[u8]) -> Option<EventSummary> {
+    /// The summary of the event `event_type` with `data`, if it is this template with other
+    /// plain text in the string.
+    fn summary_of(&self, event_type: &[u8], data: &[u8]) -> Option<EventSummary> {
         let text_end = data.len().checked_sub(self.suffix.len())?;
         let text = data.get(self.prefix.len()..text_end)?;
-        if !data.starts_with(&self.prefix) || !data.ends_with(&self.suffix) || !is_plain_string_interior(text) {
+        if *self.event_type != *event_type || !data.starts_with(&self.prefix) || !data.ends_with(&self.suffix) {
             return None;
         }
-        Some(if text.is_empty() { self.empty } else { self.filled })
+        let chars = plain_string_chars(text)?;
+        Some(match (chars, self.filled.text_chars) {
+            (0, _) => self.empty,
+            // The protocol counts the text's characters: the stored one-character text's
+            // summary with this text's count.
+            (n, 1) => EventSummary {
+                text_chars: u32::try_from(n).unwrap_or(u32::MAX),
+                ..self.filled
+            },
+            _ => self.filled,
+        })
     }
 }
 
@@ -102,25 +154,30 @@ fn string_span(data: &[u8], path: &JsonPointer) -> Option<(usize, usize)> {
     (quoted && end <= data.len()).then_some((start, end))
 }
 
-/// Whether `text` is the inside of a JSON string that decodes to text of the same emptiness:
+/// The decoded length in characters of `text`, if it is a plain inside of a JSON string:
 /// valid UTF-8, no quote or control character, and only one-character escapes (a `\u`
 /// escape could be a lone surrogate, which a JSON reader may refuse).
-fn is_plain_string_interior(text: &[u8]) -> bool {
+fn plain_string_chars(text: &[u8]) -> Option<usize> {
     let mut bytes = text.iter();
+    let mut escapes = 0;
     while let Some(&b) = bytes.next() {
         let plain = match b {
             b'"' | 0..=0x1f => false,
-            b'\\' => matches!(
-                bytes.next(),
-                Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't')
-            ),
+            b'\\' => {
+                escapes += 1;
+                matches!(
+                    bytes.next(),
+                    Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't')
+                )
+            }
             _ => true,
         };
         if !plain {
-            return false;
+            return None;
         }
     }
-    std::str::from_utf8(text).is_ok()
+    let text = std::str::from_utf8(text).ok()?;
+    Some(text.chars().count() - escapes)
 }
 
 #[cfg(test)]
@@ -139,16 +196,78 @@ mod tests {
 
     /// Every event through one summariser, checked against a full parse of each.
     fn agrees_with_full_parse(events: &[Vec<u8>]) -> u64 {
-        let mut repeat = RepeatSummariser::default();
+        let mut repeat = RepeatSummariser::new(Protocol::OpenAi);
         for event in events {
             assert_eq!(
-                repeat.summarise(event),
+                repeat.summarise(b"", event),
                 openai::summarise(event),
                 "{}",
                 String::from_utf8_lossy(event)
             );
         }
         repeat.reused
+    }
+
+    /// Every typed event (`event:` and `data:`) of a capture through one summariser, checked
+    /// against the protocol's interpreter; returns how many were reused.
+    fn typed_agrees_with_full_parse(protocol: Protocol, capture: &[u8]) -> u64 {
+        let mut repeat = RepeatSummariser::new(protocol);
+        let mut parser = super::super::sse::SseParser::new(1 << 20);
+        parser.feed(capture, |e| {
+            assert_eq!(
+                repeat.summarise(e.event_type, e.data),
+                interpret(protocol, e.event_type, e.data),
+                "{}",
+                String::from_utf8_lossy(e.data)
+            );
+        });
+        repeat.reused
+    }
+
+    #[test]
+    fn messages_and_responses_captures_summarise_as_their_interpreter_does() {
+        let mut reused = 0;
+        for (name, protocol) in [
+            ("messages-stream", Protocol::Messages),
+            ("messages-sampled-1", Protocol::Messages),
+            ("messages-near-limit", Protocol::Messages),
+            ("messages-per-request-metrics", Protocol::Messages),
+            ("responses-stream", Protocol::Responses),
+            ("responses-sampled-1", Protocol::Responses),
+        ] {
+            let path = format!("{}/tests/fixtures/apis/{name}.sse", env!("CARGO_MANIFEST_DIR"));
+            let reused_here = typed_agrees_with_full_parse(protocol, &std::fs::read(path).unwrap());
+            if protocol == Protocol::Responses {
+                assert_eq!(reused_here, 0, "{name}: numbered events never repeat");
+            }
+            reused += reused_here;
+        }
+        assert!(reused > 90, "the Messages deltas are reused: {reused}");
+    }
+
+    #[test]
+    fn a_reused_messages_delta_counts_its_own_characters() {
+        let delta = |text: &str| {
+            format!(r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":"{text}"}}}}"#)
+        };
+        let mut repeat = RepeatSummariser::new(Protocol::Messages);
+        for text in ["a", r"tab\there", "été", r#"q\"q"#, "", "b"] {
+            let data = delta(text);
+            let summary = repeat.summarise(b"content_block_delta", data.as_bytes());
+            assert_eq!(
+                summary,
+                interpret(Protocol::Messages, b"content_block_delta", data.as_bytes()),
+                "{text}"
+            );
+        }
+        assert_eq!(repeat.reused, 5);
+        let other_type = delta("x");
+        let summary = repeat.summarise(b"error", other_type.as_bytes());
+        assert_eq!(
+            summary,
+            interpret(Protocol::Messages, b"error", other_type.as_bytes()),
+            "another event type"
+        );
     }
 
     #[test]

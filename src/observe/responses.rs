@@ -10,7 +10,7 @@
 //! `response.incomplete`, `response.failed` or an `error` event. Usage is only in the
 //! terminal event's `response.usage`.
 
-use super::event::{event_name, fault_of, EventSummary, Fault, TextChars, Usage};
+use super::event::{event_name, fault_of, EventSummary, Fault, Usage};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -41,12 +41,6 @@ fn kind(name: &[u8]) -> Kind {
         _ if name.ends_with(b".done") => Kind::PartDone,
         _ => Kind::Other,
     }
-}
-
-#[derive(Deserialize)]
-struct DeltaEvent {
-    #[serde(default)]
-    delta: Option<TextChars>,
 }
 
 #[derive(Deserialize)]
@@ -97,11 +91,10 @@ impl WireUsage {
 pub fn summarise(event_type: &[u8], data: &[u8]) -> EventSummary {
     match kind(&event_name(event_type, data)) {
         Kind::Delta { answer } => {
-            let chars = sonic_rs::from_slice::<DeltaEvent>(data)
+            let chars = sonic_rs::get(data, ["delta"])
                 .ok()
-                .and_then(|e| e.delta)
-                .unwrap_or_default()
-                .0;
+                .and_then(|delta| sonic_rs::JsonValueTrait::as_str(&delta).map(|s| s.chars().count()))
+                .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX));
             let has_tokens = chars > 0;
             EventSummary {
                 has_tokens,

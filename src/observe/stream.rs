@@ -5,7 +5,7 @@ use super::repeat::RepeatSummariser;
 use super::route::Protocol;
 use super::sse::SseParser;
 use super::tokens::TokenCounter;
-use super::{messages, openai, responses, tgi};
+use super::{messages, openai, responses};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -30,7 +30,7 @@ pub struct Counting {
 pub struct StreamObserver {
     protocol: Protocol,
     parser: SseParser,
-    /// OpenAI events, summarised without a parse where they repeat an earlier shape.
+    /// The protocol's interpreter, skipped where an event repeats an earlier shape.
     repeat: RepeatSummariser,
     counting: Counting,
     facts: Facts,
@@ -156,7 +156,7 @@ impl StreamObserver {
         Self {
             protocol,
             parser: SseParser::new(max_event_bytes),
-            repeat: RepeatSummariser::default(),
+            repeat: RepeatSummariser::new(protocol),
             counting: Counting::default(),
             facts: Facts::default(),
             removable: strip_usage.then(Vec::new),
@@ -180,12 +180,7 @@ impl StreamObserver {
             removable,
         } = self;
         parser.feed(bytes, |event| {
-            let mut summary = match protocol {
-                Protocol::OpenAi => repeat.summarise(event.data),
-                Protocol::Responses => responses::summarise(event.event_type, event.data),
-                Protocol::Messages => messages::summarise(event.event_type, event.data),
-                Protocol::Tgi => tgi::summarise(event.data),
-            };
+            let mut summary = repeat.summarise(event.event_type, event.data);
             if let (true, Some(spans)) = (summary.usage_only, removable.as_mut()) {
                 spans.push((event.start, event.end));
             }
