@@ -2,9 +2,10 @@
 """A raw-socket streaming client for scripts/e2e-vllm.sh: stamps every SSE event as it arrives
 and compares each request with what llmslo logged for it.
 
-  raw_client.py ttft HOST:PORT LLMSLO_LOG MODEL COUNT
-      COUNT sequential streaming chat requests; per request, the client's TTFT (request sent to
-      the first event with visible content) against llmslo's ttft_ms. The bar is 1 ms.
+  raw_client.py ttft HOST:PORT LLMSLO_LOG MODEL COUNT [API]
+      COUNT sequential streaming requests to API (chat, the default; responses; messages); per
+      request, the client's TTFT (request sent to the first event with visible content) against
+      llmslo's ttft_ms. The bar is 1 ms.
   raw_client.py tpot HOST:PORT LLMSLO_LOG MODEL COUNT N MAX_TOKENS LABEL
       COUNT sequential requests with n=N, max_tokens=MAX_TOKENS and ignore_eos, so every choice
       has exactly MAX_TOKENS tokens; per choice the true TPOT is (t_last - t_first) /
@@ -19,12 +20,16 @@ import sys
 import time
 
 
-def stream(addr, body):
-    """Sends one request; returns (t_sent, [(t_arrived, event_json_or_None)])."""
+ROUTES = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+
+
+def stream(addr, body, path="/v1/chat/completions"):
+    """Sends one request; returns (t_sent, [(t_arrived, event_json_or_None)]); a typed event's
+    JSON gets its `event:` type under "_event"."""
     host, port = addr.rsplit(":", 1)
     payload = json.dumps(body).encode()
     head = (
-        f"POST /v1/chat/completions HTTP/1.0\r\nHost: {host}\r\ncontent-type: application/json\r\n"
+        f"POST {path} HTTP/1.0\r\nHost: {host}\r\ncontent-type: application/json\r\n"
         f"content-length: {len(payload)}\r\n\r\n"
     ).encode()
     sock = socket.create_connection((host, int(port)))
@@ -48,8 +53,13 @@ def stream(addr, body):
             in_body = True
         while b"\n\n" in buf:
             event, buf = buf.split(b"\n\n", 1)
-            payload = event[len(b"data: "):] if event.startswith(b"data: ") else b""
-            events.append((now, None if payload in (b"", b"[DONE]") else json.loads(payload)))
+            lines = event.split(b"\n")
+            kind = next((l[len(b"event: "):].decode() for l in lines if l.startswith(b"event: ")), None)
+            payload = next((l[len(b"data: "):] for l in lines if l.startswith(b"data: ")), b"")
+            parsed = None if payload in (b"", b"[DONE]") else json.loads(payload)
+            if parsed is not None and kind is not None:
+                parsed["_event"] = kind
+            events.append((now, parsed))
     sock.close()
     return t_sent, events
 
@@ -85,15 +95,30 @@ def wait_for_lines(log, start, count):
     raise SystemExit(f"llmslo logged {len(finished_lines(log, start))} of {count} requests")
 
 
-def ttft(addr, log, model, count):
+def visible(event):
+    """Whether an event (of any API) carries visible generated text."""
+    kind = event.get("_event")
+    if kind is None:
+        return any(content(c) for c in event.get("choices", []))
+    if kind == "content_block_delta":
+        delta = event.get("delta") or {}
+        return bool(delta.get("text") or delta.get("thinking") or delta.get("partial_json"))
+    return kind.endswith(".delta") and bool(event.get("delta"))
+
+
+def ttft(addr, log, model, count, api="chat"):
     start = log_length(log)
     client = []
     for i in range(count):
-        body = {"model": model, "stream": True, "max_tokens": 16, "ignore_eos": True,
-                "messages": [{"role": "user", "content": f"request {i}"}]}
-        t_sent, events = stream(addr, body)
-        visible = (t for t, e in events if e and any(content(c) for c in e.get("choices", [])))
-        first = next(visible, None)  # a random-weight model can hold back every token
+        question = [{"role": "user", "content": f"request {i}"}]
+        body = {"model": model, "stream": True, "ignore_eos": True}
+        if api == "responses":
+            body.update(input=question, max_output_tokens=16)
+        else:
+            body.update(messages=question, max_tokens=16)
+        t_sent, events = stream(addr, body, ROUTES[api])
+        visible_at = (t for t, e in events if e and visible(e))
+        first = next(visible_at, None)  # a random-weight model can hold back every token
         client.append(None if first is None else (first - t_sent) * 1e3)
     logged = [f.get("ttft_ms") for f in wait_for_lines(log, start, count)]
     pairs = [(c, l) for c, l in zip(client, logged) if c is not None or l is not None]
@@ -102,7 +127,7 @@ def ttft(addr, log, model, count):
         return False
     diffs = [l - c for c, l in pairs]
     worst = max(abs(d) for d in diffs)
-    print(f"TTFT, {len(diffs)} sequential requests with a visible token: client mean "
+    print(f"{api} TTFT, {len(diffs)} sequential requests with a visible token: client mean "
           f"{sum(c for c, _ in pairs) / len(pairs):.2f} ms; "
           f"llmslo - client: mean {sum(diffs) / len(diffs):+.3f} ms, min {min(diffs):+.3f} ms, max {max(diffs):+.3f} ms; "
           f"{sum(abs(d) > 1.0 for d in diffs)} over 1 ms")
@@ -146,7 +171,7 @@ def tpot(addr, log, model, count, n, max_tokens, label):
 if __name__ == "__main__":
     mode, addr, log, model, count = sys.argv[1:6]
     if mode == "ttft":
-        ok = ttft(addr, log, model, int(count))
+        ok = ttft(addr, log, model, int(count), *sys.argv[6:7])
     else:
         n, max_tokens, label = sys.argv[6:9]
         ok = tpot(addr, log, model, int(count), int(n), int(max_tokens), label)

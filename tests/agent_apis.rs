@@ -525,3 +525,59 @@ async fn held_back_tokens_do_not_bias_tpot() {
         sidecar.shutdown().await;
     }
 }
+
+/// Reads from `stream` until `marker` has arrived (or the stream ends).
+async fn read_until(stream: &mut TcpStream, marker: &[u8]) {
+    use tokio::io::AsyncReadExt;
+    let mut seen = Vec::new();
+    let mut buffer = [0u8; 4096];
+    while !seen.windows(marker.len()).any(|w| w == marker) {
+        match stream.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => seen.extend_from_slice(&buffer[..n]),
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_stops_reading_at_the_end_signal_has_its_answer() {
+    // The openai SDK stops at `[DONE]` and closes before the body's last bytes arrive.
+    let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n";
+    let script = Script::sse(vec![
+        (Duration::from_millis(50), chunk.as_bytes().to_vec()),
+        (Duration::from_millis(10), chunk.as_bytes().to_vec()),
+        (Duration::from_millis(1), b"data: [DONE]\n\n".to_vec()),
+        (
+            Duration::from_millis(500),
+            b": the engine's last bytes come late\n\n".to_vec(),
+        ),
+    ]);
+    let (upstream, _) = scripted_upstream(script).await;
+    let sidecar = start_sidecar(upstream, &format!("engine: vllm\ninject_usage: false\n{AVAILABILITY}")).await;
+    let body = chat_body(2, true, false);
+    for marker in [&b"[DONE]"[..], b"\"hi\""] {
+        let mut stream = TcpStream::connect(sidecar.proxy_addr).await.unwrap();
+        let head = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        read_until(&mut stream, marker).await;
+        drop(stream);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let m = settled(&sidecar).await;
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "success")]),
+        1.0,
+        "read to [DONE]\n{m}"
+    );
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "client_cancelled")]),
+        1.0,
+        "left mid-answer"
+    );
+    let success = [("operation", "chat"), ("outcome", "success")];
+    let e2e = sample(&m, "gen_ai_server_request_duration_seconds_sum", &success);
+    assert!((0.06..0.1).contains(&e2e), "ended when the client left after [DONE]: {e2e}");
+}

@@ -299,6 +299,9 @@ impl RequestTracker {
             Trace::Client(trace) => Some(*trace),
         };
         let mut first_event = None;
+        // The stream's own end signal was forwarded: the client has the whole answer, even if
+        // it closes before the body's last bytes (the openai SDK stops reading at `[DONE]`).
+        let mut answered = false;
         let body_outcome = match &self.response {
             ResponseKind::Waiting | ResponseKind::Opaque => None,
             ResponseKind::Decided(outcome) => Some(*outcome),
@@ -309,6 +312,7 @@ impl RequestTracker {
             ResponseKind::Stream(decoder, _) => {
                 let summary = decoder.sink().observer.summary();
                 first_event = summary.first_token_event.map(|first| first - self.t0);
+                answered = summary.saw_done;
                 if summary.gave_up {
                     // An engine that sends them sends them all the time: warned once.
                     warn_once(
@@ -340,7 +344,8 @@ impl RequestTracker {
         record.outcome = match (end, &self.response) {
             (End::Failed(outcome), _) => outcome,
             (_, ResponseKind::Decided(outcome)) => *outcome,
-            (End::Cancelled, _) => Outcome::ClientCancelled,
+            (End::Cancelled, _) if !answered => Outcome::ClientCancelled,
+            (End::Cancelled, _) => body_outcome.unwrap_or(Outcome::Success),
             (End::BodyError, _) => Outcome::UpstreamError,
             (End::Complete, _) => body_outcome.unwrap_or(Outcome::Success),
         };
@@ -349,10 +354,12 @@ impl RequestTracker {
             operation = record.operation.as_str(),
             outcome = record.outcome.as_str(),
             ttft_ms = record.ttft.map(|d| d.as_secs_f64() * 1e3),
+            answer_ttft_ms = record.answer_ttft.map(|d| d.as_secs_f64() * 1e3),
             first_token_event_ms = first_event.map(|d| d.as_secs_f64() * 1e3),
             tpot_ms = record.tpot().map(|d| d.as_secs_f64() * 1e3),
             e2e_ms = record.e2e.as_secs_f64() * 1e3,
             output_tokens = record.output_tokens,
+            input_tokens = record.input_tokens,
             token_count_source = record.count_source.map(CountSource::as_str),
             load_arrival = record.load.map(|l| l.arrival),
             load_decode = record.load.and_then(|l| l.decode),
