@@ -579,5 +579,8 @@ async fn a_client_that_stops_reading_at_the_end_signal_has_its_answer() {
     );
     let success = [("operation", "chat"), ("outcome", "success")];
     let e2e = sample(&m, "gen_ai_server_request_duration_seconds_sum", &success);
-    assert!((0.06..0.1).contains(&e2e), "ended when the client left after [DONE]: {e2e}");
+    assert!(
+        (0.06..0.1).contains(&e2e),
+        "ended when the client left after [DONE]: {e2e}"
+    );
 }

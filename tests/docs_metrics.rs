@@ -1,0 +1,91 @@
+//! Every metric name the README and the docs mention is one a running sidecar exports, so the
+//! docs cannot name a metric that does not exist (or no longer does).
+
+mod common;
+
+use common::*;
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+/// Every `llmslo_…` and `gen_ai_…` name in the README and docs/*.md. A name written as a
+/// prefix (`llmslo_capacity_*`) ends in `_`.
+fn documented_names() -> BTreeSet<String> {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let mut files = vec![format!("{root}/README.md")];
+    for entry in std::fs::read_dir(format!("{root}/docs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            files.push(path.display().to_string());
+        }
+    }
+    let mut names = BTreeSet::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (start, _) in text.match_indices("llmslo_").chain(text.match_indices("gen_ai_")) {
+            let preceded = text[..start].chars().next_back();
+            if preceded.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_') {
+                continue;
+            }
+            let name: String = text[start..]
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            names.insert(name);
+        }
+    }
+    names
+}
+
+/// The sample names of an exposition.
+fn exported_names(exposition: &str) -> BTreeSet<String> {
+    exposition
+        .lines()
+        .filter(|line| !line.starts_with('#') && !line.is_empty())
+        .filter_map(|line| line.split(['{', ' ']).next())
+        .map(str::to_string)
+        .collect()
+}
+
+#[tokio::test]
+async fn every_metric_the_docs_name_is_exported() {
+    let (engine, _stop) = start_engine(timed_engine(5, 1)).await;
+    let config = format!(
+        "engine: vllm\nmin_events: 1\ngpu: {{simulated: true, processes: true, interval: 100ms}}\n{}",
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/llmslo.yaml"))
+            .unwrap()
+            .lines()
+            .skip_while(|l| !l.starts_with("slos:"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    let sidecar = start_sidecar(engine, &config).await;
+    for (route, body) in [
+        ("/v1/chat/completions", chat_body(4, true, true)),
+        (
+            "/v1/responses",
+            serde_json::json!({"model": "sim", "input": "x", "max_output_tokens": 4, "stream": true}).to_string(),
+        ),
+        (
+            "/v1/messages",
+            serde_json::json!({"model": "sim", "max_tokens": 4, "stream": true, "messages": []}).to_string(),
+        ),
+    ] {
+        let (status, _) = post_collect(sidecar.proxy_addr, route, body).await;
+        assert_eq!(status, 200, "{route}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await; // a GPU sample or two
+    let exported = exported_names(&settled(&sidecar).await);
+    let missing: Vec<String> = documented_names()
+        .into_iter()
+        .filter(|name| {
+            !exported
+                .iter()
+                .any(|e| e == name || e.starts_with(&format!("{}_", name.trim_end_matches('_'))))
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the docs name metrics llmslo does not export: {missing:?}"
+    );
+    sidecar.shutdown().await;
+}
