@@ -243,6 +243,26 @@ fn completed(status: &str, output_tokens: u64) -> String {
     )
 }
 
+/// Sends one request through a sidecar in front of `case`'s scripted engine; checks its
+/// outcome and that only an engine failure burns the availability budget; returns the metrics.
+async fn run_case(route: &str, body: String, operation: &str, case: Case) -> String {
+    let (name, events, cut_short, outcome) = case;
+    let events: Vec<(u64, &str)> = events.iter().map(|(ms, e)| (*ms, e.as_str())).collect();
+    let mut script = typed_stream(&events);
+    script.cut_short = cut_short;
+    let (upstream, _) = scripted_upstream(script).await;
+    let sidecar = start_sidecar(upstream, &format!("engine: vllm\n{AVAILABILITY}")).await;
+    let response = post(sidecar.proxy_addr, route, body).await;
+    let _ = response.into_body().collect().await;
+    let m = settled(&sidecar).await;
+    let labels = [("operation", operation), ("outcome", outcome)];
+    assert_eq!(sample(&m, "llmslo_requests_total", &labels), 1.0, "{name}\n{m}");
+    let bad = sample(&m, "llmslo_slo_bad_events_total", &[("slo", "availability")]);
+    assert_eq!(bad, f64::from(u8::from(outcome == "upstream_error")), "{name}");
+    sidecar.shutdown().await;
+    m
+}
+
 #[tokio::test(start_paused = true)]
 async fn every_responses_outcome() {
     let created = event(
@@ -324,20 +344,8 @@ async fn every_responses_outcome() {
             "upstream_error",
         ),
     ];
-    for (case, events, cut_short, outcome) in cases {
-        let events: Vec<(u64, &str)> = events.iter().map(|(ms, e)| (*ms, e.as_str())).collect();
-        let mut script = typed_stream(&events);
-        script.cut_short = cut_short;
-        let (upstream, _) = scripted_upstream(script).await;
-        let sidecar = start_sidecar(upstream, &format!("engine: vllm\n{AVAILABILITY}")).await;
-        let response = post(sidecar.proxy_addr, RESPONSES, responses_body(2, true)).await;
-        let _ = response.into_body().collect().await;
-        let m = settled(&sidecar).await;
-        let labels = [("operation", "responses"), ("outcome", outcome)];
-        assert_eq!(sample(&m, "llmslo_requests_total", &labels), 1.0, "{case}\n{m}");
-        let bad = sample(&m, "llmslo_slo_bad_events_total", &[("slo", "availability")]);
-        assert_eq!(bad, f64::from(u8::from(outcome == "upstream_error")), "{case}");
-        sidecar.shutdown().await;
+    for case in cases {
+        run_case(RESPONSES, responses_body(2, true), "responses", case).await;
     }
 }
 
@@ -396,28 +404,16 @@ async fn every_messages_outcome() {
             "upstream_error",
         ),
     ];
-    for (case, events, cut_short, outcome) in cases {
-        let events: Vec<(u64, &str)> = events.iter().map(|(ms, e)| (*ms, e.as_str())).collect();
-        let mut script = typed_stream(&events);
-        script.cut_short = cut_short;
-        let (upstream, _) = scripted_upstream(script).await;
-        let sidecar = start_sidecar(upstream, &format!("engine: vllm\n{AVAILABILITY}")).await;
-        let response = post(sidecar.proxy_addr, MESSAGES, messages_body(2, true)).await;
-        let _ = response.into_body().collect().await;
-        let m = settled(&sidecar).await;
-        let labels = [("operation", "messages"), ("outcome", outcome)];
-        assert_eq!(sample(&m, "llmslo_requests_total", &labels), 1.0, "{case}\n{m}");
-        if case == "completed" {
+    for case in cases {
+        let completed = case.0 == "completed";
+        let m = run_case(MESSAGES, messages_body(2, true), "messages", case).await;
+        if completed {
             let ops = of("messages");
             assert_eq!(sample(&m, "llmslo_output_tokens_total", &ops), 2.0);
             assert_eq!(sample(&m, "llmslo_input_tokens_total", &ops), 3.0);
-            assert_eq!(
-                sample(&m, "llmslo_inter_chunk_latency_seconds_count", &ops),
-                1.0,
-                "ping is no token"
-            );
+            let gaps = sample(&m, "llmslo_inter_chunk_latency_seconds_count", &ops);
+            assert_eq!(gaps, 1.0, "ping is no token");
         }
-        sidecar.shutdown().await;
     }
 }
 
@@ -583,4 +579,42 @@ async fn a_client_that_stops_reading_at_the_end_signal_has_its_answer() {
         (0.06..0.1).contains(&e2e),
         "ended when the client left after [DONE]: {e2e}"
     );
+}
+
+#[tokio::test]
+async fn uploads_and_typed_api_requests_reach_the_engine_unchanged() {
+    let answer = Script {
+        head: "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked".to_string(),
+        pieces: vec![(
+            Duration::ZERO,
+            br#"{"text":"hello","usage":{"type":"tokens","input_tokens":30,"output_tokens":2}}"#.to_vec(),
+        )],
+        cut_short: false,
+        silent: false,
+        trailers: String::new(),
+    };
+    let (upstream, log) = scripted_upstream(answer).await;
+    let sidecar = start_sidecar(upstream, "engine: vllm\n").await;
+    // A transcription upload is multipart: forwarded at once, not peeked for a model.
+    let upload = "--b\r\ncontent-disposition: form-data; name=\"model\"\r\n\r\nwhisper\r\n--b\r\n\
+                  content-disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\
+                  content-type: audio/wav\r\n\r\nRIFF\x00\x01\r\n--b--\r\n";
+    let request = http::Request::post(format!("http://{}/v1/audio/transcriptions", sidecar.proxy_addr))
+        .header(http::header::CONTENT_TYPE, "multipart/form-data; boundary=b")
+        .body(http_body_util::Full::new(bytes::Bytes::from(upload)))
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let _ = response.into_body().collect().await;
+    assert!(request_to(&log, "POST /v1/audio/transcriptions").ends_with(upload));
+    // The typed APIs always report usage: nothing is added to their requests.
+    for (route, body) in [(RESPONSES, responses_body(4, true)), (MESSAGES, messages_body(4, true))] {
+        let _ = post_collect(sidecar.proxy_addr, route, body.clone()).await;
+        assert!(request_to(&log, &format!("POST {route}")).ends_with(&body), "{route}");
+    }
+    let m = settled(&sidecar).await;
+    let transcription = [("operation", "transcription"), ("outcome", "success")];
+    assert_eq!(sample(&m, "llmslo_requests_total", &transcription), 1.0, "{m}");
+    assert_eq!(sample(&m, "llmslo_input_tokens_total", &of("transcription")), 30.0);
+    assert_eq!(sample(&m, "llmslo_output_tokens_total", &of("transcription")), 2.0);
 }

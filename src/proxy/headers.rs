@@ -52,6 +52,14 @@ pub fn append_forwarded_for(headers: &mut HeaderMap, client: IpAddr) {
     }
 }
 
+/// Whether the body is a multipart form (an audio upload): no JSON in it names the model.
+pub fn is_multipart(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("multipart/"))
+}
+
 /// The declared Content-Length, when it is a valid one.
 pub fn content_length(headers: &HeaderMap) -> Option<u64> {
     headers.get(http::header::CONTENT_LENGTH)?.to_str().ok()?.parse().ok()

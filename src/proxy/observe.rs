@@ -24,7 +24,7 @@ use crate::config::{defaults, Engine};
 use crate::metrics::{Metrics, RefusalReason};
 use crate::observe::body::ObservedBody;
 use crate::observe::record::Outcome;
-use crate::observe::route::{Operation, Protocol};
+use crate::observe::route::Operation;
 use crate::observe::tokens::TokenCounter;
 use crate::observe::tracker::{End, RequestTracker};
 use crate::otel::context;
@@ -252,6 +252,10 @@ impl Shared {
         headers: &mut http::HeaderMap,
         body: NotedBody,
     ) -> Result<(UpstreamBody, RequestFields, bool), PeekError> {
+        if super::headers::is_multipart(headers) {
+            // An upload (transcription audio) is forwarded at once, without a look.
+            return Ok((peek::unread(body), RequestFields::default(), false));
+        }
         let content_length = super::headers::content_length(headers);
         let max_peek = self.settings.max_peek_bytes;
         let (peeked, fields) = peek::peek(body, content_length, max_peek, &self.budget).await?;
@@ -271,10 +275,11 @@ impl Shared {
         })
     }
 
-    /// A streaming OpenAI request that did not ask for usage gets it asked for.
+    /// A streaming chat or completions request that did not ask for usage gets it asked for
+    /// (the Responses and Messages APIs always report it).
     fn should_inject_usage(&self, operation: Operation, fields: &RequestFields) -> bool {
         self.settings.inject_usage
-            && operation.protocol() == Protocol::OpenAi
+            && matches!(operation, Operation::Chat | Operation::TextCompletion)
             && fields.stream == Some(true)
             && !fields.asked_for_usage()
     }

@@ -158,6 +158,14 @@ fn reserve(budget: &Arc<Semaphore>, bytes: usize) -> Result<OwnedSemaphorePermit
         .map_err(|_| PeekError::BudgetExhausted)
 }
 
+/// A body passed on without a look.
+pub fn unread<B>(body: B) -> UpstreamBody
+where
+    B: Body<Data = Bytes, Error = ClientFault> + Send + 'static,
+{
+    body.map_err(boxed).boxed_unsync()
+}
+
 fn boxed(fault: ClientFault) -> BoxError {
     Box::new(fault)
 }

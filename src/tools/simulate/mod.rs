@@ -239,13 +239,9 @@ impl SimEngine {
         operation: Operation,
         native_stream: bool,
     ) -> Response<SimBody> {
-        let body = match Limited::new(request.into_body(), MAX_REQUEST_BYTES).collect().await {
-            Ok(body) => body.to_bytes(),
-            Err(_) => return bad_request("request body too large or unreadable"),
-        };
-        let parsed: GenerationRequest = match serde_json::from_slice(&body) {
+        let parsed = match read_request(request).await {
             Ok(parsed) => parsed,
-            Err(e) => return bad_request(&format!("invalid JSON body: {e}")),
+            Err(answer) => return answer,
         };
         let model = match parsed.model.as_deref() {
             None => self.options.models[0].clone(),
@@ -276,8 +272,7 @@ impl SimEngine {
         if !(1..=16).contains(&choices) || (choices > 1 && single) {
             return bad_request("n must be between 1 and 16 (and 1 for /generate, /v1/responses and /v1/messages)");
         }
-        let serial = self.requests.fetch_add(1, Ordering::Relaxed);
-        let mut rng = SmallRng::seed_from_u64(self.options.seed ^ serial.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let (serial, mut rng) = self.next_request();
         let fault = self.draw_fault(&mut rng);
         if fault == Fault::Http500 {
             let body = error_body("simulated engine failure", "InternalServerError", 500);
@@ -315,6 +310,15 @@ impl SimEngine {
         } else {
             self.whole(shape, plan, rng).await
         }
+    }
+
+    /// The next request's serial number, and its random draws (from the seed and the serial).
+    fn next_request(&self) -> (u64, SmallRng) {
+        let serial = self.requests.fetch_add(1, Ordering::Relaxed);
+        (
+            serial,
+            SmallRng::seed_from_u64(self.options.seed ^ serial.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+        )
     }
 
     fn draw_fault(&self, rng: &mut SmallRng) -> Fault {
@@ -429,16 +433,11 @@ impl SimEngine {
 
     /// Answers `/v1/embeddings` after the time to first token: one small vector per input.
     async fn embed(&self, request: Request<Incoming>) -> Response<SimBody> {
-        let body = match Limited::new(request.into_body(), MAX_REQUEST_BYTES).collect().await {
-            Ok(body) => body.to_bytes(),
-            Err(_) => return bad_request("request body too large or unreadable"),
-        };
-        let parsed: GenerationRequest = match serde_json::from_slice(&body) {
+        let parsed = match read_request(request).await {
             Ok(parsed) => parsed,
-            Err(e) => return bad_request(&format!("invalid JSON body: {e}")),
+            Err(answer) => return answer,
         };
-        let serial = self.requests.fetch_add(1, Ordering::Relaxed);
-        let mut rng = SmallRng::seed_from_u64(self.options.seed ^ serial.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let (_, mut rng) = self.next_request();
         if self.draw_fault(&mut rng) != Fault::None {
             let body = error_body("simulated engine failure", "InternalServerError", 500);
             return json_response(StatusCode::INTERNAL_SERVER_ERROR, body.to_string());
@@ -473,6 +472,15 @@ impl SimEngine {
         let body = shape.whole(&texts, plan.prompt_tokens, completion_tokens);
         json_response(StatusCode::OK, body.to_string())
     }
+}
+
+/// Reads a request body as the fields the simulator honours, or the 400 to answer.
+async fn read_request(request: Request<Incoming>) -> Result<GenerationRequest, Response<SimBody>> {
+    let body = match Limited::new(request.into_body(), MAX_REQUEST_BYTES).collect().await {
+        Ok(body) => body.to_bytes(),
+        Err(_) => return Err(bad_request("request body too large or unreadable")),
+    };
+    serde_json::from_slice(&body).map_err(|e| bad_request(&format!("invalid JSON body: {e}")))
 }
 
 /// When a response's next tokens are ready.

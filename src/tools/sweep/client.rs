@@ -154,22 +154,11 @@ impl Requester {
         let sent = Instant::now();
         let mut sample = Sample {
             sent,
-            record: RequestRecord {
-                model: self.shape.model.clone(),
-                operation: self.shape.endpoint.operation(),
-                outcome: Outcome::Success,
-                ttft: None,
-                answer_ttft: None,
-                tpot_per_choice: Vec::new(),
-                e2e: Duration::ZERO,
-                output_tokens: None,
-                input_tokens: None,
-                reasoning_tokens: None,
-                token_events: 0,
-                count_source: None,
-                load: None,
-                trace: None,
-            },
+            record: RequestRecord::new(
+                self.shape.model.clone(),
+                self.shape.endpoint.operation(),
+                Duration::ZERO,
+            ),
             gaps: Vec::new(),
             ttfb: None,
             failure: None,
