@@ -1,5 +1,6 @@
-//! A seeded, structure-aware fuzz harness for the stream path: the SSE parser, the OpenAI and
-//! TGI interpreters and the usage stripper, driven through the real observed body exactly as
+//! A seeded, structure-aware fuzz harness for the stream path: the SSE parser, the OpenAI,
+//! Responses, Messages and TGI interpreters (with the repeated-shape shortcut) and the usage
+//! stripper, driven through the real observed body exactly as
 //! the proxy drives it, under arbitrary frame splits.
 //!
 //! Why not cargo-fuzz or AFL: cargo-fuzz needs a nightly toolchain, and cargo-afl needs AFL++
@@ -67,6 +68,15 @@ const ATOMS: &[&[u8]] = &[
     b"data: {\"error\":{\"message\":\"boom\",\"code\":500}}\n\n",
     b"data:{\"token\":{\"id\":1,\"text\":\"a\",\"logprob\":0,\"special\":false},\"generated_text\":null,\"details\":null}\n\n",
     b"data:{\"token\":{\"id\":2,\"text\":\"</s>\",\"special\":true},\"generated_text\":\"a\",\"details\":{\"generated_tokens\":2}}\n\n",
+    b"event: response.output_text.delta\ndata: {\"delta\":\"h\\u00e9\",\"sequence_number\":4}\n\n",
+    b"event: response.completed\ndata: {\"response\":{\"status\":\"incomplete\",\"usage\":{\"output_tokens\":3}}}\n\n",
+    b"event: error\ndata: {\"type\":\"error\",\"code\":\"invalid_request_error\"}\n\n",
+    b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":9}}}\n\n",
+    b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"ab\"}}\n\n",
+    b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"\\n\"}}\n\n",
+    b"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":4}}\n\n",
+    b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+    b"event: ping\ndata: {\"type\": \"ping\"}\n\n",
     b"{\"choices\":[",
     b"\"usage\":",
     b"\xF0\x9F\x98",
@@ -83,6 +93,10 @@ const FIXTURES: &[&str] = &[
     "vllm-chat-continuous-usage.sse",
     "vllm-chat-eos.sse",
     "vllm-small-chat.sse",
+    "apis/responses-sampled-1.sse",
+    "apis/responses-stream.sse",
+    "apis/messages-sampled-1.sse",
+    "apis/messages-stream.sse",
 ];
 
 fn fixture(name: &str) -> Vec<u8> {
@@ -262,10 +276,11 @@ fn observed(
 fn execute(metrics: &Arc<Metrics>, rng: &mut SmallRng, fixtures: &[Vec<u8>]) {
     let bytes = input(rng, fixtures);
     let max = [64, 256, 1024, 1 << 20][rng.random_range(0..4)];
-    let (operation, protocol) = if rng.random_bool(0.8) {
-        (Operation::Chat, Protocol::OpenAi)
-    } else {
-        (Operation::Generate, Protocol::Tgi)
+    let (operation, protocol) = match rng.random_range(0..10) {
+        0..=4 => (Operation::Chat, Protocol::OpenAi),
+        5 | 6 => (Operation::Responses, Protocol::Responses),
+        7 | 8 => (Operation::Messages, Protocol::Messages),
+        _ => (Operation::Generate, Protocol::Tgi),
     };
     let whole = vec![Bytes::from(bytes.clone())];
     let pieces = split(rng, &bytes);

@@ -32,6 +32,7 @@ fn operator_format_and_check_config() {
         "min_events: 20",
         "name: tpot-50ms",
         "tpot: 50ms",
+        "answer_ttft: 2s",
         "- ttft-500ms",
     ] {
         assert!(effective.contains(line), "missing `{line}` in\n{effective}");
