@@ -318,6 +318,13 @@ async fn spans_and_metrics_arrive(protocol: &str, receiver: SocketAddr, received
             other => panic!("{protocol}: no TTFT on the span: {other:?}"),
         }
         assert!(span.events.iter().any(|e| e.name == "gen_ai.first_token"));
+        // Without reasoning, the first answer token is the first token.
+        assert_eq!(
+            attribute(attributes, "llmslo.time_to_first_answer_token"),
+            attribute(attributes, "gen_ai.server.time_to_first_token"),
+            "{protocol}"
+        );
+        assert!(span.events.iter().any(|e| e.name == "llmslo.first_answer_token"));
         // The engine was handed llmslo's span as its parent, in the same trace.
         let handed = format!("traceparent: 00-{trace_id}-{span_id}-01");
         assert!(
@@ -360,6 +367,7 @@ async fn spans_and_metrics_arrive(protocol: &str, receiver: SocketAddr, received
         "gen_ai.server.time_to_first_token",
         "gen_ai.server.time_per_output_token",
         "gen_ai.server.request.duration",
+        "llmslo.time_to_first_answer_token",
     ] {
         assert_eq!(histogram_count(&metrics, name), 4, "{protocol}: {name}");
     }
