@@ -184,3 +184,18 @@ async fn the_sampler_publishes_on_its_interval() {
     shutdown.cancel();
     task.await.unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_device_name_that_needs_escaping_is_escaped() {
+    let mut odd = h100(0);
+    odd.name = "Odd \"GPU\" \\ 1".into();
+    let mut fake = Fake {
+        devices: vec![Some(odd)],
+        ..Fake::default()
+    };
+    let text = encode(&sampled(&mut fake));
+    assert!(
+        text.contains(r#"gpu_model="Odd \"GPU\" \\ 1""#),
+        "escaped per the exposition format:\n{text}"
+    );
+}

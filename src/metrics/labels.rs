@@ -223,7 +223,7 @@ impl ModelNames {
     /// The models known so far: the allow-list, or those learned.
     pub fn known(&self) -> Vec<String> {
         let mut models: Vec<String> = match &self.allow_list {
-            Some(allowed) => allowed.iter().cloned().collect(),
+            Some(allowed) => allowed.iter().map(|m| escaped(m).into_owned()).collect(),
             None => self.learned.read().expect("model set lock").iter().cloned().collect(),
         };
         models.sort();
@@ -248,7 +248,7 @@ impl ModelNames {
         };
         if let Some(allowed) = &self.allow_list {
             let label = if allowed.contains(name) { name } else { OTHER_MODEL };
-            return (label.to_string(), None);
+            return (escaped(label).into_owned(), None);
         }
         if !is_plausible_model_name(name) {
             return (OTHER_MODEL.to_string(), None);
@@ -280,12 +280,35 @@ impl ModelNames {
     }
 }
 
+/// Whether a client's model name may become a label: a model id's length and characters
+/// (letters, digits and `-._/:@+`, as in `meta-llama/Llama-3.1-8B-Instruct` or `llama3:8b`).
 fn is_plausible_model_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= MAX_MODEL_NAME_LEN
         && name != UNKNOWN_MODEL
         && name != OTHER_MODEL
-        && name.chars().all(|c| c.is_ascii_graphic())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-._/:@+".contains(&b))
+}
+
+/// `value` as the text exposition format writes a label value: `\`, `"` and line feeds
+/// escaped (prometheus-client writes label values as they are). For values from outside
+/// llmslo: configured model names, the GPU's own name and UUID.
+pub fn escaped(value: &str) -> std::borrow::Cow<'_, str> {
+    if !value.contains(['\\', '"', '\n']) {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    let mut out = String::with_capacity(value.len() + 8);
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -330,9 +353,36 @@ mod tests {
     #[test]
     fn implausible_names_are_other_and_not_learned() {
         let names = ModelNames::new(&[], 1);
-        for bad in ["", "has space", &"x".repeat(200), "unknown"] {
+        for bad in [
+            "",
+            "has space",
+            &"x".repeat(200),
+            "unknown",
+            "quote\"d",
+            "back\\slash",
+            "new\nline",
+            "brace}",
+            "x\u{e9}",
+        ] {
             assert_eq!(names.label(Some(bad)), (OTHER_MODEL.to_string(), None), "{bad}");
         }
         assert_eq!(names.label(Some("ok")).1.as_deref(), Some("ok"));
+        for good in [
+            "meta-llama/Llama-3.1-8B-Instruct",
+            "llama3:8b",
+            "org/model@rev",
+            "a+b_c.d",
+        ] {
+            assert_eq!(names.label(Some(good)).1.as_deref(), Some(good), "{good}");
+        }
+    }
+
+    #[test]
+    fn configured_names_are_escaped_as_label_values() {
+        let names = ModelNames::new(&["we\"ird\\".into()], 4);
+        assert_eq!(names.label(Some("we\"ird\\")).0, r#"we\"ird\\"#);
+        assert_eq!(names.known(), [r#"we\"ird\\"#]);
+        assert_eq!(escaped("two\nlines"), r"two\nlines");
+        assert!(matches!(escaped("plain"), std::borrow::Cow::Borrowed("plain")));
     }
 }

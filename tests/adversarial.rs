@@ -1,0 +1,128 @@
+//! Attacks a hostile client can make on a pod, each bounded and on loopback: the sidecar must
+//! keep `/metrics` parseable for Prometheus and keep serving everyone else.
+
+mod common;
+
+use common::*;
+use std::io::Write;
+
+/// Checks every line of an exposition against the text format's grammar: a metric name, then
+/// optionally `{name="value",...}` with only `\\`, `\"` and `\n` escaped in values, then a value.
+fn assert_parses(exposition: &str) {
+    let is_name = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b':';
+    for line in exposition.lines().filter(|l| !l.starts_with('#')) {
+        let bytes = line.as_bytes();
+        let at = |i: usize| *bytes.get(i).unwrap_or_else(|| panic!("line ends early: {line:?}"));
+        let mut i = 0;
+        while i < bytes.len() && is_name(bytes[i]) {
+            i += 1;
+        }
+        assert!(i > 0 && !bytes[0].is_ascii_digit(), "not a metric name: {line:?}");
+        if i < bytes.len() && bytes[i] == b'{' {
+            i += 1;
+            while at(i) != b'}' {
+                let start = i;
+                while is_name(at(i)) {
+                    i += 1;
+                }
+                assert!(i > start && at(i) == b'=' && at(i + 1) == b'"', "bad label in {line:?}");
+                i += 2;
+                loop {
+                    match at(i) {
+                        b'"' => break,
+                        b'\\' => {
+                            assert!(matches!(at(i + 1), b'\\' | b'"' | b'n'), "bad escape in {line:?}");
+                            i += 2;
+                        }
+                        _ => i += 1,
+                    }
+                }
+                i += 1;
+                if at(i) == b',' {
+                    i += 1;
+                }
+            }
+            i += 1;
+        }
+        let value = line[i..].trim_start().split(' ').next().unwrap_or("");
+        assert!(
+            value.parse::<f64>().is_ok() || ["NaN", "+Inf", "-Inf"].contains(&value),
+            "bad sample value in {line:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn model_names_that_would_break_the_exposition_are_other() {
+    // An engine that answers 200 to any model name (llama.cpp- and TGI-style).
+    let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
+    let (upstream, _) = scripted_upstream(Script::sse(vec![(
+        std::time::Duration::ZERO,
+        chunk.as_bytes().to_vec(),
+    )]))
+    .await;
+    let sidecar = start_sidecar(upstream, "engine: llamacpp\n").await;
+    let hostile = [
+        "evil\"} 1\nfake_metric 1",
+        "back\\slash",
+        "quote\"",
+        "brace{x=\"1\"}",
+        "line\nbreak",
+        "tab\there",
+    ];
+    for model in hostile.iter().chain(&["meta-llama/Llama-3.1-8B-Instruct"]) {
+        let body = serde_json::json!({"model": model, "stream": true, "messages": []}).to_string();
+        let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", body).await;
+        assert_eq!(status, 200, "{model:?} is forwarded as it is");
+    }
+    let m = settled(&sidecar).await;
+    assert_parses(&m);
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("model", "other")]),
+        hostile.len() as f64,
+        "{m}"
+    );
+    let learned = [("model", "meta-llama/Llama-3.1-8B-Instruct")];
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &learned),
+        1.0,
+        "a real model id is learned"
+    );
+    if let Some(promtool) = required_tool("promtool", &[], "apt-get install prometheus") {
+        // promtool exits 1 on a parse error, 3 on style lints alone (OpenMetrics counters).
+        let check = std::process::Command::new(promtool)
+            .args(["check", "metrics"])
+            .stdin(std::process::Stdio::piped())
+            .output_with_stdin(m.as_bytes());
+        let said = String::from_utf8_lossy(&check.stderr).into_owned() + &String::from_utf8_lossy(&check.stdout);
+        assert!(
+            check.status.code() != Some(1) && !said.contains("parsing error"),
+            "promtool cannot parse /metrics: {said}"
+        );
+    }
+    sidecar.shutdown().await;
+}
+
+/// Runs a command with `input` on its standard input.
+trait OutputWithStdin {
+    fn output_with_stdin(&mut self, input: &[u8]) -> std::process::Output;
+}
+
+impl OutputWithStdin for std::process::Command {
+    fn output_with_stdin(&mut self, input: &[u8]) -> std::process::Output {
+        let mut child = self
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(input).unwrap();
+        child.wait_with_output().unwrap()
+    }
+}
+
+#[test]
+fn the_grammar_check_catches_an_unescaped_value() {
+    assert_parses("x_total{model=\"a\\\"b\",op=\"c\"} 1\ny 2.5\n");
+    let broken = std::panic::catch_unwind(|| assert_parses("x_total{model=\"a\"b\"} 1\n"));
+    assert!(broken.is_err(), "a raw quote inside a value is caught");
+}
