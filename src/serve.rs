@@ -1,5 +1,6 @@
 //! The accept loop every llmslo HTTP server shares: HTTP/1.1 and h2c on one port, header
-//! limits, a connection cap, a deadline for the first byte, and a graceful drain on shutdown.
+//! limits, a connection cap, a deadline for the first complete request, and a graceful drain
+//! on shutdown.
 
 use crate::metrics::{Metrics, RefusalReason};
 use hyper::body::{Body, Incoming};
@@ -16,12 +17,16 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-/// How long a client may take to send a complete request head.
+/// How long a client may take to send a complete request head (the first one counted from
+/// the connection's accept, whatever the protocol: HTTP/1.1, the h2c preface and SETTINGS,
+/// a TLS handshake).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often the first bytes are looked at again while they cannot tell the protocol yet.
+const SNIFF_POLL: Duration = Duration::from_millis(10);
 /// Largest request head accepted (HTTP/1.1 buffer and HTTP/2 header list).
 const MAX_HEADER_BYTES: usize = 64 * 1024;
 /// How long the answer to a connection over the cap may take to write.
@@ -78,8 +83,9 @@ pub async fn serve<F, Fut, B>(
 /// [`serve`] with each accepted connection first passed through `wrap` (a TLS handshake),
 /// in the connection's own task so a slow handshake never holds up accepting.
 ///
-/// A connection must send its first byte, and finish `wrap`, within the head timeout of its
-/// accept; a connection over the cap is answered 503 and closed at once.
+/// A connection must send a complete first request within the head timeout of its accept
+/// (its first bytes, `wrap`, the protocol's preface and the request head); a connection over
+/// the cap is answered 503 and closed at once.
 pub async fn serve_with<W, WF, IO, F, Fut, B>(
     listener: TcpListener,
     wrap: W,
@@ -121,9 +127,10 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
         };
         let open = limits.metrics.as_ref().map(|m| m.connection_opened());
         let (handler, wrap, builders, watcher) = (handler.clone(), wrap.clone(), builders.clone(), graceful.watcher());
+        let deadline = tokio::time::Instant::now() + HEADER_READ_TIMEOUT;
         tokio::spawn(async move {
             let _held = (slot, open);
-            let (io, protocol) = match tokio::time::timeout(HEADER_READ_TIMEOUT, first_bytes_then(stream, wrap)).await {
+            let (io, protocol) = match tokio::time::timeout_at(deadline, first_bytes_then(stream, wrap)).await {
                 Ok(Ok(sniffed)) => sniffed,
                 Ok(Err(error)) => {
                     debug!(%peer, %error, "connection set-up failed");
@@ -134,17 +141,32 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
                     return;
                 }
             };
-            let (io, service) = (TokioIo::new(io), service_fn(move |request| handler(request, peer)));
-            let served = match protocol {
-                Some(Protocol::Http1) => watcher
-                    .watch(builders.http1.serve_connection(io, service))
-                    .await
-                    .map_err(Into::into),
-                Some(Protocol::H2c) => watcher
-                    .watch(builders.h2c.serve_connection(io, service))
-                    .await
-                    .map_err(Into::into),
-                None => watcher.watch(builders.sniffing.serve_connection(io, service)).await,
+            let requested = Arc::new(Notify::new());
+            let first = requested.clone();
+            let service = service_fn(move |request| {
+                first.notify_one();
+                handler(request, peer)
+            });
+            let io = TokioIo::new(io);
+            let connection = async {
+                match protocol {
+                    Some(Protocol::Http1) => watcher
+                        .watch(builders.http1.serve_connection(io, service))
+                        .await
+                        .map_err(Into::into),
+                    Some(Protocol::H2c) => watcher
+                        .watch(builders.h2c.serve_connection(io, service))
+                        .await
+                        .map_err(Into::into),
+                    None => watcher.watch(builders.sniffing.serve_connection(io, service)).await,
+                }
+            };
+            let served = tokio::select! {
+                served = connection => served,
+                _ = no_request_by(deadline, &requested) => {
+                    debug!(%peer, "connection closed: no complete request within the head timeout");
+                    return;
+                }
             };
             if let Err(error) = served {
                 debug!(%peer, error = %error, "connection closed with an error");
@@ -194,22 +216,44 @@ impl Builders {
     }
 }
 
-/// Waits for the client's first bytes (or its EOF), then sets the connection up with `wrap`;
-/// says which protocol the bytes begin, when they are plain HTTP.
+/// Completes once `deadline` passes before the connection's first request arrived (never
+/// after it arrived).
+async fn no_request_by(deadline: tokio::time::Instant, requested: &Notify) {
+    tokio::select! {
+        _ = requested.notified() => std::future::pending().await,
+        _ = tokio::time::sleep_until(deadline) => {}
+    }
+}
+
+/// Waits for the client's first bytes (or its EOF), and for more while they are a part of the
+/// h2c preface too short to tell; then sets the connection up with `wrap` and says which
+/// protocol the bytes begin, when they are plain HTTP.
 async fn first_bytes_then<W, WF, IO>(stream: TcpStream, wrap: W) -> std::io::Result<(IO, Option<Protocol>)>
 where
     W: Fn(TcpStream) -> WF,
     WF: Future<Output = std::io::Result<IO>>,
 {
     let mut first = [0u8; H2C_PREFACE.len()];
-    let n = stream.peek(&mut first).await?;
-    if n == 0 {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::UnexpectedEof,
-            "closed before sending anything",
-        ));
+    let mut seen = 0;
+    loop {
+        let n = stream.peek(&mut first).await?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "closed before sending anything",
+            ));
+        }
+        let undecided =
+            n < first.len() && H2C_PREFACE.starts_with(&first[..n]) && Protocol::of_first_bytes(&first[..n]).is_none();
+        if !undecided {
+            return Ok((wrap(stream).await?, Protocol::of_first_bytes(&first[..n])));
+        }
+        // A peek sees the same bytes until more arrive: look again a little later.
+        if n == seen {
+            tokio::time::sleep(SNIFF_POLL).await;
+        }
+        seen = n;
     }
-    Ok((wrap(stream).await?, Protocol::of_first_bytes(&first[..n])))
 }
 
 /// What every HTTP/2 connection without TLS (h2c with prior knowledge) begins with.

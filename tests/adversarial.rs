@@ -126,3 +126,35 @@ fn the_grammar_check_catches_an_unescaped_value() {
     let broken = std::panic::catch_unwind(|| assert_parses("x_total{model=\"a\"b\"} 1\n"));
     assert!(broken.is_err(), "a raw quote inside a value is caught");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_request_head_that_never_completes_is_closed_at_the_head_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let (upstream, _) = scripted_upstream(Script::sse(Vec::new())).await;
+    let sidecar = start_sidecar(upstream, "").await;
+    let partial: [&[u8]; 5] = [
+        b"P",
+        b"PRI * HTTP/2.0\r\n",
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n",
+        b"\x16\x03\x01",
+    ];
+    for bytes in partial {
+        let mut stream = tokio::net::TcpStream::connect(sidecar.proxy_addr).await.unwrap();
+        let started = tokio::time::Instant::now();
+        stream.write_all(bytes).await.unwrap();
+        let answer = read_for(&mut stream, std::time::Duration::from_secs(120)).await;
+        let closed_after = started.elapsed().as_secs();
+        // Never held past the deadline (bytes that cannot begin a request are refused at once).
+        assert!(
+            closed_after <= 31,
+            "{:?}: closed after {closed_after} s ({answer:?})",
+            String::from_utf8_lossy(bytes)
+        );
+    }
+    let m = settled(&sidecar).await;
+    assert_eq!(sample(&m, "llmslo_proxy_connections_open", &[]), 0.0, "{m}");
+    // Everyone else is still served.
+    let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(1, false, false)).await;
+    assert_ne!(status, 0);
+}
