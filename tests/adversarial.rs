@@ -158,3 +158,25 @@ async fn a_request_head_that_never_completes_is_closed_at_the_head_timeout() {
     let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(1, false, false)).await;
     assert_ne!(status, 0);
 }
+
+#[tokio::test]
+async fn asking_for_usage_changes_no_other_byte_of_the_request() {
+    let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
+    let (upstream, log) = scripted_upstream(Script::sse(vec![(
+        std::time::Duration::ZERO,
+        chunk.as_bytes().to_vec(),
+    )]))
+    .await;
+    let sidecar = start_sidecar(upstream, "engine: vllm\n").await;
+    let body = r#"{"model":"m","seed":123456789012345678901234567890,"stream":true,"stream_options":{"continuous_usage_stats":true},"messages":[{"role":"user","content":"x"}]}"#;
+    let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", body.to_string()).await;
+    assert_eq!(status, 200);
+    let sent = request_to(&log, "POST /v1/chat/completions");
+    let expected = body.replace(
+        r#""stream_options":{"continuous_usage_stats""#,
+        r#""stream_options":{"include_usage":true,"continuous_usage_stats""#,
+    );
+    assert!(sent.ends_with(&expected), "the engine got:\n{sent}");
+    assert!(sent.contains(&format!("content-length: {}", expected.len())));
+    sidecar.shutdown().await;
+}

@@ -69,31 +69,55 @@ pub fn buffered(bytes: Bytes, permit: Option<OwnedSemaphorePermit>) -> UpstreamB
     .boxed_unsync()
 }
 
-/// The same request asking for `stream_options.include_usage`. When the client sent no
-/// `stream_options`, the field is inserted at the start of the object and every byte the
-/// client wrote is kept; otherwise the object is rewritten. `None` when not a JSON object.
+/// The same request asking for `stream_options.include_usage`, with every other byte the
+/// client wrote kept as it was (numbers beyond 64 bits, key order, spacing): the field is
+/// spliced in, never re-serialised. `None` when the body is not a JSON object, or names
+/// `stream_options` (or its `include_usage`) twice, where engines disagree on which counts.
 pub fn with_usage_requested(body: &[u8]) -> Option<Bytes> {
-    let mut object: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(body).ok()?;
-    if !object.contains_key("stream_options") {
-        let open = body.iter().position(|b| *b == b'{')?;
-        let mut rewritten = Vec::with_capacity(body.len() + 40);
-        rewritten.extend_from_slice(&body[..=open]);
-        rewritten.extend_from_slice(br#""stream_options":{"include_usage":true}"#);
-        if !object.is_empty() {
-            rewritten.push(b',');
-        }
-        rewritten.extend_from_slice(&body[open + 1..]);
-        return Some(rewritten.into());
+    // Valid JSON whose numbers are never converted, and an object.
+    serde_json::from_slice::<serde::de::IgnoredAny>(body).ok()?;
+    if body.trim_ascii_start().first() != Some(&b'{') {
+        return None;
     }
-    match object.get_mut("stream_options") {
-        Some(serde_json::Value::Object(options)) => {
-            options.insert("include_usage".into(), true.into());
+    let Some((start, end)) = only_member(body, "stream_options")? else {
+        return Some(inserted_after_brace(body, br#""stream_options":{"include_usage":true}"#)?.into());
+    };
+    let options = &body[start..end];
+    let replacement = if options.starts_with(b"{") {
+        match only_member(options, "include_usage")? {
+            Some((value_start, value_end)) => [&options[..value_start], b"true", &options[value_end..]].concat(),
+            None => inserted_after_brace(options, br#""include_usage":true"#)?,
         }
-        _ => {
-            object.insert("stream_options".into(), serde_json::json!({"include_usage": true}));
+    } else {
+        br#"{"include_usage":true}"#.to_vec()
+    };
+    Some([&body[..start], &replacement[..], &body[end..]].concat().into())
+}
+
+/// The byte span of the value of `object`'s member `key`: `Some(None)` when it has none,
+/// `None` when it has it more than once.
+fn only_member(object: &[u8], key: &str) -> Option<Option<(usize, usize)>> {
+    let mut found = None;
+    for member in sonic_rs::to_object_iter(object) {
+        let (name, value) = member.ok()?;
+        if name == key {
+            if found.is_some() {
+                return None;
+            }
+            let raw = value.as_raw_str().as_bytes();
+            let start = (raw.as_ptr() as usize).checked_sub(object.as_ptr() as usize)?;
+            found = Some((start, start + raw.len()));
         }
     }
-    serde_json::to_vec(&object).ok().map(Bytes::from)
+    Some(found)
+}
+
+/// `object` with `member` inserted as its first member.
+fn inserted_after_brace(object: &[u8], member: &[u8]) -> Option<Vec<u8>> {
+    let open = object.iter().position(|b| *b == b'{')?;
+    let empty = object[open + 1..].iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'}');
+    let separator: &[u8] = if empty { b"" } else { b"," };
+    Some([&object[..=open], member, separator, &object[open + 1..]].concat())
 }
 
 /// Parses the fields from a whole body; malformed JSON yields no fields (the engine answers it).
@@ -247,6 +271,42 @@ mod tests {
             br#"{"stream_options":{"include_usage":true}, "model": "m",  "stream": true, "temperature": 0.70 }"#
         );
         assert!(parse_fields(&rewritten).asked_for_usage());
+    }
+
+    #[test]
+    fn existing_stream_options_are_spliced_never_reserialised() {
+        let body = br#"{"seed": 123456789012345678901234567890, "stream": true, "stream_options": {"continuous_usage_stats": true}, "x": 1.50}"#;
+        assert_eq!(
+            &with_usage_requested(body).unwrap()[..],
+            &br#"{"seed": 123456789012345678901234567890, "stream": true, "stream_options": {"include_usage":true,"continuous_usage_stats": true}, "x": 1.50}"#[..]
+        );
+        for (before, after) in [
+            (
+                &br#"{"stream_options":{"include_usage":false}}"#[..],
+                &br#"{"stream_options":{"include_usage":true}}"#[..],
+            ),
+            (
+                br#"{"stream_options": null, "n": 1e400}"#,
+                br#"{"stream_options": {"include_usage":true}, "n": 1e400}"#,
+            ),
+            (
+                br#"{"stream_options":{ }}"#,
+                br#"{"stream_options":{"include_usage":true }}"#,
+            ),
+            (
+                br#"{"stream_options":{"include_usage":null,"a":1}}"#,
+                br#"{"stream_options":{"include_usage":true,"a":1}}"#,
+            ),
+            (br#"{}"#, br#"{"stream_options":{"include_usage":true}}"#),
+        ] {
+            let spliced = with_usage_requested(before).unwrap();
+            assert_eq!(&spliced[..], after, "{}", String::from_utf8_lossy(before));
+            assert!(parse_fields(&spliced).asked_for_usage());
+        }
+        let twice = br#"{"stream_options":{"include_usage":false},"stream_options":{}}"#;
+        assert!(with_usage_requested(twice).is_none(), "ambiguous: left as it is");
+        let twice_inside = br#"{"stream_options":{"include_usage":false,"include_usage":false}}"#;
+        assert!(with_usage_requested(twice_inside).is_none());
     }
 
     #[test]
