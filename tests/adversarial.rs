@@ -180,3 +180,41 @@ async fn asking_for_usage_changes_no_other_byte_of_the_request() {
     assert!(sent.contains(&format!("content-length: {}", expected.len())));
     sidecar.shutdown().await;
 }
+
+#[tokio::test]
+async fn the_usage_chunk_llmslo_asked_for_never_reaches_the_client_after_an_oversized_event() {
+    let token = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n";
+    let huge = format!(
+        "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
+        "x".repeat(300_000)
+    );
+    let usage = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":3}}\n\n";
+    let done = "data: [DONE]\n\n";
+    let pieces: Vec<(std::time::Duration, Vec<u8>)> = [token, &huge[..150_000], &huge[150_000..], token, usage, done]
+        .iter()
+        .map(|p| (std::time::Duration::ZERO, p.as_bytes().to_vec()))
+        .collect();
+    let (upstream, log) = scripted_upstream(Script::sse(pieces)).await;
+    let sidecar = start_sidecar(upstream, "engine: vllm\nmax_event_bytes: 65536\n").await;
+    // The client did not ask for usage: llmslo asks on its behalf, and must hide the answer.
+    let (status, received) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(3, true, false)).await;
+    assert_eq!(status, 200);
+    assert!(request_to(&log, "POST /v1/chat/completions").contains("include_usage"));
+    let expected = [token, &huge, token, done].concat();
+    assert_eq!(received.len(), expected.len());
+    assert!(
+        received == expected.as_bytes(),
+        "the client gets what the engine sent, less the usage chunk"
+    );
+    let m = settled(&sidecar).await;
+    assert_eq!(
+        sample(
+            &m,
+            "llmslo_unmeasured_responses_total",
+            &[("reason", "oversized_event")]
+        ),
+        1.0
+    );
+    assert_eq!(sample(&m, "llmslo_requests_total", &[("outcome", "success")]), 1.0);
+    sidecar.shutdown().await;
+}

@@ -4,8 +4,9 @@
 //! come out through a callback. Line ends may be `\n`, `\r\n` or `\r`, an event may span
 //! any number of frames, and a UTF-8 sequence may be split between frames: the parser
 //! never looks at characters, only at the ASCII bytes that delimit lines and fields.
-//! Memory is bounded: an event larger than the limit makes the parser give up for the
-//! rest of the stream (the caller keeps forwarding the bytes).
+//! Memory is bounded: an event larger than the limit is skipped unbuffered (the caller keeps
+//! forwarding its bytes), and the stream counts as given up for measurement; later events are
+//! still framed, marked as coming after it.
 
 /// One dispatched event: its `event:` type (empty when absent), its joined `data:` lines,
 /// and where its raw bytes lie in the stream.
@@ -19,6 +20,9 @@ pub struct SseEvent<'a> {
     pub start: u64,
     /// Stream offset just after the blank line that ended the event.
     pub end: u64,
+    /// An earlier event of the stream was over the limit: the stream is no longer measured,
+    /// and its events are framed only for the usage stripper.
+    pub after_oversized: bool,
 }
 
 /// Incremental SSE parser with a bounded buffer.
@@ -35,6 +39,10 @@ pub struct SseParser {
     /// Still at the very start of the stream, where a UTF-8 byte order mark is dropped.
     at_start: bool,
     gave_up: bool,
+    /// Inside an event over the limit: its lines are consumed unbuffered until it ends.
+    skipping: bool,
+    /// While skipping: the line being consumed has bytes (it is not the blank line).
+    skipped_line_has_bytes: bool,
     /// Stream offset of the first byte not yet consumed.
     pos: u64,
     /// Stream offset just after the last blank line (where the next event starts).
@@ -52,27 +60,31 @@ impl SseParser {
             skip_lf: false,
             at_start: true,
             gave_up: false,
+            skipping: false,
+            skipped_line_has_bytes: false,
             pos: 0,
             boundary: 0,
         }
     }
 
-    /// Stream offset just after the last blank line: every byte before it belongs to a
-    /// finished event (or to a comment or blank line between events).
+    /// Stream offset up to which every byte may be forwarded: just after the last blank line
+    /// (every byte before it belongs to a finished event, or to a comment or blank line
+    /// between events); inside an oversized event, everything fed so far.
     pub fn boundary(&self) -> u64 {
-        self.boundary
+        if self.skipping {
+            self.pos
+        } else {
+            self.boundary
+        }
     }
 
-    /// True once an oversized event made the parser stop interpreting the stream.
+    /// True once an oversized event made the stream unmeasurable.
     pub fn gave_up(&self) -> bool {
         self.gave_up
     }
 
     /// Feed the next bytes of the stream; `on_event` is called for every event they complete.
     pub fn feed(&mut self, mut bytes: &[u8], mut on_event: impl FnMut(SseEvent<'_>)) {
-        if self.gave_up {
-            return;
-        }
         if self.at_start {
             let before = bytes.len();
             match self.strip_bom(bytes) {
@@ -104,7 +116,9 @@ impl SseParser {
                 }
             }
             self.pos += consumed as u64;
-            if self.line.is_empty() {
+            if self.skipping {
+                self.skip_line(!tail.is_empty());
+            } else if self.line.is_empty() {
                 self.process_line(tail, &mut on_event);
             } else {
                 let mut line = std::mem::take(&mut self.line);
@@ -113,14 +127,25 @@ impl SseParser {
                 line.clear();
                 self.line = line;
             }
-            if self.gave_up {
-                return;
-            }
             bytes = &bytes[consumed..];
         }
         self.pos += bytes.len() as u64;
-        self.line.extend_from_slice(bytes);
-        self.check_bound();
+        if self.skipping {
+            self.skipped_line_has_bytes |= !bytes.is_empty();
+        } else {
+            self.line.extend_from_slice(bytes);
+            self.check_bound();
+        }
+    }
+
+    /// A line of an oversized event ended: a blank one ends the event, and framing resumes.
+    fn skip_line(&mut self, has_bytes: bool) {
+        let had_bytes = std::mem::take(&mut self.skipped_line_has_bytes);
+        let blank = !has_bytes && !had_bytes;
+        if blank {
+            self.skipping = false;
+            self.boundary = self.pos;
+        }
     }
 
     /// After a `\r` line end completed by a late `\n`: the boundary moves past that `\n`
@@ -159,6 +184,11 @@ impl SseParser {
         // decides whether the parser gives up.
         if line.len() + self.data.len() > self.max_event_bytes {
             self.give_up();
+            // The line that crossed the limit is over: the event's next line decides.
+            self.skipped_line_has_bytes = false;
+            if line.is_empty() {
+                self.skip_line(false);
+            }
             return;
         }
         if line.is_empty() {
@@ -198,6 +228,7 @@ impl SseParser {
                 data,
                 start: self.boundary,
                 end: self.pos,
+                after_oversized: self.gave_up,
             });
         }
         self.data.clear();
@@ -210,8 +241,11 @@ impl SseParser {
         }
     }
 
+    /// Stops buffering the event over the limit: skips it to its end.
     fn give_up(&mut self) {
         self.gave_up = true;
+        self.skipping = true;
+        self.skipped_line_has_bytes = !self.line.is_empty();
         self.line = Vec::new();
         self.data = Vec::new();
         self.event_type = Vec::new();
@@ -341,13 +375,30 @@ mod tests {
     }
 
     #[test]
-    fn oversized_event_makes_the_parser_give_up() {
+    fn an_oversized_event_is_skipped_unbuffered_and_later_events_are_marked() {
         let big = vec![b'x'; 100];
         let mut chunk = b"data: ".to_vec();
         chunk.extend_from_slice(&big);
-        let (events, gave_up) = events_of(&[b"data: ok\n\n", &chunk, b"\n\ndata: later\n\n"], 64);
-        assert_eq!(events.len(), 1);
-        assert!(gave_up);
+        let mut parser = SseParser::new(64);
+        let mut seen = Vec::new();
+        let mut feed = |parser: &mut SseParser, bytes: &[u8]| {
+            parser.feed(bytes, |e| {
+                seen.push((String::from_utf8(e.data.to_vec()).unwrap(), e.after_oversized))
+            });
+        };
+        feed(&mut parser, b"data: ok\n\n");
+        feed(&mut parser, &chunk);
+        assert!(parser.gave_up());
+        assert_eq!(
+            parser.boundary(),
+            10 + chunk.len() as u64,
+            "the oversized bytes may all go on"
+        );
+        assert!(parser.line.capacity() + parser.data.capacity() < 64, "and are not kept");
+        feed(&mut parser, b"more\ndata: still the same event\n");
+        feed(&mut parser, b"\ndata: later\n\n");
+        assert_eq!(seen, [("ok".to_string(), false), ("later".to_string(), true)]);
+        assert_eq!(parser.boundary(), parser.pos, "framing resumed after the blank line");
     }
 
     #[test]

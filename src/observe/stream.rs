@@ -184,6 +184,9 @@ impl StreamObserver {
             if let (true, Some(spans)) = (summary.usage_only, removable.as_mut()) {
                 spans.push((event.start, event.end));
             }
+            if event.after_oversized {
+                return; // no longer measured: framed only to cut the usage chunk
+            }
             if summary.finish_only && counting.empty_finish_is_no_token {
                 summary.has_tokens = false;
             }
@@ -207,10 +210,10 @@ impl StreamObserver {
         self.facts.first_token_event
     }
 
-    /// Stream offset up to which every event is complete, or `None` once interpretation
-    /// stopped (everything may then be forwarded).
-    pub fn boundary(&self) -> Option<u64> {
-        (!self.parser.gave_up()).then(|| self.parser.boundary())
+    /// Stream offset up to which the bytes may be forwarded: every event before it is
+    /// complete (inside an oversized event, everything fed so far).
+    pub fn boundary(&self) -> u64 {
+        self.parser.boundary()
     }
 
     /// Takes the spans of usage-only events found so far that must not reach the client.
@@ -774,6 +777,6 @@ mod tests {
         let (start, end) = (spans[0].0 as usize, spans[0].1 as usize);
         assert!(stream[start..end].starts_with(b"data: {\"choices\":[],\"usage\""));
         assert!(stream[end..].starts_with(b"data: [DONE]"));
-        assert_eq!(strip.boundary(), Some(stream.len() as u64));
+        assert_eq!(strip.boundary(), stream.len() as u64);
     }
 }

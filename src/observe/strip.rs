@@ -16,10 +16,9 @@ pub struct UsageStripper {
 
 impl UsageStripper {
     /// Takes the next frame; returns what may be forwarded now: every byte before
-    /// `boundary` (all of them when `None`) except the `removed` spans.
-    pub fn push(&mut self, frame: &Bytes, boundary: Option<u64>, removed: &[(u64, u64)]) -> Bytes {
+    /// `boundary` except the `removed` spans.
+    pub fn push(&mut self, frame: &Bytes, boundary: u64, removed: &[(u64, u64)]) -> Bytes {
         let held_end = self.held_start + (self.held.len() + frame.len()) as u64;
-        let boundary = boundary.unwrap_or(held_end);
         if self.held.is_empty() && removed.is_empty() && boundary == held_end && self.lf_to_cut_at.is_none() {
             self.held_start = held_end;
             return frame.clone(); // the common case: a frame of whole events, nothing to cut
@@ -63,7 +62,7 @@ mod tests {
     fn whole_frames_pass_without_copy() {
         let mut s = UsageStripper::default();
         let frame = Bytes::from_static(b"data: a\n\n");
-        let out = s.push(&frame, Some(9), &[]);
+        let out = s.push(&frame, 9, &[]);
         assert_eq!(out.as_ptr(), frame.as_ptr());
     }
 
@@ -71,10 +70,10 @@ mod tests {
     fn partial_events_are_held_and_spans_cut() {
         let mut s = UsageStripper::default();
         assert_eq!(
-            s.push(&Bytes::from_static(b"data: a\n\ndata: u"), Some(9), &[]),
+            s.push(&Bytes::from_static(b"data: a\n\ndata: u"), 9, &[]),
             "data: a\n\n"
         );
-        let out = s.push(&Bytes::from_static(b"\n\ndata: [DONE]\n\n"), Some(32), &[(9, 18)]);
+        let out = s.push(&Bytes::from_static(b"\n\ndata: [DONE]\n\n"), 32, &[(9, 18)]);
         assert_eq!(out, "data: [DONE]\n\n");
         assert!(s.finish().is_empty());
     }
@@ -83,20 +82,20 @@ mod tests {
     fn a_crlf_split_after_a_cut_event_loses_its_lf_too() {
         let mut s = UsageStripper::default();
         // "data: u\r\n\r" + "\n...": the cut event ends at offset 10, where the frame ends.
-        assert_eq!(s.push(&Bytes::from_static(b"data: u\r\n\r"), Some(10), &[(0, 10)]), "");
+        assert_eq!(s.push(&Bytes::from_static(b"data: u\r\n\r"), 10, &[(0, 10)]), "");
         assert_eq!(
-            s.push(&Bytes::from_static(b"\ndata: [DONE]\r\n\r\n"), Some(27), &[]),
+            s.push(&Bytes::from_static(b"\ndata: [DONE]\r\n\r\n"), 27, &[]),
             "data: [DONE]\r\n\r\n"
         );
     }
 
     #[test]
-    fn no_boundary_forwards_everything_held() {
+    fn a_boundary_at_the_end_forwards_everything_held() {
         let mut s = UsageStripper::default();
-        assert!(s.push(&Bytes::from_static(b"data: par"), Some(0), &[]).is_empty());
-        assert_eq!(s.push(&Bytes::from_static(b"tial"), None, &[]), "data: partial");
+        assert!(s.push(&Bytes::from_static(b"data: par"), 0, &[]).is_empty());
+        assert_eq!(s.push(&Bytes::from_static(b"tial"), 13, &[]), "data: partial");
         assert_eq!(
-            s.push(&Bytes::from_static(b"data: x"), Some(13), &[]),
+            s.push(&Bytes::from_static(b"data: x"), 13, &[]),
             "",
             "nothing complete yet"
         );
