@@ -206,6 +206,11 @@ async fn upstream_down_gives_502_json_and_connect_error() {
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
     assert_eq!(json["error"]["type"], "upstream_unavailable");
     assert!(json["error"]["message"].as_str().unwrap().contains("refused"), "{json}");
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        !body.contains(&closed.to_string()) && !body.contains("127.0.0.1"),
+        "the client is never told where the engine is: {body}"
+    );
     let m = sidecar.metrics.encode();
     assert_eq!(
         sample(

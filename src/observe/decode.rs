@@ -1,6 +1,9 @@
 //! Decoding a compressed response body for the observer, while the client still receives the
 //! compressed bytes untouched. Decoded bytes go straight to a sink as they come out of the
-//! decoder, so memory stays bounded whatever the compression ratio.
+//! decoder, so memory stays bounded whatever the compression ratio; the work is bounded too:
+//! a body may decode to at most `DECODED_PER_ENCODED` times its encoded bytes (plus
+//! `DECODED_HEADROOM`), and a zstd frame may ask for a window of at most 8 MiB, so a
+//! compression bomb stops being decoded (and measured) instead of holding a worker thread.
 
 use brotli_decompressor::DecompressorWriter;
 use flate2::write::{GzDecoder, ZlibDecoder};
@@ -9,6 +12,14 @@ use std::io::{self, Write};
 
 /// Decoder buffer for brotli (gzip and deflate use flate2's own).
 const BROTLI_BUFFER: usize = 16 * 1024;
+/// Decoded bytes a body may produce per encoded byte received: LLM event streams compress
+/// 10 to 20 times; a compression bomb, thousands of times.
+const DECODED_PER_ENCODED: u64 = 256;
+/// Decoded bytes a body may produce beyond that ratio.
+const DECODED_HEADROOM: u64 = 4 << 20;
+/// Largest zstd window accepted, as a power of two: 8 MiB, what RFC 9659 asks HTTP decoders
+/// to support (zstd itself allows 128 MiB).
+const ZSTD_WINDOW_LOG_MAX: u32 = 23;
 /// Longest `Content-Encoding` value repeated in a log line.
 const MAX_LOGGED_ENCODING: usize = 32;
 
@@ -68,10 +79,35 @@ pub struct Decoder<W: Write>(Inner<W>);
 
 enum Inner<W: Write> {
     Identity(W),
-    Gzip(GzDecoder<W>),
-    Deflate(ZlibDecoder<W>),
-    Brotli(Box<DecompressorWriter<W>>),
-    Zstd(zstd::stream::write::Decoder<'static, W>),
+    Gzip(GzDecoder<Bounded<W>>),
+    Deflate(ZlibDecoder<Bounded<W>>),
+    Brotli(Box<DecompressorWriter<Bounded<W>>>),
+    Zstd(zstd::stream::write::Decoder<'static, Bounded<W>>),
+}
+
+/// A sink that takes decoded bytes only within an allowance the encoded bytes grow.
+struct Bounded<W> {
+    sink: W,
+    allowance: u64,
+}
+
+impl<W: Write> Write for Bounded<W> {
+    fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+        let n = bytes.len() as u64;
+        if n > self.allowance {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidData,
+                "the body decodes to more than its compression ratio allows",
+            ));
+        }
+        self.allowance -= n;
+        self.sink.write_all(bytes)?;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.sink.flush()
+    }
 }
 
 impl<W: Write> std::fmt::Debug for Decoder<W> {
@@ -90,12 +126,20 @@ impl<W: Write> std::fmt::Debug for Decoder<W> {
 impl<W: Write> Decoder<W> {
     /// A decoder for `encoding` writing into `sink`.
     pub fn new(encoding: Encoding, sink: W) -> io::Result<Self> {
+        let bounded = |sink| Bounded {
+            sink,
+            allowance: DECODED_HEADROOM,
+        };
         Ok(Self(match encoding {
             Encoding::Identity => Inner::Identity(sink),
-            Encoding::Gzip => Inner::Gzip(GzDecoder::new(sink)),
-            Encoding::Deflate => Inner::Deflate(ZlibDecoder::new(sink)),
-            Encoding::Brotli => Inner::Brotli(Box::new(DecompressorWriter::new(sink, BROTLI_BUFFER))),
-            Encoding::Zstd => Inner::Zstd(zstd::stream::write::Decoder::new(sink)?),
+            Encoding::Gzip => Inner::Gzip(GzDecoder::new(bounded(sink))),
+            Encoding::Deflate => Inner::Deflate(ZlibDecoder::new(bounded(sink))),
+            Encoding::Brotli => Inner::Brotli(Box::new(DecompressorWriter::new(bounded(sink), BROTLI_BUFFER))),
+            Encoding::Zstd => {
+                let mut decoder = zstd::stream::write::Decoder::new(bounded(sink))?;
+                decoder.window_log_max(ZSTD_WINDOW_LOG_MAX)?;
+                Inner::Zstd(decoder)
+            }
         }))
     }
 
@@ -106,6 +150,14 @@ impl<W: Write> Decoder<W> {
 
     /// Decodes `bytes` into the sink; an error means the body cannot be decoded further.
     pub fn write(&mut self, bytes: &[u8]) -> io::Result<()> {
+        let earned = DECODED_PER_ENCODED * bytes.len() as u64;
+        match &mut self.0 {
+            Inner::Identity(_) => {}
+            Inner::Gzip(w) => w.get_mut().allowance += earned,
+            Inner::Deflate(w) => w.get_mut().allowance += earned,
+            Inner::Brotli(w) => w.get_mut().allowance += earned,
+            Inner::Zstd(w) => w.get_mut().allowance += earned,
+        }
         match &mut self.0 {
             Inner::Identity(w) => w.write_all(bytes),
             Inner::Gzip(w) => w.write_all(bytes).and_then(|()| w.flush()),
@@ -119,10 +171,10 @@ impl<W: Write> Decoder<W> {
     pub fn sink(&self) -> &W {
         match &self.0 {
             Inner::Identity(w) => w,
-            Inner::Gzip(w) => w.get_ref(),
-            Inner::Deflate(w) => w.get_ref(),
-            Inner::Brotli(w) => w.get_ref(),
-            Inner::Zstd(w) => w.get_ref(),
+            Inner::Gzip(w) => &w.get_ref().sink,
+            Inner::Deflate(w) => &w.get_ref().sink,
+            Inner::Brotli(w) => &w.get_ref().sink,
+            Inner::Zstd(w) => &w.get_ref().sink,
         }
     }
 
@@ -130,10 +182,10 @@ impl<W: Write> Decoder<W> {
     pub fn sink_mut(&mut self) -> &mut W {
         match &mut self.0 {
             Inner::Identity(w) => w,
-            Inner::Gzip(w) => w.get_mut(),
-            Inner::Deflate(w) => w.get_mut(),
-            Inner::Brotli(w) => w.get_mut(),
-            Inner::Zstd(w) => w.get_mut(),
+            Inner::Gzip(w) => &mut w.get_mut().sink,
+            Inner::Deflate(w) => &mut w.get_mut().sink,
+            Inner::Brotli(w) => &mut w.get_mut().sink,
+            Inner::Zstd(w) => &mut w.get_mut().sink,
         }
     }
 }
@@ -142,6 +194,48 @@ impl<W: Write> Decoder<W> {
 mod tests {
     use super::*;
     use http::HeaderValue;
+
+    /// Counts what it is given.
+    #[derive(Default)]
+    struct Counter(u64);
+
+    impl Write for Counter {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.0 += bytes.len() as u64;
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_compression_bomb_stops_being_decoded() {
+        let mut bomb = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+        bomb.write_all(&vec![0u8; 32 << 20]).unwrap();
+        let bomb = bomb.finish().unwrap();
+        let mut decoder = Decoder::new(Encoding::Gzip, Counter::default()).unwrap();
+        let failed = bomb.chunks(4096).any(|chunk| decoder.write(chunk).is_err());
+        assert!(failed, "32 MiB of zeros from {} bytes is over the ratio", bomb.len());
+        let allowed = DECODED_HEADROOM + DECODED_PER_ENCODED * bomb.len() as u64;
+        assert!(
+            decoder.sink().0 <= allowed,
+            "decoded {} of at most {allowed}",
+            decoder.sink().0
+        );
+    }
+
+    #[test]
+    fn a_zstd_frame_asking_for_a_window_over_8_mib_is_refused() {
+        let mut encoder = zstd::stream::write::Encoder::new(Vec::new(), 1).unwrap();
+        encoder.window_log(24).unwrap();
+        encoder.include_contentsize(false).unwrap();
+        encoder.write_all(&vec![7u8; 20 << 20]).unwrap();
+        let frame = encoder.finish().unwrap();
+        let mut decoder = Decoder::new(Encoding::Zstd, Counter::default()).unwrap();
+        assert!(decoder.write(&frame).is_err(), "a 16 MiB window is refused");
+        assert_eq!(decoder.sink().0, 0);
+    }
 
     fn encoding(value: &str) -> Result<Encoding, String> {
         let mut headers = HeaderMap::new();

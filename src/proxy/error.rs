@@ -7,12 +7,13 @@ use bytes::Bytes;
 use http::{header, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use std::time::Duration;
+use tracing::debug;
 
 /// A failure the sidecar reports to the client instead of an engine response.
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
     /// The engine could not be reached or refused the connection, or failed the exchange.
-    #[error("upstream {upstream} is unavailable: {reason}")]
+    #[error("the engine is unavailable: {reason}")]
     Unavailable {
         /// The configured upstream.
         upstream: String,
@@ -22,7 +23,7 @@ pub enum ProxyError {
         connect: bool,
     },
     /// The engine sent no response head in time.
-    #[error("upstream {upstream} sent no response within {}", humantime::format_duration(*.after))]
+    #[error("the engine sent no response within {}", humantime::format_duration(*.after))]
     Timeout {
         /// The configured upstream.
         upstream: String,
@@ -30,7 +31,7 @@ pub enum ProxyError {
         after: Duration,
     },
     /// The engine answered something a proxy cannot pass on.
-    #[error("upstream {upstream} answered {what}")]
+    #[error("the engine answered {what}")]
     BadUpstreamResponse {
         /// The configured upstream.
         upstream: String,
@@ -90,8 +91,15 @@ impl ProxyError {
         }
     }
 
-    /// The response sent to the client: `{"error":{"message":...,"type":...}}`.
+    /// The response sent to the client: `{"error":{"message":...,"type":...}}`. The message
+    /// never names the engine's address (the sidecar's own log does, at debug level).
     pub fn into_response(self) -> Response<ProxyBody> {
+        if let ProxyError::Unavailable { upstream, .. }
+        | ProxyError::Timeout { upstream, .. }
+        | ProxyError::BadUpstreamResponse { upstream, .. } = &self
+        {
+            debug!(upstream, error = %self, "answered the client for the engine");
+        }
         let body = serde_json::json!({
             "error": { "message": self.to_string(), "type": self.kind(), "code": self.status().as_u16() }
         });
