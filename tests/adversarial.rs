@@ -218,3 +218,33 @@ async fn the_usage_chunk_llmslo_asked_for_never_reaches_the_client_after_an_over
     assert_eq!(sample(&m, "llmslo_requests_total", &[("outcome", "success")]), 1.0);
     sidecar.shutdown().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn upload_time_is_the_clients_not_the_engines() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = body_reading_upstream().await;
+    // A body over max_peek_bytes streams to the engine as it arrives.
+    let config = "upstream_timeout: 1s\nrequest_body_timeout: 2s\nmax_peek_bytes: 16\n";
+    let sidecar = start_sidecar(upstream, config).await;
+    // A 3 s upload, steady, against a 1 s response deadline: the engine answers at once after it.
+    let body = format!("{{\"model\":\"m\",\"pad\":\"{}\"}}", " ".repeat(28));
+    let mut stream = tokio::net::TcpStream::connect(sidecar.proxy_addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    for piece in body.as_bytes().chunks(10) {
+        tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+        stream.write_all(piece).await.unwrap();
+    }
+    let answer = read_for(&mut stream, std::time::Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let m = settled(&sidecar).await;
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "success")]),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(sample(&m, "llmslo_requests_total", &[("outcome", "timeout")]), 0.0);
+}

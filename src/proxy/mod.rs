@@ -9,6 +9,7 @@
 //!    `stream_idle_timeout`.
 
 pub mod client;
+pub mod deadline;
 pub mod error;
 pub mod forward;
 pub mod guard;
@@ -21,6 +22,7 @@ pub mod request_body;
 use crate::metrics::Metrics;
 use bytes::Bytes;
 use client::UpstreamClient;
+use deadline::{ResponseDeadline, ResponseDeadlineLayer};
 use forward::{ClientAddr, Forward};
 use guard::{Guard, GuardLayer, GuardSettings};
 use http::{Request, Response};
@@ -32,7 +34,6 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tower::timeout::Timeout;
 use tower::{ServiceBuilder, ServiceExt};
 
 /// Body type sent to the upstream.
@@ -60,7 +61,7 @@ pub struct ProxySettings {
 /// The sidecar's request path: one assembly of the layers, shared by all connections.
 #[derive(Debug, Clone)]
 pub struct Proxy {
-    stack: Guard<Observe<Timeout<Forward>>>,
+    stack: Guard<Observe<ResponseDeadline<Forward>>>,
 }
 
 impl Proxy {
@@ -76,7 +77,7 @@ impl Proxy {
         let stack = ServiceBuilder::new()
             .layer(GuardLayer::new(metrics.clone(), guard))
             .layer(ObserveLayer::new(metrics, settings.observe))
-            .timeout(settings.upstream_timeout)
+            .layer(ResponseDeadlineLayer::new(settings.upstream_timeout))
             .service(Forward::new(client, &settings.upstream, settings.stream_idle_timeout));
         Self { stack }
     }
