@@ -33,6 +33,10 @@ pub struct Sidecar {
     pub metrics_addr: SocketAddr,
     /// The shared registry (tests and the demo read it directly).
     pub metrics: Arc<Metrics>,
+    /// Stops the proxy, which then drains.
+    stop_proxy: CancellationToken,
+    proxy_task: tokio::task::JoinHandle<()>,
+    /// Stops the metrics port and the background tasks, once the proxy has drained.
     shutdown: CancellationToken,
     tasks: JoinSet<()>,
     telemetry: Telemetry,
@@ -97,15 +101,18 @@ impl Sidecar {
             },
         ));
 
+        // The proxy stops first and drains; the metrics port and the background tasks stop
+        // after it, so the drained streams' final counts can still be scraped.
+        let stop_proxy = CancellationToken::new();
         let shutdown = CancellationToken::new();
         let mut tasks = JoinSet::new();
-        tasks.spawn(serve(
+        let proxy_task = tokio::spawn(serve(
             proxy_listener,
             move |request, peer| {
                 let proxy = proxy.clone();
                 async move { proxy.handle(request, peer).await }
             },
-            shutdown.clone(),
+            stop_proxy.clone(),
             config.drain_timeout,
             ConnectionLimits {
                 max_connections: config.max_connections,
@@ -159,14 +166,19 @@ impl Sidecar {
             proxy_addr,
             metrics_addr,
             metrics,
+            stop_proxy,
+            proxy_task,
             shutdown,
             tasks,
             telemetry,
         })
     }
 
-    /// Stops accepting, lets in-flight responses finish (up to the drain deadline), and returns.
+    /// Stops accepting, lets in-flight responses finish (up to the drain deadline) while
+    /// `/metrics` still answers, then stops the rest and returns.
     pub async fn shutdown(mut self) {
+        self.stop_proxy.cancel();
+        let _ = self.proxy_task.await;
         self.shutdown.cancel();
         while self.tasks.join_next().await.is_some() {}
         self.telemetry.shutdown().await;

@@ -397,24 +397,41 @@ async fn metrics_port_serves_openmetrics_health_and_readiness() {
 async fn shutdown_lets_in_flight_streams_finish_and_refuses_new_connections() {
     let (engine, _stop) = start_engine(timed_engine(100, 50)).await;
     let sidecar = start_sidecar(engine, "drain_timeout: 30s\n").await;
-    let proxy = sidecar.proxy_addr;
+    let (proxy, metrics_addr) = (sidecar.proxy_addr, sidecar.metrics_addr);
     let metrics = sidecar.metrics.clone();
-    let in_flight =
-        tokio::spawn(async move { post_collect(proxy, "/v1/chat/completions", chat_body(20, true, false)).await });
+    let stream = |tokens| {
+        tokio::spawn(async move { post_collect(proxy, "/v1/chat/completions", chat_body(tokens, true, false)).await })
+    };
+    let (short, long) = (stream(10), stream(40));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let stopping = tokio::spawn(sidecar.shutdown());
     tokio::time::sleep(Duration::from_millis(10)).await;
     assert!(TcpStream::connect(proxy).await.is_err(), "the listener is closed");
-    let (status, body) = in_flight.await.unwrap();
+    let (status, body) = short.await.unwrap();
     assert_eq!(status, 200);
     assert!(
         body.ends_with(b"data: [DONE]\n\n"),
         "the stream finished during the drain"
     );
+    // While the long stream drains, /metrics still answers, with the short one counted.
+    let request = Request::get(format!("http://{metrics_addr}/metrics"))
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = client()
+        .request(request)
+        .await
+        .expect("/metrics answers during the drain");
+    let scraped = String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap();
+    assert_eq!(
+        sample(&scraped, "llmslo_requests_total", &[("outcome", "success")]),
+        1.0
+    );
+    assert_eq!(sample(&scraped, "llmslo_requests_in_flight", &[]), 1.0);
+    assert_eq!(long.await.unwrap().0, 200);
     stopping.await.unwrap();
     assert_eq!(
         sample(&metrics.encode(), "llmslo_requests_total", &[("outcome", "success")]),
-        1.0
+        2.0
     );
 }
 
