@@ -42,14 +42,17 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     /// Counts open and refused connections (the proxy port's).
     pub metrics: Option<Arc<Metrics>>,
+    /// Longest a write may wait for the client to read; the connection is closed beyond it.
+    pub send_timeout: Option<Duration>,
 }
 
 impl ConnectionLimits {
-    /// A cap of `max_connections`, reported nowhere.
+    /// A cap of `max_connections`, reported nowhere, with no send timeout.
     pub fn new(max_connections: usize) -> Self {
         Self {
             max_connections,
             metrics: None,
+            send_timeout: None,
         }
     }
 }
@@ -127,6 +130,7 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
         };
         let open = limits.metrics.as_ref().map(|m| m.connection_opened());
         let (handler, wrap, builders, watcher) = (handler.clone(), wrap.clone(), builders.clone(), graceful.watcher());
+        let send_timeout = limits.send_timeout;
         let deadline = tokio::time::Instant::now() + HEADER_READ_TIMEOUT;
         tokio::spawn(async move {
             let _held = (slot, open);
@@ -147,7 +151,11 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
                 first.notify_one();
                 handler(request, peer)
             });
-            let io = TokioIo::new(io);
+            // A client that stops reading fails the next write after the send timeout: the
+            // connection closes, and the engine's request with it.
+            let mut io = tokio_io_timeout::TimeoutStream::new(io);
+            io.set_write_timeout(send_timeout);
+            let io = TokioIo::new(Box::pin(io));
             let connection = async {
                 match protocol {
                     Some(Protocol::Http1) => watcher

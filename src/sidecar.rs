@@ -23,6 +23,8 @@ use tracing::{error, info, warn};
 
 /// Connections open at once on the metrics port (scrapers and probes need a handful).
 const METRICS_MAX_CONNECTIONS: usize = 256;
+/// Longest a scrape may wait for its reader: a client that never reads frees its slot.
+const METRICS_SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A started sidecar; dropping it does not stop it, [`Sidecar::shutdown`] does.
 #[derive(Debug)]
@@ -117,6 +119,7 @@ impl Sidecar {
             ConnectionLimits {
                 max_connections: config.max_connections,
                 metrics: Some(metrics.clone()),
+                send_timeout: Some(config.send_timeout),
             },
         ));
         let (m, r) = (metrics.clone(), readiness.clone());
@@ -125,7 +128,10 @@ impl Sidecar {
             move |request, _peer| metrics_server::handle(request, m.clone(), r.clone()),
             shutdown.clone(),
             config.drain_timeout,
-            ConnectionLimits::new(METRICS_MAX_CONNECTIONS),
+            ConnectionLimits {
+                send_timeout: Some(METRICS_SEND_TIMEOUT),
+                ..ConnectionLimits::new(METRICS_MAX_CONNECTIONS)
+            },
         ));
         tasks.spawn(health::probe_upstream(
             client,

@@ -248,3 +248,36 @@ async fn upload_time_is_the_clients_not_the_engines() {
     );
     assert_eq!(sample(&m, "llmslo_requests_total", &[("outcome", "timeout")]), 0.0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_stops_reading_is_cut_off_after_the_send_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let event = format!(
+        "data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"{}\"}}}}]}}\n\n",
+        "x".repeat(60_000)
+    );
+    let pieces = (0..400)
+        .map(|_| (std::time::Duration::ZERO, event.as_bytes().to_vec()))
+        .collect();
+    let (upstream, _) = scripted_upstream(Script::sse(pieces)).await;
+    let sidecar = start_sidecar(upstream, &format!("send_timeout: 2s\n{}", "inject_usage: false\n")).await;
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(sidecar.proxy_addr).await.unwrap();
+    let body = chat_body(10, true, false);
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    // Never read: the sidecar's writes back up, and after 2 s it gives up on this client.
+    tokio::time::sleep(std::time::Duration::from_secs(10)).await;
+    let m = settled(&sidecar).await;
+    let cancelled = [("outcome", "client_cancelled")];
+    assert_eq!(sample(&m, "llmslo_requests_total", &cancelled), 1.0, "{m}");
+    assert_eq!(sample(&m, "llmslo_proxy_connections_open", &[]), 0.0);
+    drop(stream);
+    // Everyone else is still served.
+    let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(1, false, false)).await;
+    assert_eq!(status, 200);
+}

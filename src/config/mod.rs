@@ -191,6 +191,8 @@ struct FileConfig {
     max_buffered_request_bytes: Option<usize>,
     #[serde(default, with = "humantime_serde")]
     request_body_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    send_timeout: Option<Duration>,
     max_connections: Option<usize>,
     max_event_bytes: Option<usize>,
     #[serde(default, with = "humantime_serde")]
@@ -280,6 +282,9 @@ pub struct Config {
     pub max_buffered_request_bytes: usize,
     /// Longest gap between two reads of a request body (408 beyond it).
     pub request_body_timeout: Duration,
+    /// Longest a write to a client may wait for the client to read (the connection is
+    /// closed beyond it, and the engine's request with it).
+    pub send_timeout: Duration,
     /// Client connections open at once on the proxy port (503 and close beyond it).
     pub max_connections: usize,
     /// Largest stream event (or JSON response) interpreted.
@@ -336,6 +341,8 @@ pub mod defaults {
     pub const MAX_BUFFERED_REQUEST_BYTES: usize = 32 << 20;
     /// `request_body_timeout`.
     pub const REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+    /// `send_timeout`.
+    pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
     /// `max_connections`.
     pub const MAX_CONNECTIONS: usize = 10_000;
     /// `max_event_bytes`: 1 MiB.
@@ -433,6 +440,7 @@ impl Config {
                 .max_buffered_request_bytes
                 .unwrap_or(defaults::MAX_BUFFERED_REQUEST_BYTES),
             request_body_timeout: f.request_body_timeout.unwrap_or(defaults::REQUEST_BODY_TIMEOUT),
+            send_timeout: f.send_timeout.unwrap_or(defaults::SEND_TIMEOUT),
             max_connections: f.max_connections.unwrap_or(defaults::MAX_CONNECTIONS),
             max_event_bytes: f.max_event_bytes.unwrap_or(defaults::MAX_EVENT_BYTES),
             upstream_timeout: f.upstream_timeout.unwrap_or(defaults::UPSTREAM_TIMEOUT),
@@ -518,6 +526,7 @@ impl Config {
         for (key, value) in [
             ("upstream_timeout", self.upstream_timeout),
             ("request_body_timeout", self.request_body_timeout),
+            ("send_timeout", self.send_timeout),
             ("drain_timeout", self.drain_timeout),
             ("health_interval", self.health_interval),
         ] {
@@ -616,6 +625,7 @@ impl Config {
             "max_body_bytes": self.max_body_bytes,
             "max_buffered_request_bytes": self.max_buffered_request_bytes,
             "request_body_timeout": human(self.request_body_timeout),
+            "send_timeout": human(self.send_timeout),
             "max_connections": self.max_connections,
             "max_event_bytes": self.max_event_bytes,
             "upstream_timeout": human(self.upstream_timeout),
@@ -745,6 +755,7 @@ mod tests {
         assert_eq!(c.max_body_bytes, 64 << 20);
         assert_eq!(c.max_buffered_request_bytes, 32 << 20);
         assert_eq!(c.request_body_timeout, Duration::from_secs(30));
+        assert_eq!(c.send_timeout, Duration::from_secs(60));
         assert_eq!(c.max_connections, 10_000);
         assert_eq!(c.stream_idle_timeout, Some(Duration::from_secs(300)));
         assert_eq!(c.max_event_bytes, 1 << 20);
