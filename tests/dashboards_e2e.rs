@@ -138,6 +138,13 @@ async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
     .await;
     let rule_file = rules::render(&config.slos, RulesFormat::Prometheus);
 
+    // The GPU families exist once the first sample (on a blocking thread) is published.
+    for _ in 0..100 {
+        if sidecar.metrics.encode().contains("llmslo_gpu_up 1") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     // Every metric a query names is one the sidecar exports or a rule records.
     let exported = sidecar.metrics.encode();
     let mut known: BTreeSet<String> = ["ALERTS".to_string()].into();
