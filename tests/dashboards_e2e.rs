@@ -138,13 +138,17 @@ async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
     .await;
     let rule_file = rules::render(&config.slos, RulesFormat::Prometheus);
 
-    // The GPU families exist once the first sample (on a blocking thread) is published.
-    for _ in 0..100 {
-        if sidecar.metrics.encode().contains("llmslo_gpu_up 1") {
+    // The GPU families exist once a sample (taken on a blocking thread) is published.
+    let sampled = |text: &str| text.contains("llmslo_gpu_energy_joules_total{");
+    for _ in 0..200 {
+        if sampled(&sidecar.metrics.encode()) {
             break;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let text = sidecar.metrics.encode();
+    let gpu: Vec<&str> = text.lines().filter(|l| l.contains("gpu")).collect();
+    assert!(sampled(&text), "no GPU sample within 10 s: {gpu:?}");
     // Every metric a query names is one the sidecar exports or a rule records.
     let exported = sidecar.metrics.encode();
     let mut known: BTreeSet<String> = ["ALERTS".to_string()].into();
