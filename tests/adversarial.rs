@@ -132,22 +132,23 @@ async fn a_request_head_that_never_completes_is_closed_at_the_head_timeout() {
     use tokio::io::AsyncWriteExt;
     let (upstream, _) = scripted_upstream(Script::sse(Vec::new())).await;
     let sidecar = start_sidecar(upstream, "").await;
-    let partial: [&[u8]; 5] = [
-        b"P",
-        b"PRI * HTTP/2.0\r\n",
-        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
-        b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n",
-        b"\x16\x03\x01",
+    // (bytes, seconds the connection is held): the start of a request waits out the deadline;
+    // bytes that cannot begin one (a TLS handshake on a plain port) are refused at once.
+    let partial: [(&[u8], std::ops::RangeInclusive<u64>); 5] = [
+        (b"P", 30..=31),
+        (b"PRI * HTTP/2.0\r\n", 30..=31),
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 30..=31),
+        (b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n", 30..=31),
+        (b"\x16\x03\x01", 0..=1),
     ];
-    for bytes in partial {
+    for (bytes, held) in partial {
         let mut stream = tokio::net::TcpStream::connect(sidecar.proxy_addr).await.unwrap();
         let started = tokio::time::Instant::now();
         stream.write_all(bytes).await.unwrap();
         let answer = read_for(&mut stream, std::time::Duration::from_secs(120)).await;
         let closed_after = started.elapsed().as_secs();
-        // Never held past the deadline (bytes that cannot begin a request are refused at once).
         assert!(
-            closed_after <= 31,
+            held.contains(&closed_after),
             "{:?}: closed after {closed_after} s ({answer:?})",
             String::from_utf8_lossy(bytes)
         );
@@ -156,7 +157,7 @@ async fn a_request_head_that_never_completes_is_closed_at_the_head_timeout() {
     assert_eq!(sample(&m, "llmslo_proxy_connections_open", &[]), 0.0, "{m}");
     // Everyone else is still served.
     let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(1, false, false)).await;
-    assert_ne!(status, 0);
+    assert_eq!(status, 200);
 }
 
 #[tokio::test]

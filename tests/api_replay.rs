@@ -260,75 +260,46 @@ fn script_of(name: &str) -> (Script, Vec<u8>) {
     (script, body)
 }
 
-/// (capture, route, operation, outcome, output tokens, input tokens).
-const THROUGH_THE_SIDECAR: [(&str, &str, &str, &str, u64, u64); 20] = [
-    (
-        "chat-continuous-usage",
-        "/v1/chat/completions",
-        "chat",
-        "success",
-        32,
-        41,
-    ),
-    (
-        "chat-toplogprobs50",
-        "/v1/chat/completions",
-        "chat",
-        "client_error",
-        0,
-        0,
-    ),
-    (
-        "completions-logprobs50",
-        "/v1/completions",
-        "text_completion",
-        "client_error",
-        0,
-        0,
-    ),
-    ("responses-stream", "/v1/responses", "responses", "success", 32, 41),
-    ("responses-sampled-1", "/v1/responses", "responses", "success", 32, 41),
-    ("responses-jsonschema", "/v1/responses", "responses", "success", 16, 41),
-    ("responses-nostream", "/v1/responses", "responses", "success", 32, 41),
-    ("responses-badmodel", "/v1/responses", "responses", "client_error", 0, 0),
-    ("responses-toolong", "/v1/responses", "responses", "client_error", 0, 0),
-    (
-        "responses-toplogprobs50",
-        "/v1/responses",
-        "responses",
-        "upstream_error",
-        0,
-        0,
-    ),
-    (
-        "responses-per-request-metrics",
-        "/v1/responses",
-        "responses",
-        "success",
-        32,
-        22,
-    ),
-    ("messages-stream", "/v1/messages", "messages", "success", 32, 41),
-    ("messages-sampled-1", "/v1/messages", "messages", "success", 32, 41),
-    ("messages-nostream", "/v1/messages", "messages", "success", 32, 41),
-    ("messages-badmodel", "/v1/messages", "messages", "client_error", 0, 0),
-    ("messages-toolong", "/v1/messages", "messages", "client_error", 0, 0),
-    ("messages-thinking", "/v1/messages", "messages", "client_error", 0, 0),
-    ("messages-tools", "/v1/messages", "messages", "client_error", 0, 0),
-    (
-        "messages-per-request-metrics",
-        "/v1/messages",
-        "messages",
-        "success",
-        32,
-        22,
-    ),
-    ("embeddings", "/v1/embeddings", "embeddings", "client_error", 0, 0),
+/// (capture, outcome, output tokens, input tokens).
+const THROUGH_THE_SIDECAR: [(&str, &str, u64, u64); 20] = [
+    ("chat-continuous-usage", "success", 32, 41),
+    ("chat-toplogprobs50", "client_error", 0, 0),
+    ("completions-logprobs50", "client_error", 0, 0),
+    ("responses-stream", "success", 32, 41),
+    ("responses-sampled-1", "success", 32, 41),
+    ("responses-jsonschema", "success", 16, 41),
+    ("responses-nostream", "success", 32, 41),
+    ("responses-badmodel", "client_error", 0, 0),
+    ("responses-toolong", "client_error", 0, 0),
+    ("responses-toplogprobs50", "upstream_error", 0, 0),
+    ("responses-per-request-metrics", "success", 32, 22),
+    ("messages-stream", "success", 32, 41),
+    ("messages-sampled-1", "success", 32, 41),
+    ("messages-nostream", "success", 32, 41),
+    ("messages-badmodel", "client_error", 0, 0),
+    ("messages-toolong", "client_error", 0, 0),
+    ("messages-thinking", "client_error", 0, 0),
+    ("messages-tools", "client_error", 0, 0),
+    ("messages-per-request-metrics", "success", 32, 22),
+    ("embeddings", "client_error", 0, 0),
 ];
+
+/// The route and `operation` of a capture, from its name.
+fn api_of(name: &str) -> (&'static str, &'static str) {
+    match name.split('-').next().unwrap() {
+        "chat" => ("/v1/chat/completions", "chat"),
+        "completions" => ("/v1/completions", "text_completion"),
+        "responses" => ("/v1/responses", "responses"),
+        "messages" => ("/v1/messages", "messages"),
+        "embeddings" => ("/v1/embeddings", "embeddings"),
+        other => panic!("no API for {other}"),
+    }
+}
 
 #[tokio::test]
 async fn every_capture_passes_byte_for_byte_and_is_counted_right() {
-    for (name, route, operation, outcome, output, input) in THROUGH_THE_SIDECAR {
+    for (name, outcome, output, input) in THROUGH_THE_SIDECAR {
+        let (route, operation) = api_of(name);
         let (script, body) = script_of(name);
         let (upstream, _) = scripted_upstream(script).await;
         let slos = "engine: vllm\nslos:\n  - {name: availability, objective: 99.9, availability: true}\n";

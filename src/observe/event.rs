@@ -135,6 +135,40 @@ fn is_client_error_name(name: &str) -> bool {
     CLIENT.contains(&folded.as_str())
 }
 
+/// A `usage` object of the typed APIs (Responses, Messages): `input_tokens`, `output_tokens`
+/// and, on the Responses API, `output_tokens_details.reasoning_tokens`.
+#[derive(Deserialize)]
+pub struct TypedUsage {
+    #[serde(default)]
+    input_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens: Option<u64>,
+    #[serde(default)]
+    output_tokens_details: Option<OutputDetails>,
+}
+
+#[derive(Deserialize)]
+struct OutputDetails {
+    #[serde(default)]
+    reasoning_tokens: Option<u64>,
+}
+
+impl TypedUsage {
+    /// The counts it states.
+    pub fn usage(self) -> Usage {
+        Usage {
+            input_tokens: self.input_tokens,
+            output_tokens: self.output_tokens,
+            reasoning_tokens: self.output_tokens_details.and_then(|d| d.reasoning_tokens),
+        }
+    }
+}
+
+/// Whose fault an `error` event's data says it is (the engine's, when it cannot be read).
+pub fn fault_of_event(data: &[u8]) -> Fault {
+    sonic_rs::from_slice::<Value>(data).map_or(Fault::Engine, |error| fault_of(&error))
+}
+
 /// The event's type: its `event:` field, or the `type` its data states when it has none.
 pub fn event_name<'a>(event_type: &'a [u8], data: &[u8]) -> Cow<'a, [u8]> {
     if !event_type.is_empty() {

@@ -8,7 +8,7 @@
 //! events say what failed (`overloaded_error` is the engine's, `invalid_request_error` the
 //! client's).
 
-use super::event::{event_name, fault_of, EventSummary, Fault, TextChars, Usage};
+use super::event::{event_name, fault_of, fault_of_event, EventSummary, Fault, TextChars, TypedUsage};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -22,29 +22,11 @@ struct MessageStart {
 #[derive(Deserialize)]
 struct MessageObject {
     #[serde(default)]
-    usage: Option<WireUsage>,
+    usage: Option<TypedUsage>,
     #[serde(default, rename = "type")]
     kind: Option<String>,
     #[serde(default)]
     error: Option<Value>,
-}
-
-#[derive(Deserialize)]
-struct WireUsage {
-    #[serde(default)]
-    input_tokens: Option<u64>,
-    #[serde(default)]
-    output_tokens: Option<u64>,
-}
-
-impl WireUsage {
-    fn usage(self) -> Usage {
-        Usage {
-            input_tokens: self.input_tokens,
-            output_tokens: self.output_tokens,
-            reasoning_tokens: None,
-        }
-    }
 }
 
 #[derive(Deserialize)]
@@ -67,7 +49,7 @@ struct BlockDelta {
 #[derive(Deserialize)]
 struct MessageDelta {
     #[serde(default)]
-    usage: Option<WireUsage>,
+    usage: Option<TypedUsage>,
 }
 
 /// Summarises one Messages stream event of type `event_type` (its `event:` field; the data's
@@ -93,7 +75,7 @@ pub fn summarise(event_type: &[u8], data: &[u8]) -> EventSummary {
             usage: sonic_rs::from_slice::<MessageStart>(data)
                 .ok()
                 .and_then(|e| e.message?.usage)
-                .map(WireUsage::usage),
+                .map(TypedUsage::usage),
             ..EventSummary::default()
         },
         b"content_block_stop" => EventSummary {
@@ -105,7 +87,7 @@ pub fn summarise(event_type: &[u8], data: &[u8]) -> EventSummary {
             usage: sonic_rs::from_slice::<MessageDelta>(data)
                 .ok()
                 .and_then(|e| e.usage)
-                .map(WireUsage::usage),
+                .map(TypedUsage::usage),
             ..EventSummary::default()
         },
         b"message_stop" => EventSummary {
@@ -113,7 +95,7 @@ pub fn summarise(event_type: &[u8], data: &[u8]) -> EventSummary {
             ..EventSummary::default()
         },
         b"error" => EventSummary {
-            error: Some(sonic_rs::from_slice::<Value>(data).map_or(Fault::Engine, |error| fault_of(&error))),
+            error: Some(fault_of_event(data)),
             ..EventSummary::default()
         },
         _ => EventSummary::default(),
@@ -152,7 +134,7 @@ pub fn summarise_body(data: &[u8]) -> EventSummary {
         (None, _) => None,
     };
     EventSummary {
-        usage: message.usage.map(WireUsage::usage),
+        usage: message.usage.map(TypedUsage::usage),
         error,
         ..EventSummary::default()
     }

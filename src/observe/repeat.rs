@@ -91,25 +91,23 @@ impl Template {
     /// The template of the event `event_type` with `data` around the first generated text it
     /// holds as a string.
     fn of(protocol: Protocol, event_type: &[u8], data: &[u8]) -> Option<Template> {
-        // Where the protocol's events hold their generated text (the Responses API numbers its
-        // events and TGI's differ in their token ids: theirs never repeat).
-        let openai: [&JsonPointer; 4] = [
-            &pointer!["choices", 0, "delta", "content"],
-            &pointer!["choices", 0, "text"],
-            &pointer!["choices", 0, "delta", "reasoning_content"],
-            &pointer!["choices", 0, "delta", "reasoning"],
-        ];
-        let messages: [&JsonPointer; 3] = [
-            &pointer!["delta", "text"],
-            &pointer!["delta", "thinking"],
-            &pointer!["delta", "partial_json"],
-        ];
-        let paths: &[&JsonPointer] = match protocol {
-            Protocol::OpenAi => &openai,
-            Protocol::Messages => &messages,
-            Protocol::Responses | Protocol::Tgi => &[],
-        };
-        let (start, end) = paths.iter().find_map(|path| string_span(data, path))?;
+        // Where the protocol's events hold their generated text; the Responses API numbers its
+        // events and TGI's differ in their token ids, so theirs never repeat: no template.
+        let first_span = |paths: &[&JsonPointer]| paths.iter().find_map(|path| string_span(data, path));
+        let (start, end) = match protocol {
+            Protocol::OpenAi => first_span(&[
+                &pointer!["choices", 0, "delta", "content"],
+                &pointer!["choices", 0, "text"],
+                &pointer!["choices", 0, "delta", "reasoning_content"],
+                &pointer!["choices", 0, "delta", "reasoning"],
+            ]),
+            Protocol::Messages => first_span(&[
+                &pointer!["delta", "text"],
+                &pointer!["delta", "thinking"],
+                &pointer!["delta", "partial_json"],
+            ]),
+            Protocol::Responses | Protocol::Tgi => None,
+        }?;
         let prefix: Box<[u8]> = data[..=start].into();
         let suffix: Box<[u8]> = data[end - 1..].into();
         let with_text = |text: &[u8]| interpret(protocol, event_type, &[&prefix[..], text, &suffix[..]].concat());

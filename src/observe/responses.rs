@@ -10,7 +10,7 @@
 //! `response.incomplete`, `response.failed` or an `error` event. Usage is only in the
 //! terminal event's `response.usage`.
 
-use super::event::{event_name, fault_of, EventSummary, Fault, Usage};
+use super::event::{event_name, fault_of, fault_of_event, EventSummary, Fault, TypedUsage};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -55,35 +55,9 @@ struct ResponseObject {
     #[serde(default)]
     status: Option<String>,
     #[serde(default)]
-    usage: Option<WireUsage>,
+    usage: Option<TypedUsage>,
     #[serde(default)]
     error: Option<Value>,
-}
-
-#[derive(Deserialize)]
-struct WireUsage {
-    #[serde(default)]
-    input_tokens: Option<u64>,
-    #[serde(default)]
-    output_tokens: Option<u64>,
-    #[serde(default)]
-    output_tokens_details: Option<OutputDetails>,
-}
-
-#[derive(Deserialize)]
-struct OutputDetails {
-    #[serde(default)]
-    reasoning_tokens: Option<u64>,
-}
-
-impl WireUsage {
-    fn usage(self) -> Usage {
-        Usage {
-            input_tokens: self.input_tokens,
-            output_tokens: self.output_tokens,
-            reasoning_tokens: self.output_tokens_details.and_then(|d| d.reasoning_tokens),
-        }
-    }
 }
 
 /// Summarises one Responses stream event of type `event_type` (its `event:` field; the
@@ -122,7 +96,7 @@ pub fn summarise(event_type: &[u8], data: &[u8]) -> EventSummary {
             }
         }
         Kind::Error => EventSummary {
-            error: Some(sonic_rs::from_slice::<Value>(data).map_or(Fault::Engine, |error| fault_of(&error))),
+            error: Some(fault_of_event(data)),
             ..EventSummary::default()
         },
         Kind::Other => EventSummary::default(),
@@ -157,7 +131,7 @@ impl ResponseObject {
             (None, false) => None,
         };
         EventSummary {
-            usage: self.usage.map(WireUsage::usage),
+            usage: self.usage.map(TypedUsage::usage),
             error,
             ..EventSummary::default()
         }
@@ -167,6 +141,7 @@ impl ResponseObject {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::event::Usage;
 
     #[test]
     fn lifecycle_events_are_not_tokens() {
