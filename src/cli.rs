@@ -80,6 +80,10 @@ struct SoakArgs {
     /// engine connections close after 90 s).
     #[arg(long, default_value = "2m", value_parser = duration)]
     fd_wait: Duration,
+    /// Interleave every hostile-client attack with the streams (judged on the memory limit
+    /// and on no legitimate request failing, instead of RSS flatness).
+    #[arg(long)]
+    attacks: bool,
     #[command(flatten)]
     engine: bench::EngineTiming,
 }
@@ -368,6 +372,10 @@ impl Cli {
                 let overrides = args.endpoints.overrides(self.log, self.log_format);
                 match Config::check(overrides, &args.file) {
                     Ok((config, upstream_given)) => {
+                        eprintln!(
+                            "llmslo: worst-case memory with these limits: {} MiB (keep the container's limit above it)",
+                            config.worst_case_memory_bytes() >> 20
+                        );
                         let yaml = config.to_yaml();
                         if upstream_given {
                             print!("{yaml}");
@@ -507,6 +515,7 @@ impl Cli {
                     settle: args.settle,
                     fd_wait: args.fd_wait,
                     engine: args.engine,
+                    attacks: args.attacks,
                 };
                 match bench::soak::run(&options).await {
                     Ok(report) => {

@@ -5,6 +5,7 @@
 //! inter-chunk p99 and what the proxy added to them, the proxy's CPU seconds per 1000 output
 //! tokens and its resident memory per concurrent stream.
 
+pub mod attacks;
 mod client;
 mod process;
 pub mod soak;

@@ -2,6 +2,7 @@
 //! sampling its resident memory, open file descriptors and `/metrics` scrape latency, to show
 //! that nothing grows and everything is given back.
 
+use super::attacks::Attack;
 use super::client::run_streams;
 use super::{start_sidecar_process, with_engine, EngineTiming};
 use std::fmt::Write as _;
@@ -27,7 +28,13 @@ pub struct SoakOptions {
     pub fd_wait: Duration,
     /// The built-in engine's fixed timing.
     pub engine: EngineTiming,
+    /// Interleave every attack of [`Attack::ALL`] with the streams, one after another.
+    pub attacks: bool,
 }
+
+/// The memory limit the injector and the chart give the sidecar container: with attacks, the
+/// soak passes only when RSS never reaches it.
+pub const MEMORY_LIMIT_BYTES: u64 = 128 << 20;
 
 /// One sample of the sidecar process.
 #[derive(Debug, Clone, Copy)]
@@ -59,6 +66,10 @@ pub struct SoakReport {
     pub requests: u64,
     /// Requests that failed.
     pub failed: u64,
+    /// Rounds of every attack run during the load.
+    pub attack_rounds: usize,
+    /// The largest RSS sampled during the load.
+    pub peak_rss: u64,
 }
 
 impl SoakReport {
@@ -88,9 +99,15 @@ impl SoakReport {
             .unwrap_or_default()
     }
 
-    /// RSS within ±5% after the warm-up, and the fds back to where they started.
+    /// The fds back to where they started and, without attacks, RSS within ±5% after the
+    /// warm-up; with attacks, RSS under the memory limit and no legitimate request failed.
     pub fn passed(&self) -> bool {
-        self.rss_deviation() <= 0.05 && self.final_fds <= self.baseline_fds
+        let fds = self.final_fds <= self.baseline_fds;
+        if self.options.attacks {
+            fds && self.peak_rss < MEMORY_LIMIT_BYTES && self.failed == 0
+        } else {
+            fds && self.rss_deviation() <= 0.05
+        }
     }
 }
 
@@ -111,8 +128,12 @@ async fn soak(options: &SoakOptions, engine: SocketAddr, dir: PathBuf) -> Result
         options.duration,
         options.engine.tokens,
     ));
+    let attacks = options
+        .attacks
+        .then(|| tokio::spawn(attack_until(sidecar.addr, options.duration)));
     let started = Instant::now();
     let mut samples = Vec::new();
+    let mut peak_rss = 0;
     let mut ticker = tokio::time::interval_at(started + options.sample_every, options.sample_every);
     while !load.is_finished() {
         tokio::select! {
@@ -123,14 +144,20 @@ async fn soak(options: &SoakOptions, engine: SocketAddr, dir: PathBuf) -> Result
             break;
         }
         let scrape = scrape(metrics).await?;
+        let rss = sidecar.rss_bytes();
+        peak_rss = peak_rss.max(rss);
         samples.push(Sample {
             at: started.elapsed(),
-            rss: sidecar.rss_bytes(),
+            rss,
             fds: sidecar.open_fds(),
             scrape,
         });
     }
     let load = load.await.map_err(|e| format!("the load failed: {e}"))?;
+    let attack_rounds = match attacks {
+        Some(attacks) => attacks.await.map_err(|e| format!("the attacks failed: {e}"))?,
+        None => 0,
+    };
     let ended = Instant::now();
     let mut final_fds = sidecar.open_fds();
     while final_fds > baseline_fds && ended.elapsed() < options.fd_wait {
@@ -147,7 +174,25 @@ async fn soak(options: &SoakOptions, engine: SocketAddr, dir: PathBuf) -> Result
         fds_returned_after,
         requests: load.requests,
         failed: load.failed,
+        attack_rounds,
+        peak_rss,
     })
+}
+
+/// Runs every attack in turn, a second apart, until `duration` has passed; returns the rounds.
+async fn attack_until(proxy: SocketAddr, duration: Duration) -> usize {
+    let until = Instant::now() + duration;
+    let mut rounds = 0;
+    loop {
+        for attack in Attack::ALL {
+            if Instant::now() >= until {
+                return rounds;
+            }
+            attack.run(proxy).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        rounds += 1;
+    }
 }
 
 /// Times one complete `GET /metrics`.
@@ -196,6 +241,17 @@ pub fn render(report: &SoakReport) -> String {
     }
     let verdict = |ok: bool| if ok { "yes" } else { "NO" };
     let deviation = report.rss_deviation();
+    if o.attacks {
+        let _ = writeln!(
+            out,
+            "\nattacks: {} full rounds of: {}\npeak RSS under the {} MiB limit: {} ({:.1} MiB)",
+            report.attack_rounds,
+            Attack::ALL.map(Attack::name).join(", "),
+            MEMORY_LIMIT_BYTES >> 20,
+            verdict(report.peak_rss < MEMORY_LIMIT_BYTES),
+            report.peak_rss as f64 / (1 << 20) as f64
+        );
+    }
     let _ = writeln!(
         out,
         "\nrequests: {} finished, {} failed\n\
