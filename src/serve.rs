@@ -29,8 +29,14 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 const SNIFF_POLL: Duration = Duration::from_millis(10);
 /// Largest request head accepted (HTTP/1.1 buffer and HTTP/2 header list).
 const MAX_HEADER_BYTES: usize = 64 * 1024;
-/// How long the answer to a connection over the cap may take to write.
-const REFUSAL_WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long the answer to a connection over the cap may take (its request line read, where
+/// one is looked at, and the answer written).
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(1);
+/// Connections over the cap being answered at once; more are closed without an answer.
+const MAX_REFUSALS_AT_ONCE: usize = 64;
+/// The answer to a liveness probe on a connection over the cap.
+const LIVE: &[u8] =
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nconnection: close\r\ncontent-length: 3\r\n\r\nok\n";
 /// The JSON body a connection over the cap is answered with before it is closed.
 const OVER_CAPACITY_BODY: &str =
     r#"{"error":{"message":"llmslo is over its max_connections limit; retry in 1 s","type":"overloaded","code":503}}"#;
@@ -44,15 +50,24 @@ pub struct ConnectionLimits {
     pub metrics: Option<Arc<Metrics>>,
     /// Longest a write may wait for the client to read; the connection is closed beyond it.
     pub send_timeout: Option<Duration>,
+    /// Concurrent streams one HTTP/2 connection may open (advertised in its SETTINGS; hyper
+    /// refuses the streams beyond it with REFUSED_STREAM, which clients retry).
+    pub max_streams_per_connection: u32,
+    /// Answer `GET /healthz` (HTTP/1.1) with 200 even on a connection over the cap: a full
+    /// port must not read as a dead process to a liveness probe (the metrics port).
+    pub live_when_full: bool,
 }
 
 impl ConnectionLimits {
-    /// A cap of `max_connections`, reported nowhere, with no send timeout.
+    /// A cap of `max_connections`, reported nowhere, with no send timeout and the default
+    /// streams per HTTP/2 connection.
     pub fn new(max_connections: usize) -> Self {
         Self {
             max_connections,
             metrics: None,
             send_timeout: None,
+            max_streams_per_connection: crate::config::defaults::MAX_STREAMS_PER_CONNECTION,
+            live_when_full: false,
         }
     }
 }
@@ -106,9 +121,10 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let builders = Builders::new();
+    let builders = Builders::new(limits.max_streams_per_connection);
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_AT_ONCE));
     loop {
         let (stream, peer) = tokio::select! {
             biased;
@@ -125,7 +141,7 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
         };
         let _ = stream.set_nodelay(true);
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            refuse_over_capacity(stream, peer, &limits);
+            refuse_over_capacity(stream, peer, &limits, &refusals);
             continue;
         };
         let open = limits.metrics.as_ref().map(|m| m.connection_opened());
@@ -200,7 +216,7 @@ struct Builders {
 }
 
 impl Builders {
-    fn new() -> Self {
+    fn new(max_streams: u32) -> Self {
         let mut http1 = http1::Builder::new();
         http1
             .timer(TokioTimer::new())
@@ -209,6 +225,7 @@ impl Builders {
             .max_header_size(MAX_HEADER_BYTES);
         let mut h2c = http2::Builder::new(TokioExecutor::new());
         h2c.timer(TokioTimer::new())
+            .max_concurrent_streams(max_streams)
             .max_header_list_size(MAX_HEADER_BYTES as u32);
         let mut sniffing = auto::Builder::new(TokioExecutor::new());
         sniffing
@@ -219,6 +236,7 @@ impl Builders {
         sniffing
             .http2()
             .timer(TokioTimer::new())
+            .max_concurrent_streams(max_streams)
             .max_header_list_size(MAX_HEADER_BYTES as u32);
         Self { http1, h2c, sniffing }
     }
@@ -293,24 +311,52 @@ impl Protocol {
     }
 }
 
-/// Answers a connection over the cap with a 503 and closes it, off the accept loop.
-fn refuse_over_capacity(mut stream: TcpStream, peer: SocketAddr, limits: &ConnectionLimits) {
+/// Answers a connection over the cap with a 503 and closes it, off the accept loop; where
+/// the port stays live when full, a `GET /healthz` gets its 200 instead.
+fn refuse_over_capacity(stream: TcpStream, peer: SocketAddr, limits: &ConnectionLimits, refusals: &Arc<Semaphore>) {
     if let Some(metrics) = &limits.metrics {
         metrics.count_refused(RefusalReason::ConnectionLimit);
     }
     debug!(%peer, max_connections = limits.max_connections, "connection refused: at the connection cap");
+    let Ok(permit) = refusals.clone().try_acquire_owned() else {
+        return; // a flood of them: closed unanswered
+    };
+    let live_when_full = limits.live_when_full;
     tokio::spawn(async move {
-        let _ = tokio::time::timeout(REFUSAL_WRITE_TIMEOUT, async {
-            let response = format!(
-                "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
-                 connection: close\r\ncontent-length: {}\r\n\r\n{OVER_CAPACITY_BODY}",
-                OVER_CAPACITY_BODY.len()
-            );
-            stream.write_all(response.as_bytes()).await?;
-            stream.shutdown().await
-        })
-        .await;
+        let _permit = permit;
+        let _ = tokio::time::timeout(REFUSAL_TIMEOUT, answer_refused(stream, live_when_full)).await;
     });
+}
+
+/// Writes the refusal, or the liveness answer to a probe when `live_when_full`.
+async fn answer_refused(mut stream: TcpStream, live_when_full: bool) -> std::io::Result<()> {
+    if live_when_full && asks_for_liveness(&stream).await? {
+        stream.write_all(LIVE).await?;
+        return stream.shutdown().await;
+    }
+    let response = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n{OVER_CAPACITY_BODY}",
+        OVER_CAPACITY_BODY.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}
+
+/// Whether the connection's first bytes are `GET /healthz` (waiting for them to arrive).
+async fn asks_for_liveness(stream: &TcpStream) -> std::io::Result<bool> {
+    const PROBE: &[u8] = b"GET /healthz ";
+    let mut first = [0u8; PROBE.len()];
+    loop {
+        let n = stream.peek(&mut first).await?;
+        if n == 0 || !PROBE.starts_with(&first[..n]) {
+            return Ok(false);
+        }
+        if n == PROBE.len() {
+            return Ok(true);
+        }
+        tokio::time::sleep(SNIFF_POLL).await;
+    }
 }
 
 #[cfg(test)]

@@ -25,6 +25,8 @@ use tracing::{error, info, warn};
 const METRICS_MAX_CONNECTIONS: usize = 256;
 /// Longest a scrape may wait for its reader: a client that never reads frees its slot.
 const METRICS_SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Concurrent streams one HTTP/2 connection may open on the metrics port.
+const METRICS_MAX_STREAMS: u32 = 8;
 
 /// A started sidecar; dropping it does not stop it, [`Sidecar::shutdown`] does.
 #[derive(Debug)]
@@ -49,6 +51,7 @@ impl Sidecar {
     pub async fn start(config: &Config) -> std::io::Result<Self> {
         let proxy_listener = bind(config.listen, "the proxy", "--listen").await?;
         let metrics_listener = bind(config.metrics_listen, "/metrics", "--metrics-listen").await?;
+        warn_if_over_the_memory_limit(config);
         let proxy_addr = proxy_listener.local_addr()?;
         let metrics_addr = metrics_listener.local_addr()?;
 
@@ -72,7 +75,7 @@ impl Sidecar {
             metrics.register_gpu(state.clone());
         }
         let metrics = Arc::new(metrics);
-        let client = UpstreamClient::new(&config.upstream);
+        let client = UpstreamClient::new(&config.upstream, config.max_in_flight_requests);
         let tokenizer = match &config.tokenizer {
             Some(path) => {
                 let counter = TokenCounter::load(path)
@@ -90,6 +93,8 @@ impl Sidecar {
                 upstream: config.upstream.to_string(),
                 max_body_bytes: config.max_body_bytes,
                 request_body_timeout: config.request_body_timeout,
+                request_body_total_timeout: config.request_body_total_timeout,
+                max_in_flight_requests: config.max_in_flight_requests,
                 upstream_timeout: config.upstream_timeout,
                 stream_idle_timeout: config.stream_idle_timeout,
                 observe: ObserveSettings {
@@ -120,6 +125,8 @@ impl Sidecar {
                 max_connections: config.max_connections,
                 metrics: Some(metrics.clone()),
                 send_timeout: Some(config.send_timeout),
+                max_streams_per_connection: config.max_streams_per_connection,
+                live_when_full: false,
             },
         ));
         let (m, r) = (metrics.clone(), readiness.clone());
@@ -130,6 +137,8 @@ impl Sidecar {
             config.drain_timeout,
             ConnectionLimits {
                 send_timeout: Some(METRICS_SEND_TIMEOUT),
+                max_streams_per_connection: METRICS_MAX_STREAMS,
+                live_when_full: true,
                 ..ConnectionLimits::new(METRICS_MAX_CONNECTIONS)
             },
         ));
@@ -189,6 +198,20 @@ impl Sidecar {
         while self.tasks.join_next().await.is_some() {}
         self.telemetry.shutdown().await;
         info!("llmslo sidecar stopped");
+    }
+}
+
+/// Warns when the config's worst case does not fit the container's memory limit: reaching
+/// its limits at once would have the container killed instead of requests refused.
+fn warn_if_over_the_memory_limit(config: &Config) {
+    let worst = config.worst_case_memory_bytes();
+    if let Some(limit) = crate::config::memory::container_limit_bytes().filter(|limit| worst > *limit) {
+        warn!(
+            worst_case_mib = worst >> 20,
+            container_limit_mib = limit >> 20,
+            "with these limits the sidecar can need more memory than its container may use: lower \
+             max_connections, max_in_flight_requests or max_buffered_request_bytes, or raise the limit"
+        );
     }
 }
 

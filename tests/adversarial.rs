@@ -282,3 +282,297 @@ async fn a_client_that_stops_reading_is_cut_off_after_the_send_timeout() {
     let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(1, false, false)).await;
     assert_eq!(status, 200);
 }
+
+/// Opens a generation upload that declares `length` bytes and sends `sent` of them.
+async fn slow_upload(addr: std::net::SocketAddr, length: usize, sent: usize) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {length}\r\n\r\n{}",
+        " ".repeat(sent)
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_uploads_that_declare_the_whole_budget_lock_out_no_one() {
+    let (upstream, _) = start_engine(Default::default()).await;
+    // Four uploads declare 4 MiB each (max_peek_bytes), the whole 16 MiB budget, and trickle.
+    let sidecar = start_sidecar(upstream, "max_buffered_request_bytes: 16777216\n").await;
+    let mut slow = Vec::new();
+    for _ in 0..4 {
+        slow.push(slow_upload(sidecar.proxy_addr, 4 << 20, 1).await);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    for _ in 0..20 {
+        let (status, body) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(4, true, false)).await;
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    }
+    let m = sidecar.metrics.encode();
+    assert_eq!(
+        sample(
+            &m,
+            "llmslo_requests_refused_total",
+            &[("reason", "request_buffer_full")]
+        ),
+        0.0
+    );
+    drop(slow);
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upload_that_trickles_is_cut_off_at_the_total_body_timeout() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = body_reading_upstream().await;
+    let config = "request_body_timeout: 30s\nrequest_body_total_timeout: 2m\n";
+    let sidecar = start_sidecar(upstream, config).await;
+    let mut stream = slow_upload(sidecar.proxy_addr, 4_000, 1).await;
+    // One byte every 20 s never trips the 30 s gap, but the whole body is due within 2 min.
+    let mut answer = String::new();
+    for _ in 0..10 {
+        tokio::time::sleep(std::time::Duration::from_secs(20)).await;
+        if stream.write_all(b" ").await.is_err() {
+            break;
+        }
+        answer = read_for(&mut stream, std::time::Duration::from_millis(10)).await;
+        if !answer.is_empty() {
+            break;
+        }
+    }
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("longer than 2m"), "{answer}");
+    let m = settled(&sidecar).await;
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "client_error")]),
+        1.0,
+        "{m}"
+    );
+    // Everyone else is still served.
+    let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(1, false, false)).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_over_the_in_flight_cap_get_503_and_are_no_ones_fault() {
+    let (upstream, _) = start_engine(timed_engine(50, 100)).await;
+    let sidecar = start_sidecar(upstream, "max_in_flight_requests: 3\n").await;
+    let addr = sidecar.proxy_addr;
+    let streams: Vec<_> = (0..6)
+        .map(|_| {
+            tokio::spawn(async move { post_collect(addr, "/v1/chat/completions", chat_body(10, true, false)).await })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for s in streams {
+        statuses.push(s.await.unwrap().0);
+    }
+    statuses.sort();
+    assert_eq!(statuses, [200, 200, 200, 503, 503, 503]);
+    let m = settled(&sidecar).await;
+    assert_eq!(
+        sample(&m, "llmslo_requests_refused_total", &[("reason", "in_flight_limit")]),
+        3.0
+    );
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "success")]),
+        3.0,
+        "{m}"
+    );
+    assert_eq!(sample(&m, "llmslo_requests_total", &[("outcome", "client_error")]), 0.0);
+    // The cap frees as streams end.
+    let (status, _) = post_collect(addr, "/v1/chat/completions", chat_body(1, false, false)).await;
+    assert_eq!(status, 200);
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_out_of_file_descriptors_is_the_sidecars_exhaustion_not_the_engines_fault() {
+    let (upstream, _) = start_engine(timed_engine(20, 20)).await;
+    // A low open-file limit: 60 streams need about 120 descriptors.
+    let sidecar = process::SidecarProcess::start(upstream, "max_connections: 1000\n", Some(64));
+    let baseline = sidecar.open_fds();
+    let addr = sidecar.proxy;
+    let streams: Vec<_> = (0..60)
+        .map(|_| {
+            tokio::spawn(async move {
+                let sent = post(addr, "/v1/chat/completions", chat_body(50, true, false));
+                match tokio::time::timeout(std::time::Duration::from_secs(20), sent).await {
+                    Ok(response) => {
+                        let status = response.status().as_u16();
+                        let _ = http_body_util::BodyExt::collect(response.into_body()).await;
+                        status
+                    }
+                    Err(_) => 0,
+                }
+            })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for s in streams {
+        statuses.push(s.await.unwrap());
+    }
+    assert!(statuses.contains(&503), "{statuses:?}");
+    assert!(statuses.iter().all(|s| [200, 503].contains(s)), "{statuses:?}");
+    let m = sidecar.scrape().await;
+    assert!(
+        sample(&m, "llmslo_requests_refused_total", &[("reason", "file_descriptors")]) > 0.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "connect_error")]),
+        0.0,
+        "{m}"
+    );
+    assert_eq!(sidecar.healthz().await, 200);
+    // Everyone else is served again, and the descriptors came back.
+    let (status, _) = post_collect(addr, "/v1/chat/completions", chat_body(1, false, false)).await;
+    assert_eq!(status, 200);
+    eprintln!("fds: {baseline} at the start, {} after", sidecar.open_fds());
+    sidecar.stop();
+}
+
+/// The memory limit the chart and the injector give the sidecar container.
+const MEMORY_LIMIT: u64 = 128 << 20;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_attack_leaves_the_sidecar_serving_within_its_memory_budget() {
+    use llmslo::tools::bench::attacks::Attack;
+    let (upstream, _) = start_engine(timed_engine(5, 5)).await;
+    let sidecar = process::SidecarProcess::start(upstream, "", None);
+    // Legitimate streams throughout.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let legit: Vec<_> = (0..8)
+        .map(|_| {
+            let (addr, stop) = (sidecar.proxy, stop.clone());
+            tokio::spawn(async move {
+                let (mut ok, mut failed) = (0, Vec::new());
+                while !stop.is_cancelled() {
+                    let (status, body) = post_collect(addr, "/v1/chat/completions", chat_body(8, true, false)).await;
+                    if status == 200 && body.ends_with(b"data: [DONE]\n\n") {
+                        ok += 1;
+                    } else {
+                        failed.push(status);
+                    }
+                }
+                (ok, failed)
+            })
+        })
+        .collect();
+    for attack in Attack::ALL {
+        attack.run(sidecar.proxy).await;
+        let rss = sidecar.rss_bytes();
+        eprintln!(
+            "after {:<26} RSS {:>5.1} MiB (peak {:>5.1}), {} fds",
+            attack.name(),
+            rss as f64 / 1048576.0,
+            sidecar.peak_rss_bytes() as f64 / 1048576.0,
+            sidecar.open_fds()
+        );
+        assert_eq!(sidecar.healthz().await, 200, "/healthz after {}", attack.name());
+        assert_parses(&sidecar.scrape().await);
+    }
+    stop.cancel();
+    for task in legit {
+        let (ok, failed) = task.await.unwrap();
+        assert!(
+            ok > 0 && failed.is_empty(),
+            "{ok} legitimate streams succeeded, these failed: {failed:?}"
+        );
+    }
+    assert!(
+        sidecar.peak_rss_bytes() < MEMORY_LIMIT,
+        "peak RSS {} MiB",
+        sidecar.peak_rss_bytes() >> 20
+    );
+    // Every attacking connection is gone once the attacker went away.
+    let mut open = f64::NAN;
+    for _ in 0..100 {
+        open = sample(&sidecar.scrape().await, "llmslo_proxy_connections_open", &[]);
+        if open == 0.0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(open, 0.0, "client connections still open");
+    let m = sidecar.scrape().await;
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "upstream_error")]),
+        0.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "connect_error")]),
+        0.0,
+        "{m}"
+    );
+    sidecar.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_metrics_port_still_answers_the_liveness_probe() {
+    use tokio::io::AsyncWriteExt;
+    let (upstream, _) = start_engine(Default::default()).await;
+    let sidecar = start_sidecar(upstream, "").await;
+    // Fill the metrics port's 256 connections with half-sent heads.
+    let mut held = Vec::new();
+    for _ in 0..300 {
+        let mut stream = tokio::net::TcpStream::connect(sidecar.metrics_addr).await.unwrap();
+        stream.write_all(b"GET /metr").await.unwrap();
+        held.push(stream);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let probe = raw_exchange(
+        sidecar.metrics_addr,
+        b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n",
+        std::time::Duration::from_secs(2),
+    )
+    .await;
+    assert!(probe.starts_with("HTTP/1.1 200"), "{probe}");
+    let scrape = raw_exchange(
+        sidecar.metrics_addr,
+        b"GET /metrics HTTP/1.1\r\nhost: x\r\n\r\n",
+        std::time::Duration::from_secs(2),
+    )
+    .await;
+    assert!(scrape.starts_with("HTTP/1.1 503"), "{scrape}");
+    drop(held);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_parses(&sidecar.metrics.encode());
+    let uri = format!("http://{}/metrics", sidecar.metrics_addr).parse().unwrap();
+    assert_eq!(client().get(uri).await.unwrap().status(), 200);
+    sidecar.shutdown().await;
+}
+
+#[tokio::test]
+async fn h2c_connections_are_told_their_stream_limit_in_settings() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (upstream, _) = start_engine(Default::default()).await;
+    let sidecar = start_sidecar(upstream, "max_streams_per_connection: 7\n").await;
+    let mut stream = tokio::net::TcpStream::connect(sidecar.proxy_addr).await.unwrap();
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    // The server's first frame is its SETTINGS: 6-byte entries of id and value.
+    let mut head = [0u8; 9];
+    stream.read_exact(&mut head).await.unwrap();
+    assert_eq!(head[3], 0x4, "a SETTINGS frame");
+    let mut payload = vec![0u8; u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize];
+    stream.read_exact(&mut payload).await.unwrap();
+    let settings: Vec<(u16, u32)> = payload
+        .chunks(6)
+        .map(|e| {
+            (
+                u16::from_be_bytes([e[0], e[1]]),
+                u32::from_be_bytes([e[2], e[3], e[4], e[5]]),
+            )
+        })
+        .collect();
+    assert!(
+        settings.contains(&(0x3, 7)),
+        "SETTINGS_MAX_CONCURRENT_STREAMS in {settings:?}"
+    );
+    sidecar.shutdown().await;
+}

@@ -37,6 +37,10 @@ fn operator_format_and_check_config() {
     ] {
         assert!(effective.contains(line), "missing `{line}` in\n{effective}");
     }
+    assert!(
+        stderr.contains("worst-case memory with these limits: 104 MiB"),
+        "{stderr}"
+    );
 }
 
 #[test]

@@ -2,6 +2,7 @@
 //! (precedence: flag > environment > file > default).
 
 mod locate;
+pub mod memory;
 
 use crate::metrics::buckets::BucketOverrides;
 use crate::otel::settings::{OtelConfig, OtelSettings, SettingError};
@@ -192,8 +193,12 @@ struct FileConfig {
     #[serde(default, with = "humantime_serde")]
     request_body_timeout: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
+    request_body_total_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
     send_timeout: Option<Duration>,
     max_connections: Option<usize>,
+    max_streams_per_connection: Option<u32>,
+    max_in_flight_requests: Option<usize>,
     max_event_bytes: Option<usize>,
     #[serde(default, with = "humantime_serde")]
     upstream_timeout: Option<Duration>,
@@ -282,11 +287,18 @@ pub struct Config {
     pub max_buffered_request_bytes: usize,
     /// Longest gap between two reads of a request body (408 beyond it).
     pub request_body_timeout: Duration,
+    /// Longest a whole request body may take to arrive, counted from its head (408 beyond it).
+    pub request_body_total_timeout: Duration,
     /// Longest a write to a client may wait for the client to read (the connection is
     /// closed beyond it, and the engine's request with it).
     pub send_timeout: Duration,
     /// Client connections open at once on the proxy port (503 and close beyond it).
     pub max_connections: usize,
+    /// Concurrent streams one HTTP/2 connection may open (advertised in its SETTINGS).
+    pub max_streams_per_connection: u32,
+    /// Requests forwarded at once, over all connections and protocols (503 beyond it); each
+    /// holds at most one engine connection.
+    pub max_in_flight_requests: usize,
     /// Largest stream event (or JSON response) interpreted.
     pub max_event_bytes: usize,
     /// How long the engine may take to send a response head (then 504).
@@ -337,14 +349,20 @@ pub mod defaults {
     pub const MAX_PEEK_BYTES: usize = 4 << 20;
     /// `max_body_bytes`: 64 MiB, room for multimodal requests with inline images.
     pub const MAX_BODY_BYTES: u64 = 64 << 20;
-    /// `max_buffered_request_bytes`: 32 MiB, well inside the sidecar's default 128 MiB limit.
-    pub const MAX_BUFFERED_REQUEST_BYTES: usize = 32 << 20;
+    /// `max_buffered_request_bytes`: 16 MiB, four of the largest peeks at once.
+    pub const MAX_BUFFERED_REQUEST_BYTES: usize = 16 << 20;
     /// `request_body_timeout`.
     pub const REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+    /// `request_body_total_timeout`: a 64 MiB body at 2 Mbit/s still arrives.
+    pub const REQUEST_BODY_TOTAL_TIMEOUT: Duration = Duration::from_secs(300);
     /// `send_timeout`.
     pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
     /// `max_connections`.
-    pub const MAX_CONNECTIONS: usize = 10_000;
+    pub const MAX_CONNECTIONS: usize = 2048;
+    /// `max_streams_per_connection`.
+    pub const MAX_STREAMS_PER_CONNECTION: u32 = 100;
+    /// `max_in_flight_requests`.
+    pub const MAX_IN_FLIGHT_REQUESTS: usize = 1024;
     /// `max_event_bytes`: 1 MiB.
     pub const MAX_EVENT_BYTES: usize = 1 << 20;
     /// `upstream_timeout`.
@@ -440,8 +458,15 @@ impl Config {
                 .max_buffered_request_bytes
                 .unwrap_or(defaults::MAX_BUFFERED_REQUEST_BYTES),
             request_body_timeout: f.request_body_timeout.unwrap_or(defaults::REQUEST_BODY_TIMEOUT),
+            request_body_total_timeout: f
+                .request_body_total_timeout
+                .unwrap_or(defaults::REQUEST_BODY_TOTAL_TIMEOUT),
             send_timeout: f.send_timeout.unwrap_or(defaults::SEND_TIMEOUT),
             max_connections: f.max_connections.unwrap_or(defaults::MAX_CONNECTIONS),
+            max_streams_per_connection: f
+                .max_streams_per_connection
+                .unwrap_or(defaults::MAX_STREAMS_PER_CONNECTION),
+            max_in_flight_requests: f.max_in_flight_requests.unwrap_or(defaults::MAX_IN_FLIGHT_REQUESTS),
             max_event_bytes: f.max_event_bytes.unwrap_or(defaults::MAX_EVENT_BYTES),
             upstream_timeout: f.upstream_timeout.unwrap_or(defaults::UPSTREAM_TIMEOUT),
             stream_idle_timeout: Some(f.stream_idle_timeout.unwrap_or(defaults::STREAM_IDLE_TIMEOUT))
@@ -517,6 +542,18 @@ impl Config {
         if self.max_connections == 0 {
             return Err(ConfigError::invalid("max_connections", "must be at least 1"));
         }
+        if self.max_streams_per_connection == 0 {
+            return Err(ConfigError::invalid("max_streams_per_connection", "must be at least 1"));
+        }
+        if self.max_in_flight_requests == 0 {
+            return Err(ConfigError::invalid("max_in_flight_requests", "must be at least 1"));
+        }
+        if self.request_body_total_timeout < self.request_body_timeout {
+            return Err(ConfigError::invalid(
+                "request_body_total_timeout",
+                "must be at least request_body_timeout (the longest gap between two reads)",
+            ));
+        }
         if !(1024..=(64 << 20)).contains(&self.max_event_bytes) {
             return Err(ConfigError::invalid(
                 "max_event_bytes",
@@ -526,6 +563,7 @@ impl Config {
         for (key, value) in [
             ("upstream_timeout", self.upstream_timeout),
             ("request_body_timeout", self.request_body_timeout),
+            ("request_body_total_timeout", self.request_body_total_timeout),
             ("send_timeout", self.send_timeout),
             ("drain_timeout", self.drain_timeout),
             ("health_interval", self.health_interval),
@@ -625,8 +663,11 @@ impl Config {
             "max_body_bytes": self.max_body_bytes,
             "max_buffered_request_bytes": self.max_buffered_request_bytes,
             "request_body_timeout": human(self.request_body_timeout),
+            "request_body_total_timeout": human(self.request_body_total_timeout),
             "send_timeout": human(self.send_timeout),
             "max_connections": self.max_connections,
+            "max_streams_per_connection": self.max_streams_per_connection,
+            "max_in_flight_requests": self.max_in_flight_requests,
             "max_event_bytes": self.max_event_bytes,
             "upstream_timeout": human(self.upstream_timeout),
             "stream_idle_timeout": human(self.stream_idle_timeout.unwrap_or_default()),
@@ -753,10 +794,13 @@ mod tests {
         assert_eq!(c.metrics_listen, "0.0.0.0:9464".parse().unwrap());
         assert_eq!(c.max_peek_bytes, 4 << 20);
         assert_eq!(c.max_body_bytes, 64 << 20);
-        assert_eq!(c.max_buffered_request_bytes, 32 << 20);
+        assert_eq!(c.max_buffered_request_bytes, 16 << 20);
         assert_eq!(c.request_body_timeout, Duration::from_secs(30));
         assert_eq!(c.send_timeout, Duration::from_secs(60));
-        assert_eq!(c.max_connections, 10_000);
+        assert_eq!(c.max_connections, 2048);
+        assert_eq!(c.max_streams_per_connection, 100);
+        assert_eq!(c.max_in_flight_requests, 1024);
+        assert_eq!(c.request_body_total_timeout, Duration::from_secs(300));
         assert_eq!(c.stream_idle_timeout, Some(Duration::from_secs(300)));
         assert_eq!(c.max_event_bytes, 1 << 20);
         assert_eq!(c.upstream_timeout, Duration::from_secs(600));
@@ -845,6 +889,15 @@ mod tests {
         assert_eq!(
             key_of(Config::from_yaml(&format!("{up}max_connections: 0\n"))),
             "max_connections"
+        );
+        for key in ["max_streams_per_connection", "max_in_flight_requests"] {
+            assert_eq!(key_of(Config::from_yaml(&format!("{up}{key}: 0\n"))), key);
+        }
+        assert_eq!(
+            key_of(Config::from_yaml(&format!(
+                "{up}request_body_timeout: 30s\nrequest_body_total_timeout: 10s\n"
+            ))),
+            "request_body_total_timeout"
         );
         assert_eq!(
             key_of(Config::from_yaml(&format!("{up}request_body_timeout: 0s\n"))),

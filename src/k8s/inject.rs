@@ -14,6 +14,12 @@
 
 use serde_json::{json, Map, Value};
 
+/// The injected sidecar's memory request and limit unless `llmslo.io/memory` says otherwise:
+/// the default limits' worst case (docs/configuration.md, "Memory budget") fits under it.
+pub const DEFAULT_MEMORY_LIMIT: &str = "128Mi";
+/// [`DEFAULT_MEMORY_LIMIT`] in bytes.
+pub const DEFAULT_MEMORY_LIMIT_BYTES: u64 = 128 << 20;
+
 /// The pod label that opts in.
 pub const INJECT_LABEL: &str = "llmslo.io/inject";
 /// The injected container's name (also how injection is recognised, for idempotence).
@@ -327,7 +333,7 @@ fn sidecar_container(
         mounts.push(json!({"name": "llmslo-config", "mountPath": "/etc/llmslo", "readOnly": true}));
     }
     let cpu = annotation(annotations::CPU).unwrap_or_else(|| "100m".into());
-    let memory = annotation(annotations::MEMORY).unwrap_or_else(|| "128Mi".into());
+    let memory = annotation(annotations::MEMORY).unwrap_or_else(|| DEFAULT_MEMORY_LIMIT.into());
     let probe = |path: &str, period: u64| json!({"httpGet": {"path": path, "port": metrics}, "periodSeconds": period});
     let mut container = json!({
         "name": CONTAINER,

@@ -77,17 +77,39 @@ pub enum RefusalReason {
     RequestBufferFull,
     /// `max_connections` was reached: the new connection got a 503 and was closed.
     ConnectionLimit,
+    /// `max_in_flight_requests` was reached: 503 with Retry-After.
+    InFlightLimit,
+    /// The sidecar's own open-file limit stopped a connection to the engine: 503 with
+    /// Retry-After, never counted as the engine's fault.
+    FileDescriptors,
 }
 
 impl RefusalReason {
     /// Every reason, in label order.
-    pub const ALL: [RefusalReason; 2] = [RefusalReason::RequestBufferFull, RefusalReason::ConnectionLimit];
+    pub const ALL: [RefusalReason; 4] = [
+        RefusalReason::RequestBufferFull,
+        RefusalReason::ConnectionLimit,
+        RefusalReason::InFlightLimit,
+        RefusalReason::FileDescriptors,
+    ];
 
     /// The `reason` label value.
     pub fn as_str(self) -> &'static str {
         match self {
             RefusalReason::RequestBufferFull => "request_buffer_full",
             RefusalReason::ConnectionLimit => "connection_limit",
+            RefusalReason::InFlightLimit => "in_flight_limit",
+            RefusalReason::FileDescriptors => "file_descriptors",
+        }
+    }
+
+    /// The limit that was reached, as the client is told it (a config key where there is one).
+    pub fn limit(self) -> &'static str {
+        match self {
+            RefusalReason::RequestBufferFull => "max_buffered_request_bytes",
+            RefusalReason::ConnectionLimit => "max_connections",
+            RefusalReason::InFlightLimit => "max_in_flight_requests",
+            RefusalReason::FileDescriptors => "open-file",
         }
     }
 }

@@ -32,6 +32,9 @@ pub enum End {
     Cancelled,
     /// No response came from the engine; the sidecar answered with this outcome.
     Failed(Outcome),
+    /// The sidecar refused it for its own limits: not a request of the SLOs, counted only in
+    /// `llmslo_requests_refused_total`.
+    Refused,
 }
 
 /// Measures one request; records it when finished, or as `client_cancelled` when dropped.
@@ -288,7 +291,7 @@ impl RequestTracker {
 
     /// Records the request; later calls (and the drop) do nothing.
     pub fn finish(&mut self, end: End, now: Instant) {
-        if std::mem::replace(&mut self.finished, true) {
+        if std::mem::replace(&mut self.finished, true) || end == End::Refused {
             return;
         }
         let mut record = RequestRecord::new(self.handles.model.clone(), self.handles.operation, now - self.t0);
@@ -348,6 +351,7 @@ impl RequestTracker {
             (End::Cancelled, _) => body_outcome.unwrap_or(Outcome::Success),
             (End::BodyError, _) => Outcome::UpstreamError,
             (End::Complete, _) => body_outcome.unwrap_or(Outcome::Success),
+            (End::Refused, _) => unreachable!("a refused request is never recorded"),
         };
         debug!(
             model = %record.model,

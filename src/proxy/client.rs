@@ -26,8 +26,11 @@ pub struct UpstreamClient {
 }
 
 impl UpstreamClient {
-    /// A client for `upstream` (an `http://host:port[/base]` URI, validated by the config).
-    pub fn new(upstream: &Uri) -> Self {
+    /// A client for `upstream` (an `http://host:port[/base]` URI, validated by the config)
+    /// that keeps at most `max_idle` connections open between requests. Each request in
+    /// flight holds one connection (HTTP/1.1), so with the proxy's in-flight cap as
+    /// `max_idle`, connections to the engine never exceed about that cap.
+    pub fn new(upstream: &Uri, max_idle: usize) -> Self {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(CONNECT_TIMEOUT));
@@ -35,6 +38,7 @@ impl UpstreamClient {
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+            .pool_max_idle_per_host(max_idle)
             .build(connector);
         Self {
             client,

@@ -2,12 +2,16 @@
 
 use super::request_body::ClientFault;
 use super::ProxyBody;
+use crate::metrics::RefusalReason;
 use crate::observe::record::Outcome;
 use bytes::Bytes;
 use http::{header, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use std::time::Duration;
 use tracing::debug;
+
+/// Seconds a client the sidecar refused for its own limits is asked to wait before retrying.
+pub const RETRY_AFTER_SECS: u32 = 1;
 
 /// A failure the sidecar reports to the client instead of an engine response.
 #[derive(Debug, thiserror::Error)]
@@ -41,15 +45,10 @@ pub enum ProxyError {
     /// The client's request body could not be read, or is over a limit.
     #[error("{0}")]
     Client(ClientFault),
-    /// The sidecar refused the request to protect itself (a limit on buffered bytes or
-    /// connections); the client may retry after the given seconds.
-    #[error("llmslo is over its {limit} limit; retry in {retry_after} s")]
-    Overloaded {
-        /// The limit that was reached, as its config key.
-        limit: &'static str,
-        /// Seconds for the Retry-After header.
-        retry_after: u32,
-    },
+    /// The sidecar refused the request to protect itself (a limit on buffered bytes, requests
+    /// in flight, its own file descriptors); the client may retry after [`RETRY_AFTER_SECS`].
+    #[error("llmslo is over its {} limit; retry in {RETRY_AFTER_SECS} s", .0.limit())]
+    Overloaded(RefusalReason),
     /// CONNECT (tunnelling) is refused: llmslo is not an open proxy.
     #[error("CONNECT is not supported: llmslo forwards only to its configured upstream")]
     ConnectRefused,
@@ -63,7 +62,7 @@ impl ProxyError {
             ProxyError::Unavailable { .. } | ProxyError::BadUpstreamResponse { .. } => Outcome::UpstreamError,
             ProxyError::Timeout { .. } => Outcome::Timeout,
             ProxyError::Client(fault) => fault.outcome(),
-            ProxyError::Overloaded { .. } | ProxyError::ConnectRefused => Outcome::ClientError,
+            ProxyError::Overloaded(_) | ProxyError::ConnectRefused => Outcome::ClientError,
         }
     }
 
@@ -73,7 +72,7 @@ impl ProxyError {
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::BadUpstreamResponse { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Client(fault) => fault.status(),
-            ProxyError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::ConnectRefused => StatusCode::METHOD_NOT_ALLOWED,
         }
     }
@@ -84,9 +83,9 @@ impl ProxyError {
             ProxyError::Timeout { .. } => "upstream_timeout",
             ProxyError::BadUpstreamResponse { .. } => "upstream_protocol_error",
             ProxyError::Client(ClientFault::TooLarge(_)) => "request_too_large",
-            ProxyError::Client(ClientFault::TimedOut(_)) => "request_timeout",
+            ProxyError::Client(ClientFault::TimedOut(_) | ClientFault::TooSlow(_)) => "request_timeout",
             ProxyError::Client(_) => "bad_request_body",
-            ProxyError::Overloaded { .. } => "overloaded",
+            ProxyError::Overloaded(_) => "overloaded",
             ProxyError::ConnectRefused => "method_not_allowed",
         }
     }
@@ -104,8 +103,8 @@ impl ProxyError {
             "error": { "message": self.to_string(), "type": self.kind(), "code": self.status().as_u16() }
         });
         let mut response = Response::builder();
-        if let ProxyError::Overloaded { retry_after, .. } = &self {
-            response = response.header(header::RETRY_AFTER, *retry_after);
+        if let ProxyError::Overloaded(_) = &self {
+            response = response.header(header::RETRY_AFTER, RETRY_AFTER_SECS);
         }
         response
             .status(self.status())

@@ -6,6 +6,7 @@ use super::error::{self, ProxyError};
 use super::headers;
 use super::idle::{BoxError, IdleTimeoutBody};
 use super::UpstreamBody;
+use crate::metrics::RefusalReason;
 use http::{header, HeaderValue, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use std::future::Future;
@@ -79,10 +80,16 @@ impl tower::Service<Request<UpstreamBody>> for Forward {
                 .client
                 .send(Request::from_parts(parts, body))
                 .await
-                .map_err(|error| ProxyError::Unavailable {
-                    upstream: this.upstream.to_string(),
-                    reason: error::innermost_cause(&error),
-                    connect: error.is_connect(),
+                .map_err(|error| {
+                    if error.is_connect() && out_of_file_descriptors(&error) {
+                        // The sidecar's own exhaustion, never the engine's fault.
+                        return ProxyError::Overloaded(RefusalReason::FileDescriptors);
+                    }
+                    ProxyError::Unavailable {
+                        upstream: this.upstream.to_string(),
+                        reason: error::innermost_cause(&error),
+                        connect: error.is_connect(),
+                    }
                 })?;
             if response.status() == StatusCode::SWITCHING_PROTOCOLS {
                 // llmslo never forwards Upgrade, so no 101 was asked for: the engine misbehaved.
@@ -99,5 +106,44 @@ impl tower::Service<Request<UpstreamBody>> for Forward {
                 IdleTimeoutBody::new(body, this.stream_idle_timeout),
             ))
         })
+    }
+}
+
+/// The process (EMFILE) or the system (ENFILE) is out of file descriptors: the socket for the
+/// engine could not even be created.
+fn out_of_file_descriptors(error: &(dyn std::error::Error + 'static)) -> bool {
+    /// `ENFILE` and `EMFILE`, the same on Linux and the BSDs.
+    const TOO_MANY_OPEN_FILES: [i32; 2] = [23, 24];
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            if io
+                .raw_os_error()
+                .is_some_and(|code| TOO_MANY_OPEN_FILES.contains(&code))
+            {
+                return true;
+            }
+        }
+        cause = error.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("connect failed")]
+    struct Wrapped(#[source] std::io::Error);
+
+    #[test]
+    fn emfile_anywhere_in_the_chain_is_the_sidecars_exhaustion() {
+        assert!(out_of_file_descriptors(&Wrapped(std::io::Error::from_raw_os_error(24))));
+        assert!(out_of_file_descriptors(&std::io::Error::from_raw_os_error(23)));
+        // Connection refused (111) is the engine's side.
+        assert!(!out_of_file_descriptors(&Wrapped(std::io::Error::from_raw_os_error(
+            111
+        ))));
     }
 }

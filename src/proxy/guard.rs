@@ -6,14 +6,16 @@
 
 use super::error::{self, ProxyError};
 use super::headers::content_length;
+use super::held::Held;
 use super::idle::BoxError;
 use super::request_body::{ClientBody, ClientFault};
 use super::ProxyBody;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RefusalReason};
 use crate::observe::record::Outcome;
 use crate::observe::route::Operation;
 use crate::observe::tracker::{End, RequestTracker};
 use http::{Method, Request, Response};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use std::convert::Infallible;
 use std::future::Future;
@@ -21,6 +23,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -33,6 +36,10 @@ pub struct GuardSettings {
     pub max_body_bytes: u64,
     /// Longest gap between two reads of a request body (408 beyond it).
     pub request_body_timeout: Duration,
+    /// Longest a whole request body may take to arrive (408 beyond it).
+    pub request_body_total_timeout: Duration,
+    /// Requests forwarded at once (503 beyond it).
+    pub max_in_flight_requests: usize,
     /// How long the upstream may take to send a response head (named in 504 answers).
     pub upstream_timeout: Duration,
     /// Largest stream event interpreted (for the record of a refused request).
@@ -42,14 +49,27 @@ pub struct GuardSettings {
 /// Wraps services in [`Guard`].
 #[derive(Debug, Clone)]
 pub struct GuardLayer {
-    shared: Arc<(Arc<Metrics>, GuardSettings)>,
+    shared: Arc<Shared>,
+}
+
+/// What every clone of the guard shares.
+#[derive(Debug)]
+struct Shared {
+    metrics: Arc<Metrics>,
+    settings: GuardSettings,
+    /// Requests that may still be forwarded (`max_in_flight_requests` in all).
+    in_flight: Arc<Semaphore>,
 }
 
 impl GuardLayer {
     /// Guards with `settings`, counting refused generation requests in `metrics`.
     pub fn new(metrics: Arc<Metrics>, settings: GuardSettings) -> Self {
         Self {
-            shared: Arc::new((metrics, settings)),
+            shared: Arc::new(Shared {
+                metrics,
+                in_flight: Arc::new(Semaphore::new(settings.max_in_flight_requests)),
+                settings,
+            }),
         }
     }
 }
@@ -69,7 +89,7 @@ impl<S> tower::Layer<S> for GuardLayer {
 #[derive(Debug, Clone)]
 pub struct Guard<S> {
     inner: S,
-    shared: Arc<(Arc<Metrics>, GuardSettings)>,
+    shared: Arc<Shared>,
 }
 
 impl<S> tower::Service<Request<Incoming>> for Guard<S>
@@ -88,10 +108,26 @@ where
 
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
         let t0 = Instant::now();
-        let (metrics, settings) = &*self.shared;
+        let Shared {
+            metrics,
+            settings,
+            in_flight,
+        } = &*self.shared;
         if request.method() == Method::CONNECT {
             return Box::pin(std::future::ready(Ok(ProxyError::ConnectRefused.into_response())));
         }
+        // Held until the response body has been sent (or dropped): one engine connection at most.
+        let Ok(permit) = in_flight.clone().try_acquire_owned() else {
+            metrics.count_refused(RefusalReason::InFlightLimit);
+            debug!(
+                max_in_flight_requests = settings.max_in_flight_requests,
+                "request refused: at the in-flight cap"
+            );
+            return Box::pin(std::future::ready(Ok(ProxyError::Overloaded(
+                RefusalReason::InFlightLimit,
+            )
+            .into_response())));
+        };
         let operation = Operation::of_request(&request);
         let (parts, body) = request.into_parts();
         let body_limit = operation.map_or(u64::MAX, |_| settings.max_body_bytes);
@@ -105,38 +141,56 @@ where
             debug!(%fault, "request refused: the client's body");
             return Box::pin(std::future::ready(Ok(ProxyError::Client(fault).into_response())));
         }
-        let body = ClientBody::new(body, settings.request_body_timeout, body_limit);
+        let body = ClientBody::new(
+            body,
+            settings.request_body_timeout,
+            settings.request_body_total_timeout,
+            body_limit,
+        );
         let fault = body.fault();
         let inner = self.inner.clone();
         let shared = self.shared.clone();
         Box::pin(async move {
             let response = tower::ServiceExt::oneshot(inner, Request::from_parts(parts, body)).await;
-            Ok(response.unwrap_or_else(|error| error_response(&shared.1, error, fault.get().copied())))
+            let response = response.unwrap_or_else(|error| shared.error_response(error, fault.get().copied()));
+            Ok(response.map(|body| Held::new(body, Some(permit)).boxed_unsync()))
         })
     }
 }
 
-/// The answer to an exchange that failed: the client's fault when its body failed on the way
-/// (whatever the upstream made of that), else what the error says.
-fn error_response(settings: &GuardSettings, error: BoxError, client_fault: Option<ClientFault>) -> Response<ProxyBody> {
-    if let Some(fault) = client_fault {
-        debug!(%fault, "request refused: the client's body");
-        return ProxyError::Client(fault).into_response();
+impl Shared {
+    /// The answer to an exchange that failed: the client's fault when its body failed on the
+    /// way (whatever the upstream made of that), else what the error says; the sidecar's own
+    /// refusals from below are counted here.
+    fn error_response(&self, error: BoxError, client_fault: Option<ClientFault>) -> Response<ProxyBody> {
+        if let Some(fault) = client_fault {
+            debug!(%fault, "request refused: the client's body");
+            return ProxyError::Client(fault).into_response();
+        }
+        let error = self.proxy_error(error);
+        if let ProxyError::Overloaded(reason) = error {
+            self.metrics.count_refused(reason);
+        }
+        error.into_response()
     }
-    let error = match error.downcast::<ProxyError>() {
-        Ok(error) => *error,
-        Err(error) if error.is::<tower::timeout::error::Elapsed>() => ProxyError::Timeout {
-            upstream: settings.upstream.clone(),
-            after: settings.upstream_timeout,
-        },
-        Err(error) => match error.downcast::<ClientFault>() {
-            Ok(fault) => ProxyError::Client(*fault),
-            Err(error) => ProxyError::Unavailable {
+
+    /// What an error from below is, in the sidecar's terms.
+    fn proxy_error(&self, error: BoxError) -> ProxyError {
+        let settings = &self.settings;
+        match error.downcast::<ProxyError>() {
+            Ok(error) => *error,
+            Err(error) if error.is::<tower::timeout::error::Elapsed>() => ProxyError::Timeout {
                 upstream: settings.upstream.clone(),
-                reason: error::innermost_cause(error.as_ref()),
-                connect: false,
+                after: settings.upstream_timeout,
             },
-        },
-    };
-    error.into_response()
+            Err(error) => match error.downcast::<ClientFault>() {
+                Ok(fault) => ProxyError::Client(*fault),
+                Err(error) => ProxyError::Unavailable {
+                    upstream: settings.upstream.clone(),
+                    reason: error::innermost_cause(error.as_ref()),
+                    connect: false,
+                },
+            },
+        }
+    }
 }

@@ -1,10 +1,11 @@
 //! The request path: a stack of tower layers over the forwarding service (DESIGN §7), from
 //! the client inwards:
 //!
-//! 1. [`guard`]: what a client may send (CONNECT refused, body size and read timeout), and
-//!    the JSON answer to every failure below, the client's fault first.
+//! 1. [`guard`]: what a client may send (CONNECT refused, requests in flight, body size and
+//!    read timeouts), and the JSON answer to every failure below, the client's fault first.
 //! 2. [`observe`]: measures generation requests (public and reusable: `llmslo::ObserveLayer`).
-//! 3. `tower::timeout`: the response head must come within `upstream_timeout`.
+//! 3. [`deadline`]: the response head must come within `upstream_timeout` of the request
+//!    body's end.
 //! 4. [`forward`]: sends the request to the one upstream; the response body is under
 //!    `stream_idle_timeout`.
 
@@ -14,6 +15,7 @@ pub mod error;
 pub mod forward;
 pub mod guard;
 pub mod headers;
+pub mod held;
 pub mod idle;
 pub mod observe;
 pub mod peek;
@@ -50,6 +52,10 @@ pub struct ProxySettings {
     pub max_body_bytes: u64,
     /// Longest gap between two reads of a request body (408 beyond it).
     pub request_body_timeout: Duration,
+    /// Longest a whole request body may take to arrive (408 beyond it).
+    pub request_body_total_timeout: Duration,
+    /// Requests forwarded at once (503 beyond it).
+    pub max_in_flight_requests: usize,
     /// How long the upstream may take to send a response head.
     pub upstream_timeout: Duration,
     /// Longest silence of the upstream within a response body; `None` waits for ever.
@@ -71,6 +77,8 @@ impl Proxy {
             upstream: settings.upstream.clone(),
             max_body_bytes: settings.max_body_bytes,
             request_body_timeout: settings.request_body_timeout,
+            request_body_total_timeout: settings.request_body_total_timeout,
+            max_in_flight_requests: settings.max_in_flight_requests,
             upstream_timeout: settings.upstream_timeout,
             max_event_bytes: settings.observe.max_event_bytes,
         };

@@ -42,9 +42,6 @@ use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::debug;
 
-/// Seconds a client refused for the buffer budget is asked to wait before retrying.
-const RETRY_AFTER_SECS: u32 = 1;
-
 /// How the observer reads requests and responses.
 #[derive(Debug, Clone)]
 pub struct ObserveSettings {
@@ -194,11 +191,7 @@ impl Shared {
             }
             Err(PeekError::BudgetExhausted) => {
                 self.metrics.count_refused(RefusalReason::RequestBufferFull);
-                let error = ProxyError::Overloaded {
-                    limit: "max_buffered_request_bytes",
-                    retry_after: RETRY_AFTER_SECS,
-                };
-                return Ok(error.into_response());
+                return Ok(ProxyError::Overloaded(RefusalReason::RequestBufferFull).into_response());
             }
         };
         let mut tracker = self.track(operation, &fields, t0);
@@ -227,11 +220,11 @@ impl Shared {
             Err(error) => {
                 let error: BoxError = error.into();
                 // A client that broke off its upload is at fault, whatever the engine made of it.
-                let (outcome, error) = match fault.get() {
-                    Some(fault) => (fault.outcome(), Box::new(*fault) as BoxError),
-                    None => (failure_outcome(&error), error),
+                let (end, error) = match fault.get() {
+                    Some(fault) => (End::Failed(fault.outcome()), Box::new(*fault) as BoxError),
+                    None => (failure_end(&error), error),
                 };
-                tracker.finish(End::Failed(outcome), Instant::now());
+                tracker.finish(end, Instant::now());
                 return Err(error);
             }
         };
@@ -316,12 +309,19 @@ where
 
 type InnerFuture<RB, E> = Pin<Box<dyn Future<Output = Result<Response<RB>, E>> + Send>>;
 
-/// How a request whose exchange failed is counted: the sidecar's own errors know; a tower
-/// timeout is a timeout; a client that could not connect is a connect error; else the engine's.
-fn failure_outcome(error: &BoxError) -> Outcome {
-    if let Some(error) = error.downcast_ref::<ProxyError>() {
-        return error.outcome();
+/// How a request whose exchange failed ends: the sidecar's own refusals are not requests of
+/// the SLOs; its other errors know their outcome; a tower timeout is a timeout; a client that
+/// could not connect is a connect error; else the engine's.
+fn failure_end(error: &BoxError) -> End {
+    match error.downcast_ref::<ProxyError>() {
+        Some(ProxyError::Overloaded(_)) => End::Refused,
+        Some(error) => End::Failed(error.outcome()),
+        None => End::Failed(failure_outcome(error)),
     }
+}
+
+/// The outcome of an error that is not one of the sidecar's own.
+fn failure_outcome(error: &BoxError) -> Outcome {
     if let Some(fault) = error.downcast_ref::<ClientFault>() {
         return fault.outcome();
     }

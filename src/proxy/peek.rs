@@ -1,10 +1,11 @@
 //! The bounded request peek: reads a generation request's body far enough to learn its
 //! `model` and `stream` fields, then forwards the very same bytes.
 
+use super::held::Held;
 use super::idle::BoxError;
 use super::request_body::ClientFault;
 use super::UpstreamBody;
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, SizeHint};
 use serde::Deserialize;
@@ -61,12 +62,9 @@ pub enum PeekError {
 
 /// A body of exactly `bytes` that gives its budget back when dropped.
 pub fn buffered(bytes: Bytes, permit: Option<OwnedSemaphorePermit>) -> UpstreamBody {
-    Held {
-        inner: Full::new(bytes),
-        _permit: permit,
-    }
-    .map_err(|never| match never {})
-    .boxed_unsync()
+    Held::new(Full::new(bytes), permit)
+        .map_err(|never| match never {})
+        .boxed_unsync()
 }
 
 /// The same request asking for `stream_options.include_usage`, with every other byte the
@@ -125,8 +123,9 @@ pub fn parse_fields(body: &[u8]) -> RequestFields {
     serde_json::from_slice(body).unwrap_or_default()
 }
 
-/// Reads up to `limit` bytes of `body`, taking their size from `budget` (all of a declared
-/// Content-Length up front, else frame by frame); returns the body (the same bytes) and the
+/// Reads up to `limit` bytes of `body`, taking from `budget` the memory they hold as they
+/// arrive (a declared Content-Length sizes the buffer, but only the bytes received are
+/// charged: a slow upload holds only what it sent); returns the body (the same bytes) and the
 /// fields when the whole body fit within the limit.
 pub async fn peek<B>(
     mut body: B,
@@ -143,34 +142,63 @@ where
             RequestFields::default(),
         ));
     }
-    let mut permit = match content_length {
-        Some(len) => Some(reserve(budget, len as usize)?),
-        None => None,
-    };
-    let mut peeked = BytesMut::new();
+    let declared = content_length.map(|len| len as usize);
+    let mut peeked = Vec::new();
+    let mut charge = Charge::default();
     while let Some(frame) = body.frame().await {
         let Ok(data) = frame.map_err(PeekError::Client)?.into_data() else {
             continue; // request trailers carry nothing llmslo reads
         };
-        if content_length.is_none() {
-            let more = reserve(budget, data.len())?;
-            match permit.as_mut() {
-                Some(permit) => permit.merge(more),
-                None => permit = Some(more),
-            }
-        }
+        // The buffer is charged before a byte is copied in; each frame is dropped at once, so
+        // no frame pins a larger read buffer of hyper's.
+        grow_for(&mut peeked, data.len(), declared);
+        charge.up_to(budget, peeked.capacity())?;
         peeked.extend_from_slice(&data);
         if peeked.len() > limit {
             let prefixed = PrefixedBody {
-                prefix: Some((peeked.freeze(), permit)),
+                prefix: Some((Bytes::from(peeked), charge.permit)),
                 rest: body,
             };
             return Ok((Peeked::TooLarge(prefixed.boxed_unsync()), RequestFields::default()));
         }
     }
-    let whole = peeked.freeze();
-    let fields = parse_fields(&whole);
-    Ok((Peeked::Whole(whole, permit), fields))
+    let fields = parse_fields(&peeked);
+    Ok((Peeked::Whole(Bytes::from(peeked), charge.permit), fields))
+}
+
+/// Makes room for `more` bytes: the buffer doubles (from 64 KiB), never past a declared length.
+fn grow_for(buffer: &mut Vec<u8>, more: usize, declared: Option<usize>) {
+    const FIRST: usize = 64 << 10;
+    let needed = buffer.len() + more;
+    if needed <= buffer.capacity() {
+        return;
+    }
+    let doubled = needed.max(buffer.capacity() * 2).max(FIRST);
+    let target = declared.map_or(doubled, |declared| doubled.min(declared).max(needed));
+    buffer.reserve_exact(target - buffer.len());
+}
+
+/// The share of the buffer budget one peek holds so far.
+#[derive(Default)]
+struct Charge {
+    permit: Option<OwnedSemaphorePermit>,
+}
+
+impl Charge {
+    /// Holds `bytes` in all, taking the difference from `budget`; fails at once when it does
+    /// not have them.
+    fn up_to(&mut self, budget: &Arc<Semaphore>, bytes: usize) -> Result<(), PeekError> {
+        let held = self.permit.as_ref().map_or(0, |p| p.num_permits());
+        if bytes <= held {
+            return Ok(());
+        }
+        let more = reserve(budget, bytes - held)?;
+        match self.permit.as_mut() {
+            Some(permit) => permit.merge(more),
+            None => self.permit = Some(more),
+        }
+        Ok(())
+    }
 }
 
 /// Takes `bytes` from the shared budget, or fails at once when it does not have them.
@@ -192,29 +220,6 @@ where
 
 fn boxed(fault: ClientFault) -> BoxError {
     Box::new(fault)
-}
-
-/// A body that holds a share of the buffer budget for as long as it lives.
-struct Held<B> {
-    inner: B,
-    _permit: Option<OwnedSemaphorePermit>,
-}
-
-impl<B: Body + Unpin> Body for Held<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
-        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
-    }
 }
 
 /// Already-read bytes (with their budget share, given back once they are sent on) followed
@@ -254,6 +259,80 @@ impl<B: Body<Data = Bytes, Error = ClientFault> + Unpin> Body for PrefixedBody<B
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::channel::Channel;
+
+    /// Starts peeking a body that declares `declared` bytes and sends `sent` of them.
+    async fn slow_upload(
+        budget: &Arc<Semaphore>,
+        declared: u64,
+        sent: usize,
+    ) -> (
+        tokio::task::JoinHandle<Result<(Peeked, RequestFields), PeekError>>,
+        http_body_util::channel::Sender<Bytes, ClientFault>,
+    ) {
+        let (mut sender, body) = Channel::<Bytes, ClientFault>::new(1);
+        let budget = budget.clone();
+        let peek = tokio::spawn(async move { peek(body, Some(declared), 4 << 20, &budget).await });
+        sender.send_data(Bytes::from(vec![b' '; sent])).await.unwrap();
+        tokio::task::yield_now().await;
+        (peek, sender)
+    }
+
+    #[tokio::test]
+    async fn a_slow_upload_holds_only_the_bytes_it_sent_not_the_length_it_declared() {
+        let budget = Arc::new(Semaphore::new(1 << 20));
+        // Eight uploads declare 1 MiB each, the whole budget, and send one byte.
+        let mut slow = Vec::new();
+        for _ in 0..8 {
+            slow.push(slow_upload(&budget, 1 << 20, 1).await);
+        }
+        while budget.available_permits() > (1 << 20) - 8 * (64 << 10) {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(
+            budget.available_permits(),
+            (1 << 20) - 8 * (64 << 10),
+            "64 KiB each, the first buffer"
+        );
+        // Another request still fits.
+        let body = br#"{"model":"m","stream":true}"#;
+        let (peeked, fields) = peek(
+            Full::new(Bytes::from_static(body)).map_err(|never| match never {}),
+            Some(body.len() as u64),
+            4 << 20,
+            &budget,
+        )
+        .await
+        .unwrap();
+        assert!(matches!(peeked, Peeked::Whole(..)));
+        assert_eq!(fields.model.as_deref(), Some("m"));
+        drop(slow);
+    }
+
+    #[tokio::test]
+    async fn an_upload_that_outgrows_the_budget_is_refused_and_gives_its_share_back() {
+        let budget = Arc::new(Semaphore::new(256 << 10));
+        let (peek, mut sender) = slow_upload(&budget, 1 << 20, 100 << 10).await;
+        // 100 KiB sent: the buffer doubled to 128 KiB; 300 KiB more cannot fit.
+        let _ = sender.send_data(Bytes::from(vec![b' '; 300 << 10])).await;
+        assert_eq!(peek.await.unwrap().err(), Some(PeekError::BudgetExhausted));
+        assert_eq!(budget.available_permits(), 256 << 10);
+    }
+
+    #[tokio::test]
+    async fn a_whole_body_holds_its_share_until_it_is_sent_on() {
+        let budget = Arc::new(Semaphore::new(1 << 20));
+        let (peek, sender) = slow_upload(&budget, 100_000, 100_000).await;
+        drop(sender);
+        let (peeked, _) = peek.await.unwrap().unwrap();
+        assert_eq!(
+            budget.available_permits(),
+            (1 << 20) - 100_000,
+            "the declared length caps the buffer"
+        );
+        drop(peeked);
+        assert_eq!(budget.available_permits(), 1 << 20);
+    }
 
     #[test]
     fn reads_only_model_and_stream() {

@@ -8,10 +8,12 @@ use crate::observe::record::Outcome;
 use bytes::Bytes;
 use http::StatusCode;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::time::{sleep_until, Instant, Sleep};
 
 /// Why a client's request body could not be read: always the client's side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -25,6 +27,9 @@ pub enum ClientFault {
     /// No body bytes arrived for the read timeout.
     #[error("the client sent no request body bytes for {}", humantime::format_duration(*.0))]
     TimedOut(Duration),
+    /// The whole body did not arrive within the total timeout.
+    #[error("the client took longer than {} to send its request body", humantime::format_duration(*.0))]
+    TooSlow(Duration),
     /// The body is larger than the limit for its route.
     #[error("the request body is larger than the limit of {0} bytes")]
     TooLarge(u64),
@@ -56,7 +61,9 @@ impl ClientFault {
     pub fn outcome(self) -> Outcome {
         match self {
             ClientFault::Aborted => Outcome::ClientCancelled,
-            ClientFault::Malformed | ClientFault::TimedOut(_) | ClientFault::TooLarge(_) => Outcome::ClientError,
+            ClientFault::Malformed | ClientFault::TimedOut(_) | ClientFault::TooSlow(_) | ClientFault::TooLarge(_) => {
+                Outcome::ClientError
+            }
         }
     }
 
@@ -64,7 +71,7 @@ impl ClientFault {
     pub fn status(self) -> StatusCode {
         match self {
             ClientFault::Aborted | ClientFault::Malformed => StatusCode::BAD_REQUEST,
-            ClientFault::TimedOut(_) => StatusCode::REQUEST_TIMEOUT,
+            ClientFault::TimedOut(_) | ClientFault::TooSlow(_) => StatusCode::REQUEST_TIMEOUT,
             ClientFault::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         }
     }
@@ -73,24 +80,32 @@ impl ClientFault {
 /// Where a [`ClientBody`] leaves its fault for the proxy to find after a failed forward.
 pub type FaultSlot = Arc<OnceLock<ClientFault>>;
 
-/// The client's body with a read timeout and a size limit; its failures are noted in a slot.
+/// The client's body with read timeouts and a size limit; its failures are noted in a slot.
 #[derive(Debug)]
 pub struct ClientBody {
     inner: Incoming,
     timer: IdleTimer,
     read_timeout: Duration,
+    /// When the whole body must have arrived, and the timer for it (armed on first wait).
+    deadline: Instant,
+    total_timeout: Duration,
+    total_timer: Option<Pin<Box<Sleep>>>,
     received: u64,
     limit: u64,
     fault: FaultSlot,
 }
 
 impl ClientBody {
-    /// Wraps `inner`: at most `limit` bytes, no gap between frames longer than `read_timeout`.
-    pub fn new(inner: Incoming, read_timeout: Duration, limit: u64) -> Self {
+    /// Wraps `inner`: at most `limit` bytes, no gap between frames longer than `read_timeout`,
+    /// and all of it within `total_timeout` from now.
+    pub fn new(inner: Incoming, read_timeout: Duration, total_timeout: Duration, limit: u64) -> Self {
         Self {
             inner,
             timer: IdleTimer::new(Some(read_timeout)),
             read_timeout,
+            deadline: Instant::now() + total_timeout,
+            total_timeout,
+            total_timer: None,
             received: 0,
             limit,
             fault: FaultSlot::default(),
@@ -130,10 +145,17 @@ impl Body for ClientBody {
             }
             Poll::Ready(Some(Err(error))) => this.fail(ClientFault::from_read_error(&error)),
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => match this.timer.poll_expired(cx) {
-                Poll::Ready(()) => this.fail(ClientFault::TimedOut(this.read_timeout)),
-                Poll::Pending => Poll::Pending,
-            },
+            Poll::Pending => {
+                if this.timer.poll_expired(cx).is_ready() {
+                    return this.fail(ClientFault::TimedOut(this.read_timeout));
+                }
+                let deadline = this.deadline;
+                let total = this.total_timer.get_or_insert_with(|| Box::pin(sleep_until(deadline)));
+                match total.as_mut().poll(cx) {
+                    Poll::Ready(()) => this.fail(ClientFault::TooSlow(this.total_timeout)),
+                    Poll::Pending => Poll::Pending,
+                }
+            }
         }
     }
 

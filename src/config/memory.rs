@@ -1,0 +1,65 @@
+//! What the sidecar's memory can reach under a config: the measured cost of each thing its
+//! limits bound, summed for the worst case, to compare with the container's memory limit.
+
+use super::Config;
+
+/// Resident memory of a started sidecar before any traffic (runtime, registry, allocator).
+pub const BASE_BYTES: u64 = 16 << 20;
+/// Most one client connection holds: hyper's HTTP/1.1 read and write buffers and its task
+/// (measured 22.6 KiB for a connection that sent half a request head; an h2c connection
+/// holds 14 KiB).
+pub const PER_CONNECTION_BYTES: u64 = 24 << 10;
+/// Most one request in flight holds beyond its client connection: its engine connection, the
+/// observer's state, its HTTP/2 stream (measured 16 KiB for an HTTP/1.1 stream, 22.6 KiB for
+/// an h2c stream).
+pub const PER_IN_FLIGHT_REQUEST_BYTES: u64 = 24 << 10;
+/// Where cgroup v2 states the container's memory limit.
+const CGROUP_MEMORY_MAX: &str = "/sys/fs/cgroup/memory.max";
+
+impl Config {
+    /// The most memory the proxy can hold with every limit reached at once: connections,
+    /// requests in flight, and the peek's buffer budget, above the base (a tokenizer adds its
+    /// own size; a compressed response its decoder window while it lasts).
+    pub fn worst_case_memory_bytes(&self) -> u64 {
+        BASE_BYTES
+            + self.max_connections as u64 * PER_CONNECTION_BYTES
+            + self.max_in_flight_requests as u64 * PER_IN_FLIGHT_REQUEST_BYTES
+            + self.max_buffered_request_bytes as u64
+    }
+}
+
+/// The container's memory limit (cgroup v2), when one is set.
+pub fn container_limit_bytes() -> Option<u64> {
+    parse_memory_max(&std::fs::read_to_string(CGROUP_MEMORY_MAX).ok()?)
+}
+
+/// `memory.max` holds a byte count, or `max` for no limit.
+fn parse_memory_max(text: &str) -> Option<u64> {
+    text.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_fit_the_memory_limit_the_injector_gives() {
+        let config = Config::from_yaml("upstream: http://127.0.0.1:8000\n").unwrap();
+        let limit = crate::k8s::inject::DEFAULT_MEMORY_LIMIT_BYTES;
+        let worst = config.worst_case_memory_bytes();
+        assert!(
+            worst < limit,
+            "worst case {} MiB, limit {} MiB",
+            worst >> 20,
+            limit >> 20
+        );
+        assert_eq!(worst >> 20, 104, "the arithmetic in docs/configuration.md");
+        assert_eq!(crate::k8s::inject::DEFAULT_MEMORY_LIMIT, format!("{}Mi", limit >> 20));
+    }
+
+    #[test]
+    fn memory_max_is_a_byte_count_or_no_limit() {
+        assert_eq!(parse_memory_max("134217728\n"), Some(128 << 20));
+        assert_eq!(parse_memory_max("max\n"), None);
+    }
+}
