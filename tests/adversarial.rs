@@ -576,3 +576,37 @@ async fn h2c_connections_are_told_their_stream_limit_in_settings() {
     );
     sidecar.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn h2c_stream_multiplication_is_held_to_the_in_flight_cap_in_fds_and_memory() {
+    use llmslo::tools::bench::attacks::Attack;
+    let (upstream, _) = start_engine(timed_engine(20, 20)).await;
+    let config = "max_in_flight_requests: 40\nmax_streams_per_connection: 10\n";
+    let sidecar = process::SidecarProcess::start(upstream, config, None);
+    let baseline = sidecar.open_fds();
+    // Five h2c connections that each try 150 streams: 10 each are let in (50), 40 forwarded.
+    let attack = tokio::spawn(Attack::StreamMultiplication.run(sidecar.proxy));
+    let mut most = 0;
+    while !attack.is_finished() {
+        most = most.max(sidecar.open_fds());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // Client connections, plus one engine connection per request in flight, plus the pool's
+    // idle ones (never more than the cap), plus the health probe's.
+    let budget = baseline + 5 + 2 * 40 + 1;
+    assert!(most <= budget, "{most} fds open at most, budget {budget}");
+    let m = sidecar.scrape().await;
+    assert!(
+        sample(&m, "llmslo_requests_refused_total", &[("reason", "in_flight_limit")]) > 0.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "connect_error")]),
+        0.0
+    );
+    assert!(sidecar.peak_rss_bytes() < MEMORY_LIMIT);
+    let (status, _) = post_collect(sidecar.proxy, "/v1/chat/completions", chat_body(1, false, false)).await;
+    assert_eq!(status, 200);
+    eprintln!("fds: {baseline} before, {most} at most (budget {budget})");
+    sidecar.stop();
+}
