@@ -610,3 +610,46 @@ async fn h2c_stream_multiplication_is_held_to_the_in_flight_cap_in_fds_and_memor
     eprintln!("fds: {baseline} before, {most} at most (budget {budget})");
     sidecar.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_connections_of_half_open_heads_cost_what_the_memory_budget_says() {
+    use llmslo::config::memory::PER_CONNECTION_BYTES;
+    use tokio::io::AsyncWriteExt;
+    let (upstream, _) = start_engine(Default::default()).await;
+    let sidecar = process::SidecarProcess::start(upstream, "max_connections: 2048\n", None);
+    let before = sidecar.rss_bytes();
+    let mut held = Vec::new();
+    for _ in 0..2048 {
+        let mut stream = tokio::net::TcpStream::connect(sidecar.proxy).await.unwrap();
+        stream
+            .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-le")
+            .await
+            .unwrap();
+        held.push(stream);
+    }
+    // One more is over the cap.
+    let refused = raw_exchange(
+        sidecar.proxy,
+        b"GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n",
+        std::time::Duration::from_secs(2),
+    )
+    .await;
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let grown = sidecar.rss_bytes().saturating_sub(before);
+    eprintln!(
+        "2048 half-open connections: RSS grew {:.1} KiB each",
+        grown as f64 / 2048.0 / 1024.0
+    );
+    assert!(
+        grown < 2048 * PER_CONNECTION_BYTES,
+        "grew {} KiB per connection",
+        grown / 2048 >> 10
+    );
+    assert_eq!(sidecar.healthz().await, 200);
+    drop(held);
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let (status, _) = post_collect(sidecar.proxy, "/v1/chat/completions", chat_body(1, false, false)).await;
+    assert_eq!(status, 200);
+    sidecar.stop();
+}
