@@ -644,7 +644,7 @@ async fn max_connections_of_half_open_heads_cost_what_the_memory_budget_says() {
     assert!(
         grown < 2048 * PER_CONNECTION_BYTES,
         "grew {} KiB per connection",
-        grown / 2048 >> 10
+        (grown / 2048) >> 10
     );
     assert_eq!(sidecar.healthz().await, 200);
     drop(held);
