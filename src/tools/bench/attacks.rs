@@ -153,15 +153,20 @@ async fn exchange(addr: SocketAddr, request: &[u8]) -> std::io::Result<Vec<u8>> 
     Ok(answer)
 }
 
-/// Streaming requests from clients with tiny receive buffers that never read.
-async fn slow_readers(addr: SocketAddr, n: usize) {
-    let body = serde_json::json!({
+/// The JSON body of a streaming chat request for `max_tokens`.
+fn streaming_chat(max_tokens: u32) -> String {
+    serde_json::json!({
         "model": "m",
         "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 2000,
+        "max_tokens": max_tokens,
         "stream": true,
     })
-    .to_string();
+    .to_string()
+}
+
+/// Streaming requests from clients with tiny receive buffers that never read.
+async fn slow_readers(addr: SocketAddr, n: usize) {
+    let body = streaming_chat(2000);
     let request = format!(
         "POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
         body.len()
@@ -303,13 +308,7 @@ async fn settings_flood(addr: SocketAddr, n: usize) -> std::io::Result<()> {
 /// `connections` h2c connections, each opening `streams` streaming requests and reading
 /// nothing for a while.
 async fn stream_multiplication(addr: SocketAddr, connections: usize, streams: u32) {
-    let body = serde_json::json!({
-        "model": "m",
-        "messages": [{"role": "user", "content": "hi"}],
-        "max_tokens": 50,
-        "stream": true,
-    })
-    .to_string();
+    let body = streaming_chat(50);
     let mut held = Vec::new();
     for _ in 0..connections {
         let Ok(mut stream) = h2c(addr).await else { continue };
