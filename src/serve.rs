@@ -15,7 +15,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -274,9 +274,16 @@ where
         if !undecided {
             return Ok((wrap(stream).await?, Protocol::of_first_bytes(&first[..n])));
         }
-        // A peek sees the same bytes until more arrive: look again a little later.
+        // A peek sees the same bytes until more arrive: look again a little later, unless
+        // the client has closed (a peek never shows the end while bytes are unread).
         if n == seen {
             tokio::time::sleep(SNIFF_POLL).await;
+            if stream.ready(Interest::READABLE).await?.is_read_closed() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "closed part-way through the h2c preface",
+                ));
+            }
         }
         seen = n;
     }

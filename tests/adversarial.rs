@@ -453,7 +453,7 @@ async fn every_attack_leaves_the_sidecar_serving_within_its_memory_budget() {
                     if status == 200 && body.ends_with(b"data: [DONE]\n\n") {
                         ok += 1;
                     } else {
-                        failed.push(status);
+                        failed.push(format!("{status} {}", String::from_utf8_lossy(&body)));
                     }
                 }
                 (ok, failed)
@@ -652,4 +652,71 @@ async fn max_connections_of_half_open_heads_cost_what_the_memory_budget_says() {
     let (status, _) = post_collect(sidecar.proxy, "/v1/chat/completions", chat_body(1, false, false)).await;
     assert_eq!(status, 200);
     sidecar.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rapid_reset_streams_never_hold_a_place_under_the_in_flight_cap() {
+    use llmslo::tools::bench::attacks::Attack;
+    let (upstream, _) = start_engine(timed_engine(5, 5)).await;
+    let sidecar = start_sidecar(upstream, "max_in_flight_requests: 20\n").await;
+    let addr = sidecar.proxy_addr;
+    let attack = tokio::spawn(Attack::RapidReset.run(addr));
+    let mut statuses = Vec::new();
+    while !attack.is_finished() {
+        statuses.push(
+            post_collect(addr, "/v1/chat/completions", chat_body(2, true, false))
+                .await
+                .0,
+        );
+    }
+    assert!(statuses.iter().all(|s| *s == 200), "{statuses:?}");
+    let m = sidecar.metrics.encode();
+    assert_eq!(
+        sample(&m, "llmslo_requests_refused_total", &[("reason", "in_flight_limit")]),
+        0.0
+    );
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_closes_part_way_through_the_preface_frees_its_slot_at_once() {
+    use tokio::io::AsyncWriteExt;
+    let (upstream, _) = start_engine(Default::default()).await;
+    let sidecar = start_sidecar(upstream, "").await;
+    for _ in 0..20 {
+        // Too few bytes to tell the h2c preface from a POST or PUT: the sniff waits for more.
+        let mut stream = tokio::net::TcpStream::connect(sidecar.proxy_addr).await.unwrap();
+        stream.write_all(b"PR").await.unwrap();
+    }
+    let mut open = f64::NAN;
+    for _ in 0..50 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        open = sample(&sidecar.metrics.encode(), "llmslo_proxy_connections_open", &[]);
+        if open == 0.0 {
+            break;
+        }
+    }
+    assert_eq!(open, 0.0, "slots still held, not released until the 30 s head deadline");
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_small_bodies_of_unknown_length_hold_only_their_bytes_of_the_budget() {
+    use llmslo::tools::bench::attacks::Attack;
+    let (upstream, _) = start_engine(timed_engine(5, 5)).await;
+    // h2c bodies carry no Content-Length: 500 at once, 4 MiB of buffer budget.
+    let sidecar = start_sidecar(upstream, "max_buffered_request_bytes: 4194304\n").await;
+    Attack::StreamMultiplication.run(sidecar.proxy_addr).await;
+    let m = sidecar.metrics.encode();
+    assert_eq!(
+        sample(
+            &m,
+            "llmslo_requests_refused_total",
+            &[("reason", "request_buffer_full")]
+        ),
+        0.0
+    );
+    let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(1, false, false)).await;
+    assert_eq!(status, 200);
+    sidecar.shutdown().await;
 }

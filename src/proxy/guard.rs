@@ -108,26 +108,10 @@ where
 
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
         let t0 = Instant::now();
-        let Shared {
-            metrics,
-            settings,
-            in_flight,
-        } = &*self.shared;
+        let Shared { metrics, settings, .. } = &*self.shared;
         if request.method() == Method::CONNECT {
             return Box::pin(std::future::ready(Ok(ProxyError::ConnectRefused.into_response())));
         }
-        // Held until the response body has been sent (or dropped): one engine connection at most.
-        let Ok(permit) = in_flight.clone().try_acquire_owned() else {
-            metrics.count_refused(RefusalReason::InFlightLimit);
-            debug!(
-                max_in_flight_requests = settings.max_in_flight_requests,
-                "request refused: at the in-flight cap"
-            );
-            return Box::pin(std::future::ready(Ok(ProxyError::Overloaded(
-                RefusalReason::InFlightLimit,
-            )
-            .into_response())));
-        };
         let operation = Operation::of_request(&request);
         let (parts, body) = request.into_parts();
         let body_limit = operation.map_or(u64::MAX, |_| settings.max_body_bytes);
@@ -151,6 +135,17 @@ where
         let inner = self.inner.clone();
         let shared = self.shared.clone();
         Box::pin(async move {
+            // Taken on the first poll, not at the call: an HTTP/2 stream reset before its task
+            // runs never holds a place (rapid reset would otherwise fill the cap for a moment).
+            // Held until the response body has been sent or dropped: one engine connection at most.
+            let Ok(permit) = shared.in_flight.clone().try_acquire_owned() else {
+                shared.metrics.count_refused(RefusalReason::InFlightLimit);
+                debug!(
+                    max_in_flight_requests = shared.settings.max_in_flight_requests,
+                    "request refused: at the in-flight cap"
+                );
+                return Ok(ProxyError::Overloaded(RefusalReason::InFlightLimit).into_response());
+            };
             let response = tower::ServiceExt::oneshot(inner, Request::from_parts(parts, body)).await;
             let response = response.unwrap_or_else(|error| shared.error_response(error, fault.get().copied()));
             Ok(response.map(|body| Held::new(body, Some(permit)).boxed_unsync()))

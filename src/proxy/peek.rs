@@ -162,13 +162,17 @@ where
             return Ok((Peeked::TooLarge(prefixed.boxed_unsync()), RequestFields::default()));
         }
     }
+    // Whole: it holds no more than its length while it waits to be sent on (a burst of small
+    // bodies of unknown length would otherwise hold their first buffers' worth each).
+    peeked.shrink_to_fit();
+    charge.down_to(peeked.capacity());
     let fields = parse_fields(&peeked);
     Ok((Peeked::Whole(Bytes::from(peeked), charge.permit), fields))
 }
 
-/// Makes room for `more` bytes: the buffer doubles (from 64 KiB), never past a declared length.
+/// Makes room for `more` bytes: the buffer doubles (from 16 KiB), never past a declared length.
 fn grow_for(buffer: &mut Vec<u8>, more: usize, declared: Option<usize>) {
-    const FIRST: usize = 64 << 10;
+    const FIRST: usize = 16 << 10;
     let needed = buffer.len() + more;
     if needed <= buffer.capacity() {
         return;
@@ -198,6 +202,14 @@ impl Charge {
             None => self.permit = Some(more),
         }
         Ok(())
+    }
+
+    /// Gives back what it holds beyond `bytes`.
+    fn down_to(&mut self, bytes: usize) {
+        if let Some(permit) = self.permit.as_mut() {
+            let excess = permit.num_permits().saturating_sub(bytes);
+            drop(permit.split(excess));
+        }
     }
 }
 
@@ -286,13 +298,13 @@ mod tests {
         for _ in 0..8 {
             slow.push(slow_upload(&budget, 1 << 20, 1).await);
         }
-        while budget.available_permits() > (1 << 20) - 8 * (64 << 10) {
+        while budget.available_permits() > (1 << 20) - 8 * (16 << 10) {
             tokio::task::yield_now().await;
         }
         assert_eq!(
             budget.available_permits(),
-            (1 << 20) - 8 * (64 << 10),
-            "64 KiB each, the first buffer"
+            (1 << 20) - 8 * (16 << 10),
+            "16 KiB each, the first buffer"
         );
         // Another request still fits.
         let body = br#"{"model":"m","stream":true}"#;
@@ -317,6 +329,30 @@ mod tests {
         let _ = sender.send_data(Bytes::from(vec![b' '; 300 << 10])).await;
         assert_eq!(peek.await.unwrap().err(), Some(PeekError::BudgetExhausted));
         assert_eq!(budget.available_permits(), 256 << 10);
+    }
+
+    #[tokio::test]
+    async fn a_whole_body_of_unknown_length_holds_only_its_length() {
+        let budget = Arc::new(Semaphore::new(1 << 20));
+        let (mut sender, body) = Channel::<Bytes, ClientFault>::new(1);
+        let peeking = {
+            let budget = budget.clone();
+            tokio::spawn(async move { peek(body, None, 4 << 20, &budget).await })
+        };
+        sender
+            .send_data(Bytes::from_static(b"{\"model\":\"m\"}"))
+            .await
+            .unwrap();
+        drop(sender);
+        let (peeked, fields) = peeking.await.unwrap().unwrap();
+        assert_eq!(fields.model.as_deref(), Some("m"));
+        assert_eq!(
+            budget.available_permits(),
+            (1 << 20) - 13,
+            "not its 16 KiB first buffer"
+        );
+        drop(peeked);
+        assert_eq!(budget.available_permits(), 1 << 20);
     }
 
     #[tokio::test]
