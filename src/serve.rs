@@ -278,7 +278,7 @@ where
         // the client has closed (a peek never shows the end while bytes are unread).
         if n == seen {
             tokio::time::sleep(SNIFF_POLL).await;
-            if stream.ready(Interest::READABLE).await?.is_read_closed() {
+            if peer_closed(&stream).await {
                 return Err(std::io::Error::new(
                     std::io::ErrorKind::UnexpectedEof,
                     "closed part-way through the h2c preface",
@@ -287,6 +287,18 @@ where
         }
         seen = n;
     }
+}
+
+/// Whether the peer has closed its side, as the socket's readiness already knows it (looked at
+/// once, never waited for).
+async fn peer_closed(stream: &TcpStream) -> bool {
+    let ready = stream.ready(Interest::READABLE);
+    tokio::pin!(ready);
+    std::future::poll_fn(|cx| match ready.as_mut().poll(cx) {
+        std::task::Poll::Ready(Ok(ready)) => std::task::Poll::Ready(ready.is_read_closed()),
+        _ => std::task::Poll::Ready(false),
+    })
+    .await
 }
 
 /// What every HTTP/2 connection without TLS (h2c with prior knowledge) begins with.
