@@ -401,7 +401,7 @@ impl Cli {
             }
             Command::Run(args) => {
                 let overrides = args.endpoints.overrides(self.log, self.log_format);
-                let config = match Config::load(overrides, args.config.as_deref()) {
+                let config = match Config::load_fail_open(overrides, args.config.as_deref()) {
                     Ok(config) => config,
                     Err(e) => {
                         eprintln!("llmslo: {e}");

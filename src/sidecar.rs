@@ -74,6 +74,14 @@ impl Sidecar {
         if let Some(state) = &gpu {
             metrics.register_gpu(state.clone());
         }
+        if let Some(error) = &config.file_error {
+            error!(
+                %error,
+                "the config file is invalid: forwarding without it (flags, environment and defaults; no SLOs) \
+                 until it is fixed; llmslo_config_valid is 0"
+            );
+            metrics.config_status().loaded(false);
+        }
         let metrics = Arc::new(metrics);
         let client = UpstreamClient::new(&config.upstream, config.max_in_flight_requests);
         let tokenizer = match &config.tokenizer {
@@ -262,8 +270,12 @@ async fn reload_on_change(config: Config, metrics: Arc<Metrics>, shutdown: Cance
             Ok(new) => {
                 info!(slos = new.slos.slos.len(), path = %path.display(), "config reloaded: new SLOs in force (other settings apply at restart)");
                 metrics.reload_slos(new.slos);
+                metrics.config_status().loaded(true);
             }
-            Err(error) => error!(%error, "config reload rejected; the running config stays in force"),
+            Err(error) => {
+                error!(%error, "config reload rejected; the running config stays in force (llmslo_config_valid 0)");
+                metrics.config_status().loaded(false);
+            }
         }
     }
 }

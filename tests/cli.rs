@@ -61,17 +61,27 @@ fn bad_config_exits_64_naming_the_key() {
         ),
         ("not-yaml", "upstream: [unclosed\n", "line"),
     ];
+    // `check-config` refuses every bad file; `run` refuses only the ones it cannot forward
+    // with (no usable upstream), and runs without the others (fail-open, tested elsewhere).
     for (name, yaml, key) in cases {
         let path = config_file(name, yaml);
-        let (code, stderr) = run_and_fail(llmslo().args(["run", "--config"]).arg(&path));
+        let (code, stderr) = run_and_fail(llmslo().arg("check-config").arg(&path));
         assert_eq!(code, 64, "{name}: {stderr}");
         assert!(stderr.contains(key), "{name}: `{key}` not in {stderr}");
+        if ["bad-upstream", "not-yaml"].contains(&name) {
+            let (code, stderr) = run_and_fail(llmslo().args(["run", "--config"]).arg(&path));
+            assert_eq!(code, 64, "{name}: {stderr}");
+            assert!(stderr.contains(key), "{name}: `{key}` not in {stderr}");
+        }
         std::fs::remove_file(path).unwrap();
     }
-    let path = config_file("via-env", "upstream: http://127.0.0.1:1\nmax_event_bytes: 10\n");
+    let path = config_file("via-env", "upstream: [unclosed\n");
     let (code, stderr) = run_and_fail(llmslo().arg("run").env("LLMSLO_CONFIG", &path));
-    assert_eq!(code, 64, "LLMSLO_CONFIG names the file: {stderr}");
-    assert!(stderr.contains("`max_event_bytes`"), "{stderr}");
+    assert_eq!(
+        code, 64,
+        "LLMSLO_CONFIG names the file, and it has no upstream: {stderr}"
+    );
+    assert!(stderr.contains("via-env"), "{stderr}");
     std::fs::remove_file(path).unwrap();
     let (code, stderr) = run_and_fail(llmslo().args(["run", "--config", "/nonexistent/llmslo.yaml"]));
     assert_eq!(code, 64);

@@ -20,8 +20,9 @@ fn paced_capture() -> Script {
 
 /// The request families the sidecar records, as text (process-level ones left out).
 fn request_families(text: &str) -> Vec<String> {
-    const PROCESS: [&str; 4] = [
+    const PROCESS: [&str; 5] = [
         "llmslo_build_info",
+        "llmslo_config_",
         "llmslo_proxy_connections_open",
         "llmslo_upstream_",
         "llmslo_gpu_",

@@ -327,6 +327,9 @@ pub struct Config {
     pub file: Option<PathBuf>,
     /// The flags and environment it was merged with, applied again on reload.
     pub overrides: Overrides,
+    /// Why the file could not be used, when this config runs without it (see
+    /// [`Config::load_fail_open`]).
+    pub file_error: Option<String>,
 }
 
 /// Stands in for the upstream while `check` validates a file that names none; never printed.
@@ -383,6 +386,35 @@ impl Config {
         match file {
             Some(path) => Self::from_file(overrides, path, false).map(|(config, _)| config),
             None => Self::merge(overrides, FileConfig::default()),
+        }
+    }
+
+    /// [`Config::load`], except that a file that cannot be used does not stop the sidecar:
+    /// the flags, the environment and the defaults run without it (no SLOs), with the file's
+    /// `upstream`, `listen` and `metrics_listen` kept when they can still be read, and
+    /// [`Config::file_error`] says why. Only what makes forwarding impossible (no usable
+    /// upstream or listen address) is an error. The file is still watched for a fixed version.
+    pub fn load_fail_open(overrides: Overrides, file: Option<&Path>) -> Result<Self, ConfigError> {
+        let error = match Self::load(overrides.clone(), file) {
+            Ok(config) => return Ok(config),
+            Err(error) => error,
+        };
+        let Some(path) = file else {
+            return Err(error);
+        };
+        let forwarding = forwarding_keys(path);
+        let mut fallback_overrides = overrides.clone();
+        fallback_overrides.upstream = overrides.upstream.clone().or(forwarding.upstream);
+        fallback_overrides.listen = overrides.listen.clone().or(forwarding.listen);
+        fallback_overrides.metrics_listen = overrides.metrics_listen.clone().or(forwarding.metrics_listen);
+        match Self::merge(fallback_overrides, FileConfig::default()) {
+            Ok(mut fallback) => {
+                fallback.file = Some(path.to_path_buf());
+                fallback.overrides = overrides;
+                fallback.file_error = Some(error.to_string());
+                Ok(fallback)
+            }
+            Err(_) => Err(error),
         }
     }
 
@@ -495,6 +527,7 @@ impl Config {
                 .unwrap_or(crate::capacity::DEFAULT_WINDOW),
             otel: f.otel.unwrap_or_default(),
             file: None,
+            file_error: None,
             overrides,
         };
         config.validate()?;
@@ -727,6 +760,30 @@ fn read_file(path: &Path) -> Result<(FileConfig, String), ConfigError> {
     Ok((file, text))
 }
 
+/// The keys forwarding needs, read from a file that is otherwise unusable: whatever of them
+/// is a string at the top level of a YAML mapping.
+#[derive(Debug, Default)]
+struct ForwardingKeys {
+    upstream: Option<String>,
+    listen: Option<String>,
+    metrics_listen: Option<String>,
+}
+
+fn forwarding_keys(path: &Path) -> ForwardingKeys {
+    let Some(value) = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| serde_yaml::from_str::<serde_yaml::Value>(&text).ok())
+    else {
+        return ForwardingKeys::default();
+    };
+    let key = |name: &str| value.get(name).and_then(|v| v.as_str()).map(str::to_string);
+    ForwardingKeys {
+        upstream: key("upstream"),
+        listen: key("listen"),
+        metrics_listen: key("metrics_listen"),
+    }
+}
+
 /// Takes the SLO keys out of the file and validates them; the rest of `f` is left in place.
 fn slo_set(f: &mut FileConfig) -> Result<SloSet, ConfigError> {
     let file = SloFile {
@@ -781,6 +838,50 @@ fn parse_upstream(value: &str) -> Result<Uri, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_file_that_cannot_be_used_runs_on_flags_with_what_forwarding_needs_from_it() {
+        let dir = std::env::temp_dir();
+        let overrides = |upstream: Option<&str>| Overrides {
+            upstream: upstream.map(str::to_string),
+            ..Overrides::default()
+        };
+        // Missing (an optional ConfigMap that is not there): the flags' upstream.
+        let missing = dir.join("llmslo-fail-open-missing.yaml");
+        let config = Config::load_fail_open(overrides(Some("http://127.0.0.1:9")), Some(&missing)).unwrap();
+        assert_eq!(config.upstream.to_string(), "http://127.0.0.1:9/");
+        assert!(config
+            .file_error
+            .as_deref()
+            .unwrap()
+            .contains("llmslo-fail-open-missing.yaml"));
+        // Invalid SLOs: the file's own upstream and listen are still used, the SLOs are not.
+        let invalid = dir.join(format!("llmslo-fail-open-{}.yaml", std::process::id()));
+        std::fs::write(
+            &invalid,
+            "upstream: http://127.0.0.1:7\nlisten: 127.0.0.1:0\nslos:\n  - name: a\n    objective: 150\n    tpot: 50ms\n",
+        )
+        .unwrap();
+        let config = Config::load_fail_open(overrides(None), Some(&invalid)).unwrap();
+        assert_eq!(config.upstream.to_string(), "http://127.0.0.1:7/");
+        assert_eq!(config.listen.to_string(), "127.0.0.1:0");
+        assert!(config.slos.slos.is_empty());
+        assert!(config.file_error.is_some());
+        assert_eq!(
+            config.file.as_deref(),
+            Some(invalid.as_path()),
+            "still watched for a fix"
+        );
+        // Nothing to forward to: an error.
+        std::fs::write(&invalid, "slos: [\n").unwrap();
+        assert!(Config::load_fail_open(overrides(None), Some(&invalid)).is_err());
+        std::fs::remove_file(invalid).unwrap();
+        // A valid file has no error.
+        assert!(Config::load_fail_open(overrides(Some("http://127.0.0.1:9")), None)
+            .unwrap()
+            .file_error
+            .is_none());
+    }
 
     fn key_of(result: Result<Config, ConfigError>) -> String {
         let error = result.unwrap_err();

@@ -214,7 +214,9 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
         volumes
             .as_array_mut()
             .ok_or("volumes is not a list")?
-            .push(json!({"name": "llmslo-config", "configMap": {"name": config_map}}));
+            // Optional: a missing ConfigMap never blocks the pod; the sidecar then forwards
+            // without it and reports `llmslo_config_valid 0`.
+            .push(json!({"name": "llmslo-config", "configMap": {"name": config_map, "optional": true}}));
     }
     let metadata = pod
         .as_object_mut()

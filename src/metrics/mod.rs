@@ -1,6 +1,7 @@
 //! The Prometheus registry: DESIGN §4 families, per-request recording, and encoding.
 
 pub mod buckets;
+pub mod config_status;
 pub mod labels;
 mod order;
 pub mod server;
@@ -92,6 +93,7 @@ pub struct Metrics {
     count_sources: Family<CountSourceLabels, Counter>,
     unmeasured: Family<UnmeasuredLabels, Counter>,
     open_connections: Gauge,
+    config_status: config_status::ConfigStatus,
     slo: Arc<SloEngine>,
     capacity: Arc<CapacityEngine>,
     /// The histograms' edges, for the OTLP instruments.
@@ -230,6 +232,7 @@ impl Metrics {
             count_sources: Family::default(),
             unmeasured: Family::default(),
             open_connections: Gauge::default(),
+            config_status: config_status::ConfigStatus::new(true),
             slo,
             capacity,
             boundaries,
@@ -389,6 +392,7 @@ impl Metrics {
             "Client connections open on the proxy port",
             self.open_connections.clone(),
         );
+        self.config_status.register(r);
         let build_info = Family::<BuildLabels, Gauge>::default();
         build_info
             .get_or_create(&BuildLabels {
@@ -489,6 +493,11 @@ impl Metrics {
                 .map(|otlp| otlp.gap_recorder(model, operation, self.provider())),
         };
         (GaugeGuard::new(gauge), inter_chunk)
+    }
+
+    /// Whether the config file is in force (`llmslo_config_valid` and its reload gauges).
+    pub fn config_status(&self) -> &config_status::ConfigStatus {
+        &self.config_status
     }
 
     /// Counts work refused because a sidecar limit was reached.

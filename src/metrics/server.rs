@@ -23,6 +23,12 @@ pub async fn handle<B>(
             .body(Full::new(Bytes::from(metrics.encode())))
             .expect("static response parts are valid"),
         "/healthz" => plain(StatusCode::OK, "ok\n"),
+        // An invalid config file never makes the pod unready: traffic still flows without it.
+        "/readyz" if readiness.is_ready() && !metrics.config_status().is_valid() => plain(
+            StatusCode::OK,
+            "ready; the config file is invalid, so the sidecar forwards without it (see the log and \
+             llmslo_config_valid)\n",
+        ),
         "/readyz" if readiness.is_ready() => plain(StatusCode::OK, "ready\n"),
         "/readyz" => plain(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -76,6 +76,7 @@ pub fn render(set: &SloSet, format: RulesFormat) -> String {
     groups.push(goodput_group());
     groups.push(capacity_group());
     groups.push(gpu_efficiency_group());
+    groups.push(sidecar_group());
     let file = RuleFile { groups };
     let yaml = match format {
         RulesFormat::Prometheus => serde_yaml::to_string(&file),
@@ -370,6 +371,41 @@ fn capacity_group() -> Group {
             record(
                 "llmslo:slo_saturation:ratio",
                 "llmslo:capacity_load_concurrency:sum / llmslo:capacity_concurrency:sum",
+            ),
+        ],
+    }
+}
+
+/// The sidecar's own health: a config file it could not use (it forwards on without it, so
+/// nothing else would show it) and work it refused at its own limits.
+fn sidecar_group() -> Group {
+    let alert = |name: &str, expr: &str, summary: &str, description: &str| Rule {
+        alert: Some(name.into()),
+        expr: expr.into(),
+        for_: Some("5m".into()),
+        labels: BTreeMap::from([("severity".into(), "ticket".into())]),
+        annotations: BTreeMap::from([
+            ("summary".into(), summary.into()),
+            ("description".into(), description.into()),
+        ]),
+        ..Rule::default()
+    };
+    Group {
+        name: "llmslo-sidecar".into(),
+        rules: vec![
+            alert(
+                "LLMSLOConfigInvalid",
+                "max by (namespace, pod) (llmslo_config_valid == 0)",
+                "llmslo in {{ $labels.namespace }}/{{ $labels.pod }} cannot use its config file",
+                "The sidecar forwards without the file (no SLOs, default limits), or with the last good \
+                 one after a bad reload. Its log names the key and line; `llmslo check-config` does too.",
+            ),
+            alert(
+                "LLMSLORequestsRefused",
+                "sum by (namespace, pod, reason) (rate(llmslo_requests_refused_total[5m])) > 0",
+                "llmslo in {{ $labels.namespace }}/{{ $labels.pod }} refuses work: {{ $labels.reason }}",
+                "Clients get 503 at one of the sidecar's own limits (never counted against the engine): \
+                 raise the limit named by `reason` with the memory limit, or add replicas.",
             ),
         ],
     }

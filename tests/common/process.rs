@@ -20,18 +20,23 @@ impl SidecarProcess {
     /// Starts `llmslo run` in front of `upstream` with extra YAML lines; `max_fds` lowers the
     /// process's open-file limit (`ulimit -n`).
     pub fn start(upstream: SocketAddr, extra_yaml: &str, max_fds: Option<u32>) -> Self {
-        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let config = std::env::temp_dir().join(format!("llmslo-process-{}-{n}.yaml", std::process::id()));
         let yaml = format!(
             "upstream: http://{upstream}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nengine: vllm\n\
              gpu:\n  enabled: false\n{extra_yaml}"
         );
+        Self::with_file(&yaml, "", max_fds)
+    }
+
+    /// Starts `llmslo run --config FILE FLAGS` where FILE holds exactly `yaml`.
+    pub fn with_file(yaml: &str, flags: &str, max_fds: Option<u32>) -> Self {
+        static STARTED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let config = std::env::temp_dir().join(format!("llmslo-process-{}-{n}.yaml", std::process::id()));
         std::fs::write(&config, yaml).unwrap();
         let limit = max_fds.map_or(String::new(), |n| format!("ulimit -n {n} && "));
         let mut child = Command::new("sh")
             .arg("-c")
-            .arg(format!("{limit}exec \"$0\" run --config \"$1\""))
+            .arg(format!("{limit}exec \"$0\" run --config \"$1\" {flags}"))
             .arg(env!("CARGO_BIN_EXE_llmslo"))
             .arg(&config)
             .env("LLMSLO_LOG_FORMAT", "json")
@@ -90,6 +95,21 @@ impl SidecarProcess {
         let request = b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
         let answer = super::raw_exchange(self.metrics, request, Duration::from_secs(2)).await;
         answer.get(9..12).and_then(|code| code.parse().ok()).unwrap_or(0)
+    }
+
+    /// The status and body `path` on the metrics port answers.
+    pub async fn get(&self, path: &str) -> (u16, String) {
+        use http_body_util::BodyExt;
+        let uri = format!("http://{}{path}", self.metrics);
+        let response = super::client().get(uri.parse().unwrap()).await.unwrap();
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// Where the config file is.
+    pub fn config_path(&self) -> &std::path::Path {
+        &self.config
     }
 
     /// `/metrics` as text.

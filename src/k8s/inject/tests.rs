@@ -168,7 +168,8 @@ fn annotations_override_the_defaults() {
         .contains(&json!({"name": "LLMSLO_CONFIG", "value": "/etc/llmslo/llmslo.yaml"})));
     assert_eq!(
         spec["volumes"],
-        json!([{"name": "llmslo-config", "configMap": {"name": "chat-slos"}}])
+        json!([{"name": "llmslo-config", "configMap": {"name": "chat-slos", "optional": true}}]),
+        "optional: a missing ConfigMap never blocks the pod"
     );
 }
 
