@@ -93,7 +93,8 @@ impl Sidecar {
             }
             None => None,
         };
-        let readiness = Arc::new(Readiness::new(config.health_interval * 3));
+        // The window is a backstop for a stalled probe; failures turn readiness off sooner.
+        let readiness = Arc::new(Readiness::new(config.health_interval * 3 + Duration::from_secs(2)));
         let proxy = Arc::new(Proxy::new(
             client.clone(),
             metrics.clone(),

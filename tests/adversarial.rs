@@ -580,7 +580,8 @@ async fn h2c_connections_are_told_their_stream_limit_in_settings() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn h2c_stream_multiplication_is_held_to_the_in_flight_cap_in_fds_and_memory() {
     use llmslo::tools::bench::attacks::Attack;
-    let (upstream, _) = start_engine(timed_engine(20, 20)).await;
+    let (upstream, _) = start_engine(timed_engine(20, 100)).await;
+    // Streams of 5 s: every one the attack opens is still streaming when the next comes.
     let config = "max_in_flight_requests: 40\nmax_streams_per_connection: 10\n";
     let sidecar = process::SidecarProcess::start(upstream, config, None);
     let baseline = sidecar.open_fds();

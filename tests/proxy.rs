@@ -642,3 +642,85 @@ async fn usage_the_client_asked_for_is_left_alone_and_injection_can_be_turned_of
         "no usage, no input count"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_engine_within_3_seconds_both_ways() {
+    use llmslo::tools::simulate::SimEngine;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let engine = listener.local_addr().unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(SimEngine::new(timed_engine(1, 1)).serve(listener, stop.clone()));
+    // The default health_interval.
+    let sidecar = start_sidecar(engine, "").await;
+    let metrics = sidecar.metrics_addr;
+    let within = |seconds: u64, want: StatusCode| async move {
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_secs(seconds) {
+            if get(metrics, "/readyz").await.0 == want {
+                return started.elapsed();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("/readyz was not {want} within {seconds} s");
+    };
+    within(5, StatusCode::OK).await;
+    stop.cancel();
+    let down = within(3, StatusCode::SERVICE_UNAVAILABLE).await;
+    assert_eq!(
+        get(metrics, "/healthz").await.0,
+        StatusCode::OK,
+        "liveness never follows the engine"
+    );
+    let listener = tokio::net::TcpListener::bind(engine).await.unwrap();
+    let again = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(SimEngine::new(timed_engine(1, 1)).serve(listener, again.clone()));
+    let up = within(3, StatusCode::OK).await;
+    eprintln!("unready {down:?} after the engine stopped, ready {up:?} after it came back");
+    again.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_failed_health_probe_does_not_make_the_pod_unready() {
+    let probes = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = probes.clone();
+    // The fourth probe of /health fails; the rest succeed.
+    let (engine, _) = scripted_upstream_by(move |request| {
+        let mut script = Script::sse(vec![(Duration::ZERO, b"ok".to_vec())]);
+        if request.starts_with(b"GET /health ") && seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 3 {
+            script.head = "HTTP/1.1 500 Internal Server Error\r\ntransfer-encoding: chunked".into();
+        }
+        script
+    })
+    .await;
+    let sidecar = start_sidecar(engine, "health_interval: 100ms\n").await;
+    let metrics = sidecar.metrics_addr;
+    assert!(turns(metrics, "/readyz", StatusCode::OK).await);
+    let mut statuses = Vec::new();
+    while probes.load(std::sync::atomic::Ordering::SeqCst) < 8 {
+        statuses.push(get(metrics, "/readyz").await.0);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(statuses.iter().all(|s| *s == StatusCode::OK), "{statuses:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_cannot_reach_the_engine_triggers_a_probe_at_once() {
+    use llmslo::tools::simulate::SimEngine;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let engine = listener.local_addr().unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(SimEngine::new(timed_engine(1, 1)).serve(listener, stop.clone()));
+    // Probes 30 s apart: only live traffic can tell the engine is gone in time.
+    let sidecar = start_sidecar(engine, "health_interval: 30s\n").await;
+    let metrics = sidecar.metrics_addr;
+    assert!(turns(metrics, "/readyz", StatusCode::OK).await);
+    stop.cancel();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(1, false, false)).await;
+    assert_eq!(status, 502);
+    let started = std::time::Instant::now();
+    while get(metrics, "/readyz").await.0 != StatusCode::SERVICE_UNAVAILABLE {
+        assert!(started.elapsed() < Duration::from_secs(3), "/readyz still 200");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -377,7 +377,7 @@ pub mod defaults {
     /// `health_path`.
     pub const HEALTH_PATH: &str = "/health";
     /// `health_interval`.
-    pub const HEALTH_INTERVAL: Duration = Duration::from_secs(5);
+    pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
 }
 
 impl Config {

@@ -9,7 +9,9 @@ use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, Error};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Notify;
 
 /// How long a pooled upstream connection may sit idle.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -23,6 +25,8 @@ pub struct UpstreamClient {
     scheme: Scheme,
     authority: Authority,
     base_path: String,
+    /// Woken when a request could not connect to the engine (the readiness probe listens).
+    connect_failed: Arc<Notify>,
 }
 
 impl UpstreamClient {
@@ -48,6 +52,7 @@ impl UpstreamClient {
                 .cloned()
                 .expect("validated upstream has an authority"),
             base_path: upstream.path().trim_end_matches('/').to_string(),
+            connect_failed: Arc::default(),
         }
     }
 
@@ -63,7 +68,16 @@ impl UpstreamClient {
 
     /// Sends a request whose URI came from [`Self::uri_for`].
     pub async fn send(&self, request: Request<UpstreamBody>) -> Result<Response<Incoming>, Error> {
-        self.client.request(request).await
+        let sent = self.client.request(request).await;
+        if sent.as_ref().is_err_and(Error::is_connect) {
+            self.connect_failed.notify_one();
+        }
+        sent
+    }
+
+    /// Completes when a request has failed to connect to the engine since the last call.
+    pub async fn connect_failed(&self) {
+        self.connect_failed.notified().await
     }
 
     /// GETs `path` on the upstream: its status and body (bounded to 1 MiB).
