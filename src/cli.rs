@@ -348,7 +348,7 @@ impl Cli {
                 let options = inject_options(args.image, args.sidecar);
                 match inject::inject_yaml(&input, &options) {
                     Ok((output, changed)) => {
-                        print!("{output}");
+                        write_stdout(&output);
                         eprintln!("llmslo: injected {changed} pod template(s)");
                         ExitCode::SUCCESS
                     }
@@ -360,7 +360,7 @@ impl Cli {
             }
             Command::Rules(args) => match Config::slos_from_file(&args.file) {
                 Ok(slos) => {
-                    print!("{}", rules::render(&slos, args.format));
+                    write_stdout(&rules::render(&slos, args.format));
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
@@ -378,12 +378,15 @@ impl Cli {
                         );
                         let yaml = config.to_yaml();
                         if upstream_given {
-                            print!("{yaml}");
+                            write_stdout(&yaml);
                         } else {
                             // An SLO-only file (the chart's ConfigMap): everything it holds is checked.
-                            yaml.lines()
+                            let shown: String = yaml
+                                .lines()
                                 .filter(|line| !line.starts_with("upstream:"))
-                                .for_each(|line| println!("{line}"));
+                                .map(|line| format!("{line}\n"))
+                                .collect();
+                            write_stdout(&shown);
                             eprintln!(
                                 "llmslo: {}: valid. It names no upstream (an SLO-only file, as the chart's \
                                  ConfigMap holds), so that was not checked: `llmslo run` needs --upstream, \
@@ -490,7 +493,7 @@ impl Cli {
                 };
                 match bench::run(&options).await {
                     Ok(rows) => {
-                        print!("{}", bench::render(&rows));
+                        write_stdout(&bench::render(&rows));
                         ExitCode::SUCCESS
                     }
                     Err(e) => {
@@ -519,7 +522,7 @@ impl Cli {
                 };
                 match bench::soak::run(&options).await {
                     Ok(report) => {
-                        print!("{}", bench::soak::render(&report));
+                        write_stdout(&bench::soak::render(&report));
                         if report.passed() {
                             ExitCode::SUCCESS
                         } else {
@@ -602,6 +605,17 @@ fn find_nginx() -> Option<PathBuf> {
         .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
         .map(|dir| dir.join("nginx"));
     on_path.chain([PathBuf::from("/usr/sbin/nginx")]).find(|p| p.is_file())
+}
+
+/// Writes `text` to stdout; a reader that went away (`llmslo rules f | head`) is not an error.
+fn write_stdout(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    if let Err(error) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        if error.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("llmslo: cannot write the output: {error}");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -390,3 +390,26 @@ fn an_unreachable_upstream_is_logged_once_with_the_reason() {
         lost[0]
     );
 }
+
+#[test]
+fn a_reader_that_goes_away_is_not_a_panic() {
+    // `llmslo rules f | head -1`: the pipe closes before the output is written.
+    for args in [
+        vec!["rules", "examples/llmslo.yaml"],
+        vec!["check-config", "examples/llmslo.yaml"],
+    ] {
+        let mut child = llmslo()
+            .args(&args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        drop(child.stdout.take());
+        let mut stderr = String::new();
+        child.stderr.take().unwrap().read_to_string(&mut stderr).unwrap();
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(0), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
