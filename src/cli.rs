@@ -361,6 +361,9 @@ impl Cli {
             Command::Rules(args) => match Config::slos_from_file(&args.file) {
                 Ok(slos) => {
                     write_stdout(&rules::render(&slos, args.format));
+                    for note in rules::left_out(&slos) {
+                        eprintln!("llmslo: {note}");
+                    }
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
@@ -372,6 +375,9 @@ impl Cli {
                 let overrides = args.endpoints.overrides(self.log, self.log_format);
                 match Config::check(overrides, &args.file) {
                     Ok((config, upstream_given)) => {
+                        for note in rules::left_out(&config.slos) {
+                            eprintln!("llmslo: {note}");
+                        }
                         eprintln!(
                             "llmslo: worst-case memory with these limits: {} MiB (keep the container's limit above it)",
                             config.worst_case_memory_bytes() >> 20
