@@ -798,7 +798,33 @@ fn parse_yaml(text: &str) -> Result<FileConfig, String> {
     if text.trim().is_empty() {
         return Ok(FileConfig::default());
     }
-    serde_yaml::from_str(text).map_err(|e| e.to_string())
+    serde_yaml::from_str(text).map_err(|e| with_hint(&e.to_string()))
+}
+
+/// A YAML error with what the user most likely meant: the closest known key for an unknown
+/// one, a unit for a bare number where a duration goes.
+fn with_hint(message: &str) -> String {
+    if let Some((before, rest)) = message.split_once("unknown field `") {
+        let Some((unknown, after)) = rest.split_once('`') else {
+            return message.to_string();
+        };
+        let known = after.split('`').skip(1).step_by(2);
+        let closest = known
+            .map(|key| (strsim::damerau_levenshtein(unknown, key), key))
+            .min()
+            .filter(|(distance, key)| *distance <= 2.max(key.len() / 4));
+        if let Some((_, key)) = closest {
+            return format!("{before}unknown field `{unknown}` (did you mean `{key}`?){after}");
+        }
+        return message.to_string();
+    }
+    if let Some((before, rest)) = message.split_once(", expected a duration") {
+        let value = before.rsplit(' ').next().unwrap_or("").trim_matches('"');
+        if value.parse::<f64>().is_ok() {
+            return format!("{before}, expected a duration with a unit, like `{value}ms` or `{value}s`{rest}");
+        }
+    }
+    message.to_string()
 }
 
 fn parse_addr(key: &str, value: &str) -> Result<SocketAddr, ConfigError> {
@@ -881,6 +907,32 @@ mod tests {
             .unwrap()
             .file_error
             .is_none());
+    }
+
+    #[test]
+    fn yaml_errors_say_what_was_most_likely_meant() {
+        let error = |yaml: &str| Config::from_yaml(yaml).unwrap_err().to_string();
+        let typo = error("upstream: http://x:1\nmax_modles: 3\n");
+        assert!(
+            typo.contains("unknown field `max_modles` (did you mean `max_models`?)"),
+            "{typo}"
+        );
+        assert!(typo.contains("line 2"), "{typo}");
+        let nested = error("upstream: http://x:1\nslos:\n  - {name: a, objectiv: 99, tpot: 50ms}\n");
+        assert!(nested.contains("(did you mean `objective`?)"), "{nested}");
+        // Nothing close: no guess.
+        let far = error("upstream: http://x:1\nzzz: 3\n");
+        assert!(!far.contains("did you mean"), "{far}");
+        let bare = error("upstream: http://x:1\nslos:\n  - {name: a, objective: 99, tpot: 50}\n");
+        assert!(
+            bare.contains("expected a duration with a unit, like `50ms` or `50s`"),
+            "{bare}"
+        );
+        let bare = error("upstream: http://x:1\nupstream_timeout: 50\n");
+        assert!(
+            bare.contains("like `50ms` or `50s`") && bare.contains("line 2"),
+            "{bare}"
+        );
     }
 
     fn key_of(result: Result<Config, ConfigError>) -> String {
