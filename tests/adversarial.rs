@@ -52,15 +52,20 @@ fn assert_parses(exposition: &str) {
     }
 }
 
-#[tokio::test]
-async fn model_names_that_would_break_the_exposition_are_other() {
-    // An engine that answers 200 to any model name (llama.cpp- and TGI-style).
+/// An engine that answers every request with a one-token stream, whatever it asked for.
+async fn one_token_upstream() -> (std::net::SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>) {
     let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
-    let (upstream, _) = scripted_upstream(Script::sse(vec![(
+    scripted_upstream(Script::sse(vec![(
         std::time::Duration::ZERO,
         chunk.as_bytes().to_vec(),
     )]))
-    .await;
+    .await
+}
+
+#[tokio::test]
+async fn model_names_that_would_break_the_exposition_are_other() {
+    // An engine that answers 200 to any model name (llama.cpp- and TGI-style).
+    let (upstream, _) = one_token_upstream().await;
     let sidecar = start_sidecar(upstream, "engine: llamacpp\n").await;
     let hostile = [
         "evil\"} 1\nfake_metric 1",
@@ -162,12 +167,7 @@ async fn a_request_head_that_never_completes_is_closed_at_the_head_timeout() {
 
 #[tokio::test]
 async fn asking_for_usage_changes_no_other_byte_of_the_request() {
-    let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
-    let (upstream, log) = scripted_upstream(Script::sse(vec![(
-        std::time::Duration::ZERO,
-        chunk.as_bytes().to_vec(),
-    )]))
-    .await;
+    let (upstream, log) = one_token_upstream().await;
     let sidecar = start_sidecar(upstream, "engine: vllm\n").await;
     let body = r#"{"model":"m","seed":123456789012345678901234567890,"stream":true,"stream_options":{"continuous_usage_stats":true},"messages":[{"role":"user","content":"x"}]}"#;
     let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", body.to_string()).await;
@@ -582,10 +582,10 @@ async fn h2c_stream_multiplication_is_held_to_the_in_flight_cap_in_fds_and_memor
     use llmslo::tools::bench::attacks::Attack;
     let (upstream, _) = start_engine(timed_engine(20, 100)).await;
     // Streams of 5 s: every one the attack opens is still streaming when the next comes.
-    let config = "max_in_flight_requests: 40\nmax_streams_per_connection: 10\n";
+    let config = "max_in_flight_requests: 20\nmax_streams_per_connection: 10\n";
     let sidecar = process::SidecarProcess::start(upstream, config, None);
     let baseline = sidecar.open_fds();
-    // Five h2c connections that each try 150 streams: 10 each are let in (50), 40 forwarded.
+    // Five h2c connections that each try 150 streams: 10 each are let in (50), 20 forwarded (a margin should a connection be torn down early).
     let attack = tokio::spawn(Attack::StreamMultiplication.run(sidecar.proxy));
     let mut most = 0;
     while !attack.is_finished() {
@@ -594,7 +594,7 @@ async fn h2c_stream_multiplication_is_held_to_the_in_flight_cap_in_fds_and_memor
     }
     // Client connections, plus one engine connection per request in flight, plus the pool's
     // idle ones (never more than the cap), plus the health probe's.
-    let budget = baseline + 5 + 2 * 40 + 1;
+    let budget = baseline + 5 + 2 * 20 + 1;
     assert!(most <= budget, "{most} fds open at most, budget {budget}");
     let m = sidecar.scrape().await;
     assert!(
@@ -656,7 +656,10 @@ async fn max_connections_of_half_open_heads_cost_what_the_memory_budget_says() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rapid_reset_streams_never_hold_a_place_under_the_in_flight_cap() {
+async fn legitimate_requests_under_a_small_in_flight_cap_succeed_beside_a_rapid_reset() {
+    // hyper answers a rapid reset with GOAWAY after 20 pending-accept resets, so few reset
+    // streams ever reach the guard; the in-flight permit is also taken only on a stream's
+    // first poll, so those that do never hold one for long.
     use llmslo::tools::bench::attacks::Attack;
     let (upstream, _) = start_engine(timed_engine(5, 5)).await;
     let sidecar = start_sidecar(upstream, "max_in_flight_requests: 20\n").await;

@@ -646,10 +646,7 @@ async fn usage_the_client_asked_for_is_left_alone_and_injection_can_be_turned_of
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_follows_the_engine_within_3_seconds_both_ways() {
     use llmslo::tools::simulate::SimEngine;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let engine = listener.local_addr().unwrap();
-    let stop = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(SimEngine::new(timed_engine(1, 1)).serve(listener, stop.clone()));
+    let (engine, stop) = start_engine(timed_engine(1, 1)).await;
     // The default health_interval.
     let sidecar = start_sidecar(engine, "").await;
     let metrics = sidecar.metrics_addr;
@@ -705,11 +702,7 @@ async fn one_failed_health_probe_does_not_make_the_pod_unready() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_that_cannot_reach_the_engine_triggers_a_probe_at_once() {
-    use llmslo::tools::simulate::SimEngine;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let engine = listener.local_addr().unwrap();
-    let stop = tokio_util::sync::CancellationToken::new();
-    tokio::spawn(SimEngine::new(timed_engine(1, 1)).serve(listener, stop.clone()));
+    let (engine, stop) = start_engine(timed_engine(1, 1)).await;
     // Probes 30 s apart: only live traffic can tell the engine is gone in time.
     let sidecar = start_sidecar(engine, "health_interval: 30s\n").await;
     let metrics = sidecar.metrics_addr;
