@@ -1,8 +1,22 @@
 # The llmslo image the chart and the injector use: the release binary on distroless, as the
-# non-root user 65532 that the injected sidecar's securityContext asks for.
-#   docker build -t ghcr.io/llmslo/llmslo:0.1.0 .
+# non-root user 65532 that the injected sidecar's securityContext asks for. llmslo publishes no
+# image; build and push your own:
+#   docker build -t REGISTRY/llmslo:0.1.0 . && docker push REGISTRY/llmslo:0.1.0
 FROM rust:1.95-bookworm AS build
 WORKDIR /src
+
+# Dependencies first, in a layer of their own: it is rebuilt only when Cargo.toml or
+# Cargo.lock change, so a code change recompiles llmslo alone. Placeholder sources stand in
+# for ours (Cargo needs every declared target to exist).
+COPY Cargo.toml Cargo.lock ./
+RUN mkdir -p src benches \
+    && echo 'fn main() {}' > src/main.rs \
+    && touch src/lib.rs \
+    && echo 'fn main() {}' > benches/sse_parser.rs \
+    && cargo build --release --locked \
+    && rm -rf src benches target/release/.fingerprint/llmslo-* target/release/deps/llmslo-* \
+              target/release/deps/libllmslo-* target/release/llmslo*
+
 COPY . .
 RUN cargo build --release --locked && strip target/release/llmslo
 

@@ -121,9 +121,9 @@ struct WebhookArgs {
     /// PEM private key.
     #[arg(long)]
     tls_key: PathBuf,
-    /// The sidecar image.
-    #[arg(long)]
-    image: Option<String>,
+    /// The sidecar image to inject (llmslo publishes none: build it from the Dockerfile).
+    #[arg(long, env = "LLMSLO_IMAGE")]
+    image: String,
     /// Native sidecar (init container, Kubernetes >= 1.29) or classic container.
     #[arg(long, value_enum, default_value = "native")]
     sidecar: SidecarMode,
@@ -134,12 +134,20 @@ struct InjectArgs {
     /// The YAML to read (`-` for standard input).
     #[arg(short = 'f', long = "filename", default_value = "-")]
     file: String,
-    /// The sidecar image.
-    #[arg(long)]
+    /// The sidecar image (llmslo publishes none: build it from the Dockerfile); pods may name
+    /// their own with the llmslo.io/image annotation.
+    #[arg(long, env = "LLMSLO_IMAGE")]
     image: Option<String>,
     /// Native sidecar (init container, Kubernetes >= 1.29) or classic container.
     #[arg(long, value_enum, default_value = "native")]
     sidecar: SidecarMode,
+    /// Point the Services that target the engine's port by number (or by `llmslo-engine`) at
+    /// the sidecar's port, instead of only warning about them.
+    #[arg(long)]
+    rewrite_services: bool,
+    /// Fail, printing nothing, when a Service would bypass the sidecar.
+    #[arg(long)]
+    strict: bool,
 }
 
 #[derive(Debug, Args)]
@@ -149,6 +157,11 @@ struct RulesArgs {
     /// Output wrapping.
     #[arg(long, value_enum, default_value = "prometheus")]
     format: RulesFormat,
+    /// Only this file's SLO groups, without the fleet-wide ones (goodput, capacity, GPU
+    /// efficiency, sidecar health): for every SLO file after the first, so that Prometheus
+    /// evaluates the fleet-wide groups once.
+    #[arg(long)]
+    slos_only: bool,
 }
 
 #[derive(Debug, Args)]
@@ -321,7 +334,11 @@ impl Cli {
                         return ExitCode::FAILURE;
                     }
                 };
-                let options = inject_options(args.image, args.sidecar);
+                let options = InjectOptions {
+                    image: Some(args.image),
+                    mode: args.sidecar,
+                    rewrite_services: false,
+                };
                 tracing::info!(listen = %args.listen, "admission webhook serving");
                 let shutdown = CancellationToken::new();
                 let stop = shutdown.clone();
@@ -345,11 +362,23 @@ impl Cli {
                         return ExitCode::FAILURE;
                     }
                 };
-                let options = inject_options(args.image, args.sidecar);
+                let options = InjectOptions {
+                    image: args.image,
+                    mode: args.sidecar,
+                    rewrite_services: args.rewrite_services,
+                };
                 match inject::inject_yaml(&input, &options) {
-                    Ok((output, changed)) => {
-                        write_stdout(&output);
-                        eprintln!("llmslo: injected {changed} pod template(s)");
+                    Ok(injected) => {
+                        for bypass in &injected.bypasses {
+                            eprintln!("llmslo: {bypass}");
+                        }
+                        let bypassed = injected.bypasses.iter().filter(|b| !b.rewritten).count();
+                        if args.strict && bypassed > 0 {
+                            eprintln!("llmslo: --strict: {bypassed} Service port(s) would bypass the sidecar");
+                            return ExitCode::FAILURE;
+                        }
+                        write_stdout(&injected.output);
+                        eprintln!("llmslo: injected {} pod template(s)", injected.changed);
                         ExitCode::SUCCESS
                     }
                     Err(e) => {
@@ -360,7 +389,12 @@ impl Cli {
             }
             Command::Rules(args) => match Config::slos_from_file(&args.file) {
                 Ok(slos) => {
-                    write_stdout(&rules::render(&slos, args.format));
+                    let scope = if args.slos_only {
+                        rules::Scope::SlosOnly
+                    } else {
+                        rules::Scope::All
+                    };
+                    write_stdout(&rules::render(&slos, args.format, scope));
                     for note in rules::left_out(&slos) {
                         eprintln!("llmslo: {note}");
                     }
@@ -570,15 +604,6 @@ impl Cli {
                 }
             }
         }
-    }
-}
-
-/// Injection defaults with the flags applied.
-fn inject_options(image: Option<String>, mode: SidecarMode) -> InjectOptions {
-    let defaults = InjectOptions::default();
-    InjectOptions {
-        image: image.unwrap_or(defaults.image),
-        mode,
     }
 }
 

@@ -51,6 +51,7 @@ async fn the_rendered_injector_answers_the_api_server_over_the_rendered_certific
     };
     let output = Command::new(helm)
         .args(["template", "llmslo", "helm/llmslo", "--namespace", "llmslo"])
+        .args(["--set", "image.repository=registry.example.com/llmslo"])
         .current_dir(root())
         .output()
         .unwrap();

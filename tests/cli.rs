@@ -243,6 +243,76 @@ fn inject_reads_stdin_and_writes_the_injected_yaml() {
     assert!(String::from_utf8_lossy(&bad.stderr).contains("/nonexistent.yaml"));
 }
 
+/// A Deployment whose Service targets the engine's port by number, as a file.
+fn bypassing_stream(name: &str) -> std::path::PathBuf {
+    config_file(
+        name,
+        "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: vllm}\nspec:\n  template:\n    metadata:\n      \
+         labels: {app: vllm, llmslo.io/inject: \"true\"}\n    spec:\n      containers:\n        - name: vllm\n          \
+         image: vllm\n          ports: [{name: http, containerPort: 8000}]\n---\n\
+         apiVersion: v1\nkind: Service\nmetadata: {name: vllm}\nspec: {selector: {app: vllm}, ports: [{port: 80, targetPort: 8000}]}\n",
+    )
+}
+
+#[test]
+fn inject_warns_about_a_service_that_would_bypass_the_sidecar() {
+    let file = bypassing_stream("bypass-warn");
+    let inject = |extra: &[&str]| {
+        let output = llmslo()
+            .args(["inject", "-f", file.to_str().unwrap(), "--image", "llmslo:test"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (output.status.code(), text(&output.stdout), text(&output.stderr))
+    };
+    let (code, stdout, stderr) = inject(&[]);
+    assert_eq!(code, Some(0));
+    assert!(
+        stderr.contains("Service/vllm port 80 targets the engine's port 8000") && stderr.contains("targetPort: http"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("targetPort: 8000") && stdout.contains("name: llmslo-engine"));
+
+    let (code, stdout, stderr) = inject(&["--strict"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stdout.is_empty(), "--strict prints nothing to apply");
+    assert!(
+        stderr.contains("--strict: 1 Service port(s) would bypass the sidecar"),
+        "{stderr}"
+    );
+
+    let (code, stdout, stderr) = inject(&["--rewrite-services", "--strict"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("rewrote targetPort 8000 to http"), "{stderr}");
+    assert!(stdout.contains("targetPort: http") && !stdout.contains("targetPort: 8000"));
+}
+
+#[test]
+fn inject_without_an_image_says_how_to_build_one() {
+    let file = bypassing_stream("bypass-no-image");
+    let output = llmslo()
+        .args(["inject", "-f", file.to_str().unwrap()])
+        .env_remove("LLMSLO_IMAGE")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(output.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("no sidecar image") && stderr.contains("docker build"),
+        "{stderr}"
+    );
+
+    let from_env = llmslo()
+        .args(["inject", "-f", file.to_str().unwrap()])
+        .env("LLMSLO_IMAGE", "registry.local/llmslo:1")
+        .output()
+        .unwrap();
+    assert_eq!(from_env.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&from_env.stdout).contains("image: registry.local/llmslo:1"));
+}
+
 #[test]
 fn check_config_validates_an_slo_only_file_and_still_names_bad_keys() {
     let slo_only = "service: chat\nperiod: 30d\nslos:\n  - name: tpot-50ms\n    objective: 99\n    tpot: 50ms\n\

@@ -65,7 +65,7 @@ async fn admission_review_over_tls_returns_a_patch_that_injects_the_pod() {
     let server = tokio::spawn(llmslo::k8s::webhook::serve(
         listener,
         tls_files,
-        InjectOptions::default(),
+        InjectOptions::with_image("llmslo:test"),
         shutdown.clone(),
     ));
 
@@ -86,7 +86,7 @@ async fn admission_review_over_tls_returns_a_patch_that_injects_the_pod() {
     let mut patched = pod();
     json_patch::patch(&mut patched, &patch).unwrap();
     let mut expected = pod();
-    inject_pod_template(&mut expected, &InjectOptions::default()).unwrap();
+    inject_pod_template(&mut expected, &InjectOptions::with_image("llmslo:test")).unwrap();
     assert_eq!(patched, expected);
     let sidecar = &patched["spec"]["initContainers"][0];
     assert_eq!(sidecar["args"][2], "http://127.0.0.1:80");
@@ -153,11 +153,25 @@ fn bad_certificate_files_exit_64_naming_the_flag() {
             "/nonexistent.crt",
             "--tls-key",
             "/nonexistent.key",
+            "--image",
+            "llmslo:test",
         ])
+        .env_remove("LLMSLO_IMAGE")
         .output()
         .unwrap();
     assert_eq!(output.status.code(), Some(64));
     assert!(String::from_utf8_lossy(&output.stderr).contains("--tls-cert /nonexistent.crt"));
+}
+
+#[test]
+fn the_webhook_needs_an_image() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_llmslo"))
+        .args(["webhook", "--tls-cert", "tls.crt", "--tls-key", "tls.key"])
+        .env_remove("LLMSLO_IMAGE")
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--image"));
 }
 
 /// Real AdmissionReviews (as the API server sends them, defaults filled in) in, the JSONPatch out,
@@ -184,7 +198,7 @@ fn patched_pods_from_admission_fixtures_are_valid_kubernetes() {
         ))
         .unwrap();
         let review: Value = serde_json::from_slice(&body).unwrap();
-        let answer = llmslo::k8s::webhook::review(&body, &InjectOptions::default()).unwrap();
+        let answer = llmslo::k8s::webhook::review(&body, &InjectOptions::with_image("llmslo:test")).unwrap();
         assert_eq!(answer["response"]["uid"], review["request"]["uid"]);
         assert_eq!(answer["response"]["allowed"], true);
         assert_eq!(answer["response"]["patchType"], "JSONPatch");

@@ -35,9 +35,15 @@ fi
 if [ ! -d "$here/node_modules" ]; then
     (cd "$here" && npm ci --no-audit --no-fund --loglevel=error)
 fi
-helm="$tools/helm"
 validate="$tools/venv/bin/kubernetes-validate"
-"$helm" version --short
+"$tools/helm" version --short
+# The chart has no default image (llmslo publishes none): every render names one, and one
+# without it must fail saying how to build it.
+helm() { "$tools/helm" "$@" --set image.repository=registry.example.com/llmslo; }
+if error=$("$tools/helm" template llmslo helm/llmslo 2>&1 >/dev/null) || ! grep -q "docker build" <<<"$error"; then
+    echo "helm template without image.repository did not fail saying how to build the image: $error" >&2
+    exit 1
+fi
 
 echo "== helm lint --strict"
 value_sets=(
@@ -48,7 +54,7 @@ value_sets=(
 for v in "${versions[@]}"; do
     for values in "${value_sets[@]}"; do
         # shellcheck disable=SC2086
-        "$helm" lint --strict --quiet --kube-version "$v" helm/llmslo $values
+        helm lint --strict --quiet --kube-version "$v" helm/llmslo $values
     done
 done
 
@@ -59,14 +65,14 @@ for v in "${versions[@]}"; do
     for values in "${value_sets[@]}"; do
         file="$out/chart-$v-$i.yaml"
         # shellcheck disable=SC2086
-        "$helm" template llmslo helm/llmslo --namespace llmslo --kube-version "$v" \
+        helm template llmslo helm/llmslo --namespace llmslo --kube-version "$v" \
             --api-versions monitoring.coreos.com/v1 $values > "$file"
         "$validate" --strict --quiet --no-warn -k "$v" "$file"
         rendered+=("$file")
         i=$((i + 1))
     done
     # Without the operator's API there is no PodMonitor or PrometheusRule.
-    "$helm" template llmslo helm/llmslo --namespace llmslo --kube-version "$v" > "$out/chart-$v-plain.yaml"
+    helm template llmslo helm/llmslo --namespace llmslo --kube-version "$v" > "$out/chart-$v-plain.yaml"
     if grep -q "^kind: \(PodMonitor\|PrometheusRule\)" "$out/chart-$v-plain.yaml"; then
         echo "monitoring.coreos.com objects rendered without the API" >&2
         exit 1
@@ -74,14 +80,14 @@ for v in "${versions[@]}"; do
 done
 # Native sidecars from 1.29 on, classic before, unless set.
 for want in 1.28.0=classic 1.29.0=native; do
-    "$helm" template llmslo helm/llmslo --kube-version "${want%%=*}" | grep -q -- "--sidecar=${want##*=}" ||
+    helm template llmslo helm/llmslo --kube-version "${want%%=*}" | grep -q -- "--sidecar=${want##*=}" ||
         { echo "the chart does not pick ${want##*=} sidecars at Kubernetes ${want%%=*}" >&2; exit 1; }
 done
 # Bad values are refused by values.schema.json with the key named, not silently ignored.
 for bad in certificates.source=none injector.sidecarmode=classic webhook.timeoutSeconds=60 \
            injector.sidecarMode=sidecar podMonitor.interval=soon autoscaling.keda.targetSaturation=0 \
            autoscaling.keda.enabled=true; do
-    if error=$("$helm" template llmslo helm/llmslo --set "$bad" 2>&1 >/dev/null); then
+    if error=$(helm template llmslo helm/llmslo --set "$bad" 2>&1 >/dev/null); then
         echo "helm template accepted --set $bad" >&2
         exit 1
     fi
@@ -95,7 +101,8 @@ grep -qF "expr: '$query'" tests/rules/capacity.test.yaml ||
     { echo "the ScaledObject's query is not the one tests/rules/capacity.test.yaml checks: $query" >&2; exit 1; }
 
 echo "== plain manifests in deploy/, validated"
-target/debug/llmslo inject -f deploy/source/vllm.yaml --sidecar classic > "$out/vllm-classic.yaml" 2>/dev/null
+target/debug/llmslo inject -f deploy/source/vllm.yaml --sidecar classic --image llmslo:0.1.0 --strict \
+    > "$out/vllm-classic.yaml" 2>/dev/null
 manifests=(deploy/source/vllm.yaml deploy/vllm.yaml deploy/slo-configmap.yaml deploy/podmonitor.yaml deploy/prometheusrule.yaml
            deploy/hpa.yaml)
 for v in "${versions[@]}"; do

@@ -64,20 +64,28 @@ pub enum SidecarMode {
 /// Injection defaults; per-pod annotations override them.
 #[derive(Debug, Clone)]
 pub struct InjectOptions {
-    /// Sidecar image.
-    pub image: String,
+    /// Sidecar image; without one, every pod must name its own (`llmslo.io/image`).
+    pub image: Option<String>,
     /// Native or classic sidecar.
     pub mode: SidecarMode,
+    /// Point the Services that bypass the sidecar at its port instead of only warning.
+    pub rewrite_services: bool,
 }
 
-impl Default for InjectOptions {
-    fn default() -> Self {
+impl InjectOptions {
+    /// Native sidecars of `image`, Services left as they are.
+    pub fn with_image(image: impl Into<String>) -> Self {
         Self {
-            image: format!("ghcr.io/llmslo/llmslo:{}", env!("CARGO_PKG_VERSION")),
+            image: Some(image.into()),
             mode: SidecarMode::Native,
+            rewrite_services: false,
         }
     }
 }
+
+/// What to do when no image is given: llmslo publishes none, so the user builds their own.
+pub const NO_IMAGE: &str = "no sidecar image: build one with `docker build -t REGISTRY/llmslo:TAG .` \
+     from the llmslo repository, push it, and pass it with --image (or the llmslo.io/image annotation)";
 
 /// Why a pod template that opted in could not be injected.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -89,9 +97,21 @@ pub struct InjectError {
     pub message: String,
 }
 
-/// Injects every document of a YAML stream; returns the stream and how many pod templates changed.
-pub fn inject_yaml(input: &str, options: &InjectOptions) -> Result<(String, usize), InjectError> {
-    let mut out = Vec::new();
+/// The result of [`inject_yaml`].
+#[derive(Debug, Clone)]
+pub struct Injected {
+    /// The YAML stream with the sidecars added.
+    pub output: String,
+    /// How many pod templates changed.
+    pub changed: usize,
+    /// Service ports in the stream that reach an engine without going through its sidecar.
+    pub bypasses: Vec<Bypass>,
+}
+
+/// Injects every document of a YAML stream, then finds (and with
+/// [`InjectOptions::rewrite_services`] mends) the Services that would bypass the sidecar.
+pub fn inject_yaml(input: &str, options: &InjectOptions) -> Result<Injected, InjectError> {
+    let mut documents = Vec::new();
     let mut changed = 0;
     for document in serde_yaml::Deserializer::from_str(input) {
         let mut value: Value = serde::Deserialize::deserialize(document).map_err(|e| InjectError {
@@ -102,9 +122,191 @@ pub fn inject_yaml(input: &str, options: &InjectOptions) -> Result<(String, usiz
             continue;
         }
         changed += inject_object(&mut value, options)?;
-        out.push(serde_yaml::to_string(&value).expect("a JSON value serializes as YAML"));
+        documents.push(value);
     }
-    Ok((out.join("---\n"), changed))
+    let takeovers: Vec<Takeover> = documents.iter().flat_map(objects).filter_map(Takeover::of).collect();
+    let mut bypasses = Vec::new();
+    for document in &mut documents {
+        for service in objects_mut(document).filter(|o| o["kind"] == "Service") {
+            bypasses.extend(check_service(service, &takeovers, options.rewrite_services));
+        }
+    }
+    let output = documents
+        .iter()
+        .map(|value| serde_yaml::to_string(value).expect("a JSON value serializes as YAML"))
+        .collect::<Vec<_>>()
+        .join("---\n");
+    Ok(Injected {
+        output,
+        changed,
+        bypasses,
+    })
+}
+
+/// Where a kind keeps its pod template (`""` is the object itself, for a Pod).
+fn template_pointer(kind: &str) -> Option<&'static str> {
+    match kind {
+        "Pod" => Some(""),
+        "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet" | "Job" | "ReplicationController" => {
+            Some("/spec/template")
+        }
+        "CronJob" => Some("/spec/jobTemplate/spec/template"),
+        _ => None,
+    }
+}
+
+/// A document's objects, a List's items in its place.
+fn objects(document: &Value) -> Vec<&Value> {
+    match document["kind"].as_str() {
+        Some("List") => document["items"].as_array().into_iter().flatten().collect(),
+        _ => vec![document],
+    }
+}
+
+/// [`objects`], mutable.
+fn objects_mut(document: &mut Value) -> Box<dyn Iterator<Item = &mut Value> + '_> {
+    if document["kind"] == "List" {
+        Box::new(document["items"].as_array_mut().into_iter().flatten())
+    } else {
+        Box::new(std::iter::once(document))
+    }
+}
+
+/// An injected pod template, as far as a Service sees it.
+#[derive(Debug)]
+struct Takeover {
+    namespace: String,
+    labels: Map<String, Value>,
+    /// The engine's own port number (named `llmslo-engine` now).
+    engine_port: u64,
+    /// The name of the sidecar's Service-facing port.
+    facing: String,
+}
+
+impl Takeover {
+    /// Reads an injected pod template (injected now or earlier) from the sidecar's arguments.
+    fn of(object: &Value) -> Option<Takeover> {
+        let template = object.pointer(template_pointer(object["kind"].as_str()?)?)?;
+        let spec = &template["spec"];
+        let containers = || {
+            ["containers", "initContainers"]
+                .into_iter()
+                .flat_map(|key| spec[key].as_array().into_iter().flatten())
+        };
+        let sidecar = containers().find(|c| c["name"] == CONTAINER)?;
+        let args: Vec<&str> = sidecar["args"].as_array()?.iter().filter_map(Value::as_str).collect();
+        let after = |flag: &str| args.iter().position(|a| *a == flag).and_then(|i| args.get(i + 1));
+        let engine_port = after("--upstream")?.rsplit(':').next()?.parse().ok()?;
+        let listen: u64 = after("--listen")?.rsplit(':').next()?.parse().ok()?;
+        let facing = containers()
+            .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+            .find(|p| p["containerPort"] == listen)
+            .and_then(|p| p["name"].as_str())
+            .unwrap_or("llmslo-http")
+            .to_string();
+        Some(Takeover {
+            namespace: namespace(object),
+            labels: template["metadata"]["labels"].as_object().cloned().unwrap_or_default(),
+            engine_port,
+            facing,
+        })
+    }
+
+    /// Whether a Service's selector picks these pods.
+    fn selected_by(&self, service: &Value) -> bool {
+        let selector = service["spec"]["selector"].as_object();
+        namespace(service) == self.namespace
+            && selector.is_some_and(|s| !s.is_empty() && s.iter().all(|(k, v)| self.labels.get(k) == Some(v)))
+    }
+}
+
+fn namespace(object: &Value) -> String {
+    object["metadata"]["namespace"].as_str().unwrap_or_default().to_string()
+}
+
+/// A Service port that reaches the engine directly: by its number, or by the name the
+/// engine's port has after injection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Bypass {
+    /// `Service/name` (with its namespace when it has one).
+    pub service: String,
+    /// The Service port (its name, else its number).
+    pub port: String,
+    /// The target it had.
+    pub target: String,
+    /// The sidecar's port name it should target.
+    pub facing: String,
+    /// Whether the Service was rewritten to target it.
+    pub rewritten: bool,
+}
+
+impl std::fmt::Display for Bypass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Bypass {
+            service,
+            port,
+            target,
+            facing,
+            ..
+        } = self;
+        if self.rewritten {
+            write!(
+                f,
+                "{service} port {port}: rewrote targetPort {target} to {facing}, the sidecar's port"
+            )
+        } else {
+            write!(
+                f,
+                "{service} port {port} targets the engine's port {target}, so its traffic bypasses llmslo: \
+                 set targetPort: {facing} (or run with --rewrite-services)"
+            )
+        }
+    }
+}
+
+/// The ports of one Service that bypass a sidecar, rewritten when asked.
+fn check_service(service: &mut Value, takeovers: &[Takeover], rewrite: bool) -> Vec<Bypass> {
+    let name = match (
+        service["metadata"]["namespace"].as_str(),
+        service["metadata"]["name"].as_str(),
+    ) {
+        (Some(ns), Some(name)) => format!("Service/{name} (namespace {ns})"),
+        (None, Some(name)) => format!("Service/{name}"),
+        _ => "Service/?".to_string(),
+    };
+    let Some(takeover) = takeovers.iter().find(|t| t.selected_by(service)) else {
+        return Vec::new();
+    };
+    let mut found = Vec::new();
+    for port in service["spec"]["ports"].as_array_mut().into_iter().flatten() {
+        // Without targetPort, a Service targets the number of its own port.
+        let target = port.get("targetPort").or_else(|| port.get("port")).cloned();
+        let bypasses = match &target {
+            Some(Value::Number(n)) => n.as_u64() == Some(takeover.engine_port),
+            Some(Value::String(s)) => s == ENGINE_PORT_NAME || *s == takeover.engine_port.to_string(),
+            _ => false,
+        };
+        if !bypasses {
+            continue;
+        }
+        let label = port["name"]
+            .as_str()
+            .map(str::to_string)
+            .unwrap_or_else(|| port["port"].to_string());
+        if rewrite {
+            port["targetPort"] = json!(takeover.facing);
+        }
+        found.push(Bypass {
+            service: name.clone(),
+            port: label,
+            target: target
+                .map(|t| t.as_str().map(str::to_string).unwrap_or(t.to_string()))
+                .unwrap_or_default(),
+            facing: takeover.facing.clone(),
+            rewritten: rewrite,
+        });
+    }
+    found
 }
 
 /// Injects one object (a List's items too); returns how many pod templates changed.
@@ -112,21 +314,14 @@ pub fn inject_object(object: &mut Value, options: &InjectOptions) -> Result<usiz
     let kind = object["kind"].as_str().unwrap_or_default().to_string();
     let name = object["metadata"]["name"].as_str().unwrap_or("?").to_string();
     let label = format!("{kind}/{name}");
-    let template = match kind.as_str() {
-        "List" => {
-            let mut changed = 0;
-            for item in object["items"].as_array_mut().into_iter().flatten() {
-                changed += inject_object(item, options)?;
-            }
-            return Ok(changed);
+    if kind == "List" {
+        let mut changed = 0;
+        for item in object["items"].as_array_mut().into_iter().flatten() {
+            changed += inject_object(item, options)?;
         }
-        "Pod" => Some(object),
-        "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet" | "Job" | "ReplicationController" => {
-            object.get_mut("spec").and_then(|s| s.get_mut("template"))
-        }
-        "CronJob" => object.pointer_mut("/spec/jobTemplate/spec/template"),
-        _ => None,
-    };
+        return Ok(changed);
+    }
+    let template = template_pointer(&kind).and_then(|pointer| object.pointer_mut(pointer));
     match template {
         Some(template) => inject_pod_template(template, options)
             .map(usize::from)
@@ -337,9 +532,12 @@ fn sidecar_container(
     let cpu = annotation(annotations::CPU).unwrap_or_else(|| "100m".into());
     let memory = annotation(annotations::MEMORY).unwrap_or_else(|| DEFAULT_MEMORY_LIMIT.into());
     let probe = |path: &str, period: u64| json!({"httpGet": {"path": path, "port": metrics}, "periodSeconds": period});
+    let image = annotation(annotations::IMAGE)
+        .or_else(|| options.image.clone())
+        .ok_or(NO_IMAGE)?;
     let mut container = json!({
         "name": CONTAINER,
-        "image": annotation(annotations::IMAGE).unwrap_or_else(|| options.image.clone()),
+        "image": image,
         "args": [
             "run",
             "--upstream", format!("http://127.0.0.1:{engine_port}"),

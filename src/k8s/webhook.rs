@@ -229,7 +229,11 @@ mod tests {
 
     #[test]
     fn an_opted_in_pod_gets_a_patch_that_injects_it() {
-        let answer = review(&admission(pod(true), "Pod", "CREATE"), &InjectOptions::default()).unwrap();
+        let answer = review(
+            &admission(pod(true), "Pod", "CREATE"),
+            &InjectOptions::with_image("llmslo:test"),
+        )
+        .unwrap();
         assert_eq!(answer["kind"], "AdmissionReview");
         assert_eq!(answer["response"]["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
         assert_eq!(answer["response"]["allowed"], true);
@@ -237,7 +241,7 @@ mod tests {
         let mut patched = pod(true);
         json_patch::patch(&mut patched, &patch_of(&answer).unwrap()).unwrap();
         let mut expected = pod(true);
-        assert!(inject_pod_template(&mut expected, &InjectOptions::default()).unwrap());
+        assert!(inject_pod_template(&mut expected, &InjectOptions::with_image("llmslo:test")).unwrap());
         assert_eq!(patched, expected, "applying the patch gives exactly the injected pod");
         assert_eq!(patched["spec"]["initContainers"][0]["name"], "llmslo");
     }
@@ -249,7 +253,7 @@ mod tests {
             admission(pod(true), "Pod", "UPDATE"),
             admission(pod(true), "Deployment", "CREATE"),
         ] {
-            let answer = review(&body, &InjectOptions::default()).unwrap();
+            let answer = review(&body, &InjectOptions::with_image("llmslo:test")).unwrap();
             assert_eq!(answer["response"]["allowed"], true);
             assert!(answer["response"].get("patch").is_none());
             assert!(answer["response"].get("warnings").is_none());
@@ -263,7 +267,11 @@ mod tests {
             .as_object_mut()
             .unwrap()
             .remove("ports");
-        let answer = review(&admission(portless, "Pod", "CREATE"), &InjectOptions::default()).unwrap();
+        let answer = review(
+            &admission(portless, "Pod", "CREATE"),
+            &InjectOptions::with_image("llmslo:test"),
+        )
+        .unwrap();
         assert_eq!(answer["response"]["allowed"], true);
         assert!(answer["response"].get("patch").is_none());
         assert!(answer["response"]["warnings"][0]
@@ -272,7 +280,7 @@ mod tests {
             .contains("llmslo.io/engine-port"));
         let answer = review(
             &admission(json!("not a pod"), "Pod", "CREATE"),
-            &InjectOptions::default(),
+            &InjectOptions::with_image("llmslo:test"),
         )
         .unwrap();
         assert_eq!(answer["response"]["allowed"], true);
@@ -280,10 +288,10 @@ mod tests {
 
     #[test]
     fn a_body_that_is_no_review_is_a_clear_error() {
-        assert!(review(b"{", &InjectOptions::default())
+        assert!(review(b"{", &InjectOptions::with_image("llmslo:test"))
             .unwrap_err()
             .contains("not an AdmissionReview"));
-        assert!(review(b"{\"request\":{}}", &InjectOptions::default())
+        assert!(review(b"{\"request\":{}}", &InjectOptions::with_image("llmslo:test"))
             .unwrap_err()
             .contains("uid"));
     }

@@ -40,9 +40,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: injector
 {{- end }}
 
-{{/* The llmslo image. */}}
+{{/* The llmslo image: llmslo publishes none, so the chart needs the one you built. */}}
 {{- define "llmslo.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- $repository := required "image.repository is required: llmslo publishes no image. Build one from the repository's Dockerfile (docker build -t REGISTRY/llmslo:TAG .), push it, and set --set image.repository=REGISTRY/llmslo --set image.tag=TAG" .Values.image.repository }}
+{{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
 {{/* Whether the Prometheus operator's API is served. */}}

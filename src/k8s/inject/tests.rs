@@ -19,12 +19,15 @@ spec:
           ports: [{name: http, containerPort: 8000}]
 "#;
 
+fn options() -> InjectOptions {
+    InjectOptions::with_image("registry.example/llmslo:test")
+}
+
 fn inject(yaml: &str, mode: SidecarMode) -> Value {
-    let options = InjectOptions {
-        mode,
-        ..InjectOptions::default()
-    };
-    let (out, changed) = inject_yaml(yaml, &options).unwrap();
+    let options = InjectOptions { mode, ..options() };
+    let Injected {
+        output: out, changed, ..
+    } = inject_yaml(yaml, &options).unwrap();
     assert_eq!(changed, 1);
     serde_yaml::from_str(&out).unwrap()
 }
@@ -104,9 +107,11 @@ fn classic_sidecar_carries_its_own_ports() {
 
 #[test]
 fn injecting_twice_changes_nothing() {
-    let options = InjectOptions::default();
-    let (once, _) = inject_yaml(DEPLOYMENT, &options).unwrap();
-    let (twice, changed) = inject_yaml(&once, &options).unwrap();
+    let options = options();
+    let once = inject_yaml(DEPLOYMENT, &options).unwrap().output;
+    let Injected {
+        output: twice, changed, ..
+    } = inject_yaml(&once, &options).unwrap();
     assert_eq!(changed, 0);
     assert_eq!(once, twice);
 }
@@ -114,7 +119,9 @@ fn injecting_twice_changes_nothing() {
 #[test]
 fn only_labelled_templates_and_known_kinds_change() {
     let unlabelled = DEPLOYMENT.replace("llmslo.io/inject: \"true\"", "llmslo.io/inject: \"false\"");
-    let (out, changed) = inject_yaml(&unlabelled, &InjectOptions::default()).unwrap();
+    let Injected {
+        output: out, changed, ..
+    } = inject_yaml(&unlabelled, &options()).unwrap();
     assert_eq!(changed, 0);
     assert_eq!(
         serde_yaml::from_str::<Value>(&out).unwrap(),
@@ -122,7 +129,7 @@ fn only_labelled_templates_and_known_kinds_change() {
     );
     let service =
         "apiVersion: v1\nkind: Service\nmetadata: {name: vllm}\nspec: {ports: [{port: 80, targetPort: http}]}\n";
-    assert_eq!(inject_yaml(service, &InjectOptions::default()).unwrap().1, 0);
+    assert_eq!(inject_yaml(service, &options()).unwrap().changed, 0);
 }
 
 #[test]
@@ -135,7 +142,9 @@ fn multi_document_streams_lists_pods_statefulsets_and_cronjobs() {
          spec: {{template: {{metadata: {{{labels}}}, {pod_spec}}}}}\n---\n\
          apiVersion: batch/v1\nkind: CronJob\nmetadata: {{name: c}}\nspec: {{jobTemplate: {{spec: {{template: {{metadata: {{{labels}}}, {pod_spec}}}}}}}}}\n"
     );
-    let (out, changed) = inject_yaml(&stream, &InjectOptions::default()).unwrap();
+    let Injected {
+        output: out, changed, ..
+    } = inject_yaml(&stream, &options()).unwrap();
     assert_eq!(changed, 3);
     assert_eq!(out.matches("name: llmslo\n").count(), 3);
     assert_eq!(out.matches("--upstream\n").count(), 3);
@@ -197,14 +206,14 @@ fn bad_annotations_and_portless_pods_are_clear_errors() {
         "labels: {app: vllm, llmslo.io/inject: \"true\"}",
         "labels: {app: vllm, llmslo.io/inject: \"true\"}\n      annotations: {llmslo.io/engine-port: grpc}",
     );
-    let error = inject_yaml(&bad, &InjectOptions::default()).unwrap_err();
+    let error = inject_yaml(&bad, &options()).unwrap_err();
     assert_eq!(error.object, "Deployment/vllm");
     assert!(
         error.message.contains("llmslo.io/engine-port") && error.message.contains("grpc"),
         "{error}"
     );
     let portless = DEPLOYMENT.replace("          ports: [{name: http, containerPort: 8000}]\n", "");
-    assert!(inject_yaml(&portless, &InjectOptions::default())
+    assert!(inject_yaml(&portless, &options())
         .unwrap_err()
         .message
         .contains("llmslo.io/engine-port"));
@@ -212,22 +221,16 @@ fn bad_annotations_and_portless_pods_are_clear_errors() {
         "labels: {app: vllm, llmslo.io/inject: \"true\"}",
         "labels: {app: vllm, llmslo.io/inject: \"true\"}\n      annotations: {llmslo.io/engine: triton}",
     );
-    assert!(inject_yaml(&engine, &InjectOptions::default())
-        .unwrap_err()
-        .message
-        .contains("triton"));
+    assert!(inject_yaml(&engine, &options()).unwrap_err().message.contains("triton"));
     let gpus = DEPLOYMENT.replace(
         "labels: {app: vllm, llmslo.io/inject: \"true\"}",
         "labels: {app: vllm, llmslo.io/inject: \"true\"}\n      annotations: {llmslo.io/gpus: \"0,1\"}",
     );
     assert_eq!(
-        inject_yaml(&gpus, &InjectOptions::default()).unwrap_err().message,
+        inject_yaml(&gpus, &options()).unwrap_err().message,
         "annotation llmslo.io/gpus: `0,1` is not `all`"
     );
-    assert!(inject_yaml("kind: [", &InjectOptions::default())
-        .unwrap_err()
-        .message
-        .contains("YAML"));
+    assert!(inject_yaml("kind: [", &options()).unwrap_err().message.contains("YAML"));
 }
 
 #[test]
@@ -269,4 +272,123 @@ fn gpus_all_lets_the_sidecar_see_the_nodes_gpus() {
         .as_array()
         .unwrap()
         .contains(&json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})));
+}
+
+const SERVICES: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: by-number}
+spec: {selector: {app: vllm}, ports: [{name: web, port: 80, targetPort: 8000}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: no-target}
+spec: {selector: {app: vllm}, ports: [{port: 8000}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: by-name}
+spec: {selector: {app: vllm}, ports: [{port: 80, targetPort: http}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: engine-name}
+spec: {selector: {app: vllm}, ports: [{port: 80, targetPort: llmslo-engine}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: other-app}
+spec: {selector: {app: tgi}, ports: [{port: 80, targetPort: 8000}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: other-namespace, namespace: team-b}
+spec: {selector: {app: vllm}, ports: [{port: 80, targetPort: 8000}]}
+"#;
+
+#[test]
+fn services_that_target_the_engine_port_by_number_or_engine_name_are_found() {
+    let stream = format!("{DEPLOYMENT}---{SERVICES}");
+    let injected = inject_yaml(&stream, &options()).unwrap();
+    let found: Vec<(&str, &str, &str)> = injected
+        .bypasses
+        .iter()
+        .map(|b| (b.service.as_str(), b.port.as_str(), b.target.as_str()))
+        .collect();
+    assert_eq!(
+        found,
+        [
+            ("Service/by-number", "web", "8000"),
+            ("Service/no-target", "8000", "8000"),
+            ("Service/engine-name", "80", "llmslo-engine"),
+        ]
+    );
+    let warning = injected.bypasses[0].to_string();
+    assert!(
+        warning.contains("bypasses llmslo") && warning.contains("targetPort: http"),
+        "{warning}"
+    );
+    // Without --rewrite-services the Services are left as they were.
+    assert!(injected.output.contains("targetPort: 8000"));
+
+    // Found the same way in a stream that was injected before (the sidecar's args tell).
+    let again = inject_yaml(&injected.output, &options()).unwrap();
+    assert_eq!(again.changed, 0);
+    assert_eq!(again.bypasses, injected.bypasses);
+}
+
+#[test]
+fn rewrite_services_points_them_at_the_sidecar() {
+    let stream = format!("{DEPLOYMENT}---{SERVICES}");
+    let options = InjectOptions {
+        rewrite_services: true,
+        ..options()
+    };
+    let injected = inject_yaml(&stream, &options).unwrap();
+    assert_eq!(injected.bypasses.len(), 3);
+    assert!(injected.bypasses.iter().all(|b| b.rewritten));
+    assert!(injected.bypasses[0]
+        .to_string()
+        .contains("rewrote targetPort 8000 to http"));
+    let services: Vec<Value> = serde_yaml::Deserializer::from_str(&injected.output)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .filter(|v: &Value| v["kind"] == "Service")
+        .collect();
+    let target = |name: &str| {
+        let service = services.iter().find(|s| s["metadata"]["name"] == name).unwrap();
+        service["spec"]["ports"][0]["targetPort"].clone()
+    };
+    for name in ["by-number", "no-target", "engine-name", "by-name"] {
+        assert_eq!(target(name), "http", "{name}");
+    }
+    assert_eq!(target("other-app"), 8000, "a Service of other pods is left alone");
+    assert_eq!(target("other-namespace"), 8000);
+    // Once rewritten, nothing bypasses.
+    assert!(inject_yaml(&injected.output, &options).unwrap().bypasses.is_empty());
+}
+
+#[test]
+fn an_unnamed_engine_port_is_reached_through_llmslo_http() {
+    let unnamed = DEPLOYMENT.replace("{name: http, containerPort: 8000}", "{containerPort: 8000}");
+    let stream = format!("{unnamed}---{SERVICES}");
+    let injected = inject_yaml(&stream, &options()).unwrap();
+    assert!(injected.bypasses.iter().all(|b| b.facing == "llmslo-http"));
+    assert_eq!(injected.bypasses.len(), 3);
+}
+
+#[test]
+fn without_an_image_injection_says_how_to_build_one() {
+    let options = InjectOptions {
+        image: None,
+        ..options()
+    };
+    let error = inject_yaml(DEPLOYMENT, &options).unwrap_err();
+    assert!(error.message.contains("docker build"), "{error}");
+    assert!(error.message.contains("--image"), "{error}");
+    // A pod that names its image needs none.
+    let annotated = DEPLOYMENT.replace(
+        "labels: {app: vllm, llmslo.io/inject: \"true\"}",
+        "labels: {app: vllm, llmslo.io/inject: \"true\"}\n      annotations: {llmslo.io/image: registry.local/llmslo:dev}",
+    );
+    assert_eq!(inject_yaml(&annotated, &options).unwrap().changed, 1);
 }
