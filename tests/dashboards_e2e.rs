@@ -136,7 +136,7 @@ async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
          goodput: {require: [ttft-500ms, tpot-50ms]}\ngpu: {simulated: true, interval: 200ms}\n",
     )
     .await;
-    let rule_file = rules::render(&config.slos, RulesFormat::Prometheus);
+    let rule_file = rules::render(&config.slos, RulesFormat::Prometheus, rules::Scope::All);
 
     // The GPU families exist once a sample (taken on a blocking thread) is published.
     let sampled = |text: &str| text.contains("llmslo_gpu_energy_joules_total{");

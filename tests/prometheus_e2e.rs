@@ -35,7 +35,7 @@ async fn prometheus_rules_agree_with_the_sidecar_and_the_page_fires() {
         &binary,
         &dir,
         sidecar.metrics_addr,
-        &rules::render(&config.slos, RulesFormat::Prometheus),
+        &rules::render(&config.slos, RulesFormat::Prometheus, rules::Scope::All),
         "",
     );
 

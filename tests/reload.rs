@@ -81,7 +81,7 @@ async fn slos_reload_on_change_and_sighup_and_bad_files_are_refused() {
     );
     let text = metrics(&metrics_addr).await;
     assert!(
-        text.contains("llmslo_slo_burn_rate{slo=\"first\",model=\"m\",window=\"5m\"} NaN"),
+        text.contains("llmslo_slo_burn_rate{slo_service=\"llm\",slo=\"first\",model=\"m\",window=\"5m\"} NaN"),
         "{text}"
     );
 
@@ -90,11 +90,11 @@ async fn slos_reload_on_change_and_sighup_and_bad_files_are_refused() {
     wait_for(&lines, "config reloaded");
     let text = metrics(&metrics_addr).await;
     assert!(
-        text.contains("llmslo_slo_error_budget_remaining_ratio{slo=\"second\",model=\"m\"}"),
+        text.contains("llmslo_slo_error_budget_remaining_ratio{slo_service=\"llm\",slo=\"second\",model=\"m\"}"),
         "{text}"
     );
     assert!(
-        !text.contains("llmslo_slo_burn_rate{slo=\"first\""),
+        !text.contains("llmslo_slo_burn_rate{slo_service=\"llm\",slo=\"first\""),
         "the old SLO's gauges are gone"
     );
 

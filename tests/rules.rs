@@ -19,6 +19,19 @@ fn committed_example_rules_match_the_generator() {
 }
 
 #[test]
+fn committed_second_service_rules_match_the_generator() {
+    let (code, generated, stderr) = llmslo(&["rules", "--slos-only", "tests/rules/search.yaml"]);
+    assert_eq!(code, 0, "{stderr}");
+    let committed =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rules/search.rules.yaml")).unwrap();
+    assert_eq!(
+        generated, committed,
+        "tests/rules/search.rules.yaml drifted: run \
+         `cargo run -- rules --slos-only tests/rules/search.yaml > tests/rules/search.rules.yaml`"
+    );
+}
+
+#[test]
 fn operator_format_and_check_config() {
     let (code, text, _) = llmslo(&["rules", "examples/llmslo.yaml", "--format", "prometheus-operator"]);
     assert_eq!(code, 0);

@@ -9,7 +9,7 @@ pub mod window;
 
 use crate::observe::record::{Outcome, RequestRecord};
 use crate::quantile::nearest_rank;
-use crate::slo::{ModelLabel, SloEngine, SloLabels};
+use crate::slo::SloEngine;
 use meter::{InFlight, LoadMeter, Reading};
 use model::{Estimate, Latency};
 use prometheus_client::collector::Collector;
@@ -220,6 +220,17 @@ struct CurveLabels {
     source: &'static str,
 }
 
+#[derive(Debug, EncodeLabelSet)]
+struct ModelLabel {
+    model: String,
+}
+
+#[derive(Debug, EncodeLabelSet)]
+struct SloModelLabels {
+    slo: String,
+    model: String,
+}
+
 /// Encodes the capacity gauges at scrape time.
 #[derive(Debug)]
 struct CapacityCollector(Arc<CapacityEngine>);
@@ -239,7 +250,7 @@ impl Collector for CapacityCollector {
         )?;
         for m in &models {
             for (slo, c) in &m.estimate.capacity {
-                let labels = SloLabels {
+                let labels = SloModelLabels {
                     slo: slo.clone(),
                     model: m.model.clone(),
                 };

@@ -242,14 +242,13 @@ pub fn estimate(samples: &[Sample], set: &SloSet) -> Estimate {
     };
     let mut capacity = Vec::new();
     let mut required = Vec::new();
-    let requires_all = set.goodput_require.is_empty();
     for (i, slo) in set.slos.iter().enumerate() {
         let Some((kind, threshold)) = Latency::of(slo) else {
             continue;
         };
         let c = model_of(kind).map_or(Capacity::Unknown, |m| m.capacity(threshold, slo.objective));
         capacity.push((slo.name.clone(), c.value()));
-        if requires_all || set.goodput_require.contains(&i) {
+        if set.decides_goodput(i) {
             required.push((c, (kind, slo.objective)));
         }
     }

@@ -58,37 +58,50 @@ pub fn classify(slo: &Slo, record: &RequestRecord) -> Verdict {
     }
 }
 
-/// Whether `record` counts as goodput: it succeeded and no SLO of `goodput.require` judged it
-/// bad (`verdicts` holds its verdict for each SLO of `set`, in order).
+/// Whether `record` counts as goodput: it succeeded and no SLO that decides goodput
+/// ([`SloSet::decides_goodput`]) judged it bad (`verdicts` holds its verdict for each SLO of
+/// `set`, in order).
 pub fn is_goodput(set: &SloSet, record: &RequestRecord, verdicts: &[Verdict]) -> bool {
-    record.outcome == Outcome::Success && set.goodput_require.iter().all(|&i| verdicts[i] != Verdict::Bad)
+    record.outcome == Outcome::Success
+        && verdicts
+            .iter()
+            .enumerate()
+            .all(|(i, verdict)| *verdict != Verdict::Bad || !set.decides_goodput(i))
 }
 
-/// `slo`, `model`.
+/// `slo_service`, `slo`, `model`: the SLO file's service keeps two teams' SLOs of the same
+/// name apart in fleet rules. (Not `service`: a ServiceMonitor attaches that target label,
+/// the Kubernetes Service's name, and Prometheus would rename ours `exported_service`.)
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
 pub struct SloLabels {
+    /// The SLO file's `service`.
+    pub slo_service: String,
     /// The SLO's name.
     pub slo: String,
     /// Normalised model.
     pub model: String,
 }
 
-/// `model`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-pub struct ModelLabel {
+/// `slo_service`, `model`: goodput is defined by an SLO file's `goodput.require`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
+pub struct ServiceModelLabels {
+    /// The SLO file's `service`.
+    pub slo_service: String,
     /// Normalised model.
     pub model: String,
 }
 
 #[derive(Debug, EncodeLabelSet)]
 struct SloWindowLabels {
+    slo_service: String,
     slo: String,
     model: String,
     window: &'static str,
 }
 
 #[derive(Debug, EncodeLabelSet)]
-struct ModelWindowLabels {
+struct ServiceModelWindowLabels {
+    slo_service: String,
     model: String,
     window: &'static str,
 }
@@ -98,7 +111,7 @@ struct WindowLabel {
     window: &'static str,
 }
 
-/// Per model: valid requests, goodput requests, goodput output tokens.
+/// Per service and model: requests judged for goodput, goodput requests, goodput output tokens.
 type GoodputWindows = Windows<3>;
 /// Per SLO and model: events, bad events.
 type SloWindows = Windows<2>;
@@ -106,7 +119,7 @@ type SloWindows = Windows<2>;
 #[derive(Debug, Default)]
 struct State {
     slos: BTreeMap<SloLabels, SloWindows>,
-    goodput: BTreeMap<String, GoodputWindows>,
+    goodput: BTreeMap<ServiceModelLabels, GoodputWindows>,
 }
 
 /// The live SLO evaluation: counters, windows and the scrape-time gauges.
@@ -117,8 +130,9 @@ pub struct SloEngine {
     state: Mutex<State>,
     events: Family<SloLabels, Counter>,
     bad_events: Family<SloLabels, Counter>,
-    goodput_requests: Family<ModelLabel, Counter>,
-    goodput_tokens: Family<ModelLabel, Counter>,
+    goodput_judged: Family<ServiceModelLabels, Counter>,
+    goodput_requests: Family<ServiceModelLabels, Counter>,
+    goodput_tokens: Family<ServiceModelLabels, Counter>,
 }
 
 impl SloEngine {
@@ -130,6 +144,7 @@ impl SloEngine {
             state: Mutex::new(State::default()),
             events: Family::default(),
             bad_events: Family::default(),
+            goodput_judged: Family::default(),
             goodput_requests: Family::default(),
             goodput_tokens: Family::default(),
         });
@@ -142,6 +157,12 @@ impl SloEngine {
             "llmslo_slo_bad_events",
             "Requests that missed each SLO",
             engine.bad_events.clone(),
+        );
+        registry.register(
+            "llmslo_goodput_judged_requests",
+            "Generation requests judged for goodput: all but client errors and cancellations, and none \
+             without SLOs",
+            engine.goodput_judged.clone(),
         );
         registry.register(
             "llmslo_goodput_requests",
@@ -162,14 +183,15 @@ impl SloEngine {
         self.set.read().expect("slo set lock").clone()
     }
 
-    /// Puts a new SLO set in force; windows of SLOs that keep their name keep their history.
+    /// Puts a new SLO set in force; windows of SLOs that keep their name (and service) keep
+    /// their history.
     pub fn reload(&self, set: SloSet) {
         let mut state = self.state.lock().expect("slo state lock");
         state
             .slos
             .retain(|labels, _| set.slos.iter().any(|s| s.name == labels.slo));
-        let period_changed = self.set().period != set.period;
-        if period_changed {
+        let old = self.set();
+        if old.period != set.period || old.service != set.service {
             state.slos.clear();
             state.goodput.clear();
         }
@@ -183,6 +205,7 @@ impl SloEngine {
         let mut state = self.state.lock().expect("slo state lock");
         for slo in &set.slos {
             let labels = SloLabels {
+                slo_service: set.service.clone(),
                 slo: slo.name.clone(),
                 model: model.to_string(),
             };
@@ -193,14 +216,18 @@ impl SloEngine {
                 .entry(labels)
                 .or_insert_with(|| Windows::new(set.period, now));
         }
-        let label = ModelLabel {
+        let label = ServiceModelLabels {
+            slo_service: set.service.clone(),
             model: model.to_string(),
         };
-        drop(self.goodput_requests.get_or_create(&label));
-        drop(self.goodput_tokens.get_or_create(&label));
+        if set.judges_goodput() {
+            drop(self.goodput_judged.get_or_create(&label));
+            drop(self.goodput_requests.get_or_create(&label));
+            drop(self.goodput_tokens.get_or_create(&label));
+        }
         state
             .goodput
-            .entry(model.to_string())
+            .entry(label)
             .or_insert_with(|| Windows::new(set.period, now));
     }
 
@@ -209,9 +236,6 @@ impl SloEngine {
         let set = self.set();
         let now = Instant::now();
         let verdicts: Vec<Verdict> = set.slos.iter().map(|slo| classify(slo, record)).collect();
-        // Goodput is generation's: embeddings and other pooling work are judged by their SLOs only.
-        let valid = record.operation.is_generation()
-            && !matches!(record.outcome, Outcome::ClientError | Outcome::ClientCancelled);
         let good = is_goodput(&set, record, &verdicts);
         let tokens = if good { record.output_tokens.unwrap_or(0) } else { 0 };
 
@@ -221,6 +245,7 @@ impl SloEngine {
                 continue;
             }
             let labels = SloLabels {
+                slo_service: set.service.clone(),
                 slo: slo.name.clone(),
                 model: record.model.clone(),
             };
@@ -233,20 +258,30 @@ impl SloEngine {
                 .or_insert_with(|| Windows::new(set.period, now));
             windows.add(now, [1, bad]);
         }
-        if !valid {
+        // Goodput is generation's: embeddings and other pooling work are judged by their SLOs
+        // only. Client errors and cancellations are never judged.
+        if !record.operation.is_generation() {
             return;
         }
-        let label = ModelLabel {
+        let label = ServiceModelLabels {
+            slo_service: set.service.clone(),
             model: record.model.clone(),
         };
+        let windows = state
+            .goodput
+            .entry(label.clone())
+            .or_insert_with(|| Windows::new(set.period, now));
+        // Without SLOs there is nothing to judge goodput by: nothing is counted and its gauges
+        // read NaN (a success is not goodput by default).
+        let judged = set.judges_goodput() && !matches!(record.outcome, Outcome::ClientError | Outcome::ClientCancelled);
+        if !judged {
+            return;
+        }
+        self.goodput_judged.get_or_create(&label).inc();
         if good {
             self.goodput_requests.get_or_create(&label).inc();
             self.goodput_tokens.get_or_create(&label).inc_by(tokens);
         }
-        let windows = state
-            .goodput
-            .entry(label.model)
-            .or_insert_with(|| Windows::new(set.period, now));
         windows.add(now, [1, u64::from(good), tokens]);
     }
 
@@ -285,19 +320,20 @@ impl SloEngine {
             };
             snapshot.budget_remaining.push((labels.clone(), 1.0 - spent));
         }
-        for (model, windows) in &mut state.goodput {
-            for ((name, length), [valid, good, tokens]) in WINDOWS.iter().zip(windows.sums(now)) {
+        // Nothing judges goodput without SLOs: every goodput gauge is NaN.
+        let judging = set.judges_goodput();
+        for (labels, windows) in &mut state.goodput {
+            for ((name, length), [judged, good, tokens]) in WINDOWS.iter().zip(windows.sums(now)) {
                 let seconds = uptime.min(*length).as_secs_f64().max(1e-9);
-                snapshot.goodput_rps.push((model.clone(), name, good as f64 / seconds));
-                snapshot
-                    .goodput_tps
-                    .push((model.clone(), name, tokens as f64 / seconds));
-                let attainment = if valid == 0 {
+                let per_second = |n: u64| if judging { n as f64 / seconds } else { f64::NAN };
+                snapshot.goodput_rps.push((labels.clone(), name, per_second(good)));
+                snapshot.goodput_tps.push((labels.clone(), name, per_second(tokens)));
+                let attainment = if judged == 0 {
                     f64::NAN
                 } else {
-                    good as f64 / valid as f64
+                    good as f64 / judged as f64
                 };
-                snapshot.attainment.push((model.clone(), name, attainment));
+                snapshot.attainment.push((labels.clone(), name, attainment));
             }
         }
         snapshot
@@ -319,12 +355,13 @@ pub struct Snapshot {
     pub budget_remaining: Vec<(SloLabels, f64)>,
     /// `llmslo_slo_window_coverage_ratio` by window.
     pub coverage: Vec<(&'static str, f64)>,
-    /// `llmslo_goodput_requests_per_second` by model and window.
-    pub goodput_rps: Vec<(String, &'static str, f64)>,
-    /// `llmslo_goodput_output_tokens_per_second` by model and window.
-    pub goodput_tps: Vec<(String, &'static str, f64)>,
-    /// `llmslo_slo_attainment_ratio` by model and window.
-    pub attainment: Vec<(String, &'static str, f64)>,
+    /// `llmslo_goodput_requests_per_second` by service, model and window (NaN without
+    /// goodput.require).
+    pub goodput_rps: Vec<(ServiceModelLabels, &'static str, f64)>,
+    /// `llmslo_goodput_output_tokens_per_second` by service, model and window.
+    pub goodput_tps: Vec<(ServiceModelLabels, &'static str, f64)>,
+    /// `llmslo_slo_attainment_ratio` by service, model and window (NaN with nothing judged).
+    pub attainment: Vec<(ServiceModelLabels, &'static str, f64)>,
 }
 
 /// Encodes the gauges at scrape time; it only reads the windows.
@@ -350,6 +387,7 @@ impl Collector for SloCollector {
             let mut family = encoder.encode_descriptor(name, help, None, gauge)?;
             for (l, window, v) in values {
                 let labels = SloWindowLabels {
+                    slo_service: l.slo_service.clone(),
                     slo: l.slo.clone(),
                     model: l.model.clone(),
                     window,
@@ -393,9 +431,10 @@ impl Collector for SloCollector {
             ),
         ] {
             let mut family = encoder.encode_descriptor(name, help, None, gauge)?;
-            for (model, window, v) in values {
-                let labels = ModelWindowLabels {
-                    model: model.clone(),
+            for (l, window, v) in values {
+                let labels = ServiceModelWindowLabels {
+                    slo_service: l.slo_service.clone(),
+                    model: l.model.clone(),
                     window,
                 };
                 ConstGauge::new(*v).encode(family.encode_family(&labels)?)?;
@@ -468,7 +507,7 @@ mod tests {
         s.budget_remaining.iter().find(|(l, _)| l.slo == slo).unwrap().1
     }
 
-    fn per_model(values: &[(String, &'static str, f64)], window: &str) -> f64 {
+    fn per_model(values: &[(ServiceModelLabels, &'static str, f64)], window: &str) -> f64 {
         values.iter().find(|(_, w, _)| *w == window).unwrap().2
     }
 
@@ -601,11 +640,68 @@ mod tests {
             prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
             out
         };
-        assert!(text.contains("llmslo_goodput_requests_total{model=\"m\"} 3"));
-        assert!(text.contains("llmslo_goodput_output_tokens_total{model=\"m\"} 30"));
-        assert!(text.contains("llmslo_slo_events_total{slo=\"ttft\",model=\"m\"} 3"));
-        assert!(text.contains("llmslo_slo_error_ratio{slo=\"avail\",model=\"m\",window=\"5m\"} NaN"));
+        assert!(text.contains("llmslo_goodput_requests_total{slo_service=\"chat\",model=\"m\"} 3"));
+        assert!(text.contains("llmslo_goodput_judged_requests_total{slo_service=\"chat\",model=\"m\"} 3"));
+        assert!(text.contains("llmslo_goodput_output_tokens_total{slo_service=\"chat\",model=\"m\"} 30"));
+        assert!(text.contains("llmslo_slo_events_total{slo_service=\"chat\",slo=\"ttft\",model=\"m\"} 3"));
+        assert!(
+            text.contains("llmslo_slo_error_ratio{slo_service=\"chat\",slo=\"avail\",model=\"m\",window=\"5m\"} NaN")
+        );
+        assert!(text.contains("llmslo_slo_attainment_ratio{slo_service=\"chat\",model=\"m\",window=\"5m\"} 1.0"));
         assert!(text.contains("llmslo_slo_window_coverage_ratio{window=\"3d\"} 0.0"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_goodput_require_every_slo_decides_goodput() {
+        let file: SloFile = serde_yaml::from_str(
+            "slos:\n  - {name: ttft, objective: 99, ttft: 500ms}\n  - {name: tpot, objective: 99, tpot: 50ms}\n",
+        )
+        .unwrap();
+        let set = SloSet::validate(Some("chat".into()), None, Some(1), file).unwrap();
+        let engine = SloEngine::new(set, &mut Registry::default());
+        send(&engine, 3, &request(Outcome::Success, 100, 10));
+        send(&engine, 1, &request(Outcome::Success, 900, 10)); // slow first token
+        send(&engine, 1, &request(Outcome::Success, 100, 80)); // slow decode
+        let s = engine.snapshot(Instant::now());
+        assert!(close(per_model(&s.attainment, "5m"), 3.0 / 5.0), "not 'every success'");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_slos_nothing_is_judged_and_goodput_reads_nan() {
+        let set = SloSet::validate(Some("chat".into()), None, Some(1), SloFile::default()).unwrap();
+        let mut registry = Registry::default();
+        let engine = SloEngine::new(set, &mut registry);
+        engine.create_series("m");
+        send(&engine, 5, &request(Outcome::Success, 100, 10));
+        tokio::time::advance(MIN).await;
+        let s = engine.snapshot(Instant::now());
+        for values in [&s.goodput_rps, &s.goodput_tps, &s.attainment] {
+            assert!(per_model(values, "5m").is_nan(), "nothing judged, not 100 %");
+        }
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            !text.contains("llmslo_goodput_requests_total{"),
+            "no goodput counted: {text}"
+        );
+        assert!(!text.contains("llmslo_goodput_judged_requests_total{"));
+        assert!(text.contains("llmslo_slo_attainment_ratio{slo_service=\"chat\",model=\"m\",window=\"5m\"} NaN"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reload_that_renames_the_service_starts_its_windows_afresh() {
+        let engine = engine();
+        send(&engine, 30, &request(Outcome::UpstreamError, 1, 1));
+        let mut renamed = engine.set().as_ref().clone();
+        renamed.service = "search".into();
+        engine.reload(renamed);
+        engine.record(&request(Outcome::Success, 100, 10));
+        let s = engine.snapshot(Instant::now());
+        assert!(s.error_ratio.iter().all(|(l, _, _)| l.slo_service == "search"));
+        assert!(
+            ratio(&s, "avail", "5m").is_nan(),
+            "one event of the new service, below min_events"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -65,18 +65,31 @@ struct Metadata {
     labels: BTreeMap<String, String>,
 }
 
+/// Which groups `llmslo rules` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// This service's SLO groups and the fleet-wide ones (goodput, capacity, GPU
+    /// efficiency, the sidecar's health).
+    All,
+    /// This service's SLO groups only: for every SLO file after the first, since the fleet-wide
+    /// groups are the same for all and belong in Prometheus once.
+    SlosOnly,
+}
+
 /// The rules for `set` as YAML text.
-pub fn render(set: &SloSet, format: RulesFormat) -> String {
+pub fn render(set: &SloSet, format: RulesFormat, scope: Scope) -> String {
     let mut groups = Vec::new();
     for slo in &set.slos {
         groups.push(sli_group(set, slo));
         groups.push(meta_group(set, slo));
         groups.push(alert_group(set, slo));
     }
-    groups.push(goodput_group());
-    groups.push(capacity_group());
-    groups.push(gpu_efficiency_group());
-    groups.push(sidecar_group());
+    if scope == Scope::All {
+        groups.push(goodput_group());
+        groups.push(capacity_group());
+        groups.push(gpu_efficiency_group());
+        groups.push(sidecar_group());
+    }
     let file = RuleFile { groups };
     let yaml = match format {
         RulesFormat::Prometheus => serde_yaml::to_string(&file),
@@ -135,18 +148,24 @@ fn with(mut labels: BTreeMap<String, String>, key: &str, value: &str) -> BTreeMa
     labels
 }
 
+/// One SLO's counter, selected by the SLO file's service and the SLO's name: two services
+/// with an SLO of the same name never merge.
+fn counter(set: &SloSet, slo: &Slo, name: &str) -> String {
+    format!("{name}{{slo_service=\"{}\", slo=\"{}\"}}", set.service, slo.name)
+}
+
 fn sli_group(set: &SloSet, slo: &Slo) -> Group {
-    let counter = |name: &str| format!("{name}{{slo=\"{}\"}}", slo.name);
     let (events, bad) = (
-        counter("llmslo_slo_events_total"),
-        counter("llmslo_slo_bad_events_total"),
+        counter(set, slo, "llmslo_slo_events_total"),
+        counter(set, slo, "llmslo_slo_bad_events_total"),
     );
     let labels = sloth_labels(set, slo);
+    // Per model: the pods of a service that serve several models are judged per model.
     let mut rules: Vec<Rule> = WINDOWS
         .iter()
         .map(|(window, _)| Rule {
             record: Some(format!("slo:sli_error:ratio_rate{window}")),
-            expr: format!("sum(rate({bad}[{window}])) / sum(rate({events}[{window}]))"),
+            expr: format!("sum by (model) (rate({bad}[{window}]))\n  / sum by (model) (rate({events}[{window}]))"),
             labels: with(labels.clone(), "sloth_window", window),
             ..Rule::default()
         })
@@ -159,7 +178,7 @@ fn sli_group(set: &SloSet, slo: &Slo) -> Group {
     ] {
         rules.push(Rule {
             record: Some(name.into()),
-            expr: format!("sum(increase({counter}[5m]))"),
+            expr: format!("sum by (model) (increase({counter}[5m]))"),
             labels: labels.clone(),
             ..Rule::default()
         });
@@ -243,14 +262,14 @@ fn promise(slo: &Slo) -> String {
 fn burn_expr(set: &SloSet, slo: &Slo, pairs: &[(&str, &str, f64)]) -> String {
     let sel = selector(set, slo);
     let budget = slo.error_budget();
-    let events = format!("llmslo_slo_events_total{{slo=\"{}\"}}", slo.name);
+    let events = counter(set, slo, "llmslo_slo_events_total");
     let branches: Vec<String> = pairs
         .iter()
         .map(|(short, long, factor)| {
             format!(
                 "(\n  max(slo:sli_error:ratio_rate{short}{sel} > ({factor} * {budget})) without (sloth_window)\n  \
                  and\n  max(slo:sli_error:ratio_rate{long}{sel} > ({factor} * {budget})) without (sloth_window)\n  \
-                 and on() sum(increase({events}[{short}])) >= {min}\n)",
+                 and on(model) sum by (model) (increase({events}[{short}])) >= {min}\n)",
                 min = set.min_events
             )
         })
@@ -366,16 +385,17 @@ fn goodput_group() -> Group {
         rules: vec![
             record(
                 "llmslo:goodput_requests:rate5m",
-                "sum by (model) (rate(llmslo_goodput_requests_total[5m]))",
+                "sum by (slo_service, model) (rate(llmslo_goodput_requests_total[5m]))",
             ),
             record(
                 "llmslo:goodput_output_tokens:rate5m",
-                "sum by (model) (rate(llmslo_goodput_output_tokens_total[5m]))",
+                "sum by (slo_service, model) (rate(llmslo_goodput_output_tokens_total[5m]))",
             ),
+            // NaN (0/0) where nothing is judged: no traffic, or no goodput.require.
             record(
                 "llmslo:slo_attainment:ratio_rate5m",
-                "sum by (model) (rate(llmslo_goodput_requests_total[5m]))\n  \
-                 / sum by (model) (rate(llmslo_requests_total{outcome!~\"client_error|client_cancelled\"}[5m]))",
+                "sum by (slo_service, model) (rate(llmslo_goodput_requests_total[5m]))\n  \
+                 / sum by (slo_service, model) (rate(llmslo_goodput_judged_requests_total[5m]))",
             ),
         ],
     }
@@ -503,7 +523,7 @@ mod tests {
 
     #[test]
     fn sloth_names_and_alerts_are_there() {
-        let text = render(&set(), RulesFormat::Prometheus);
+        let text = render(&set(), RulesFormat::Prometheus, Scope::All);
         for needle in [
             "record: slo:sli_error:ratio_rate5m",
             "record: slo:sli_error:ratio_rate3d",
@@ -543,12 +563,12 @@ mod tests {
                 .slos
         };
         // 90 %: 14.4x would need 144 % of requests to fail; 6x needs 60 %.
-        let ninety = render(&set("90"), RulesFormat::Prometheus);
+        let ninety = render(&set("90"), RulesFormat::Prometheus, Scope::All);
         assert!(ninety.contains("alert: LLMSLOErrorBudgetBurnFast") && ninety.contains("(6 * 0.1)"));
         assert!(!ninety.contains("(14.4 * 0.1)"), "{ninety}");
         assert!(ninety.contains("# SLO tpot-50ms: the 14.4x page branch (1h and 5m) is left out"));
         // 80 %: no page branch can fire, the tickets can.
-        let eighty = render(&set("80"), RulesFormat::Prometheus);
+        let eighty = render(&set("80"), RulesFormat::Prometheus, Scope::All);
         assert!(!eighty.contains("LLMSLOErrorBudgetBurnFast"));
         assert!(eighty.contains("alert: LLMSLOErrorBudgetBurnSlow"));
         assert_eq!(left_out(&set("80")).len(), 2);
@@ -556,8 +576,31 @@ mod tests {
     }
 
     #[test]
+    fn counters_are_selected_by_service_and_slo_and_summed_per_model() {
+        let text = render(&set(), RulesFormat::Prometheus, Scope::All);
+        assert!(text.contains(
+            "sum by (model) (rate(llmslo_slo_bad_events_total{slo_service=\"chat\", slo=\"availability\"}[5m]))"
+        ));
+        assert!(text.contains(
+            "and on(model) sum by (model) (increase(llmslo_slo_events_total{slo_service=\"chat\", slo=\"availability\"}[5m])) >= 20"
+        ));
+        assert!(!text.contains("sum(rate("), "nothing merges models or services");
+        assert!(text.contains("/ sum by (slo_service, model) (rate(llmslo_goodput_judged_requests_total[5m]))"));
+    }
+
+    #[test]
+    fn slos_only_leaves_out_the_fleet_wide_groups() {
+        let all = render(&set(), RulesFormat::Prometheus, Scope::All);
+        let slos = render(&set(), RulesFormat::Prometheus, Scope::SlosOnly);
+        for fleet in ["llmslo-goodput", "llmslo-capacity", "llmslo-sidecar"] {
+            assert!(all.contains(&format!("name: {fleet}\n")) && !slos.contains(&format!("name: {fleet}\n")));
+        }
+        assert!(slos.contains("alert: LLMSLOErrorBudgetBurnFast"));
+    }
+
+    #[test]
     fn operator_format_wraps_the_same_groups() {
-        let text = render(&set(), RulesFormat::PrometheusOperator);
+        let text = render(&set(), RulesFormat::PrometheusOperator, Scope::All);
         assert!(text.contains("apiVersion: monitoring.coreos.com/v1\nkind: PrometheusRule\n"));
         assert!(text.contains("name: llmslo-chat"));
         assert!(text.contains("spec:\n  groups:"));

@@ -110,8 +110,22 @@ pub struct SloSet {
     pub min_events: u64,
     /// The SLOs, in file order.
     pub slos: Vec<Slo>,
-    /// Indices into `slos` a request must meet to count as goodput.
+    /// Indices into `slos` a request must meet to count as goodput (empty: every SLO).
     pub goodput_require: Vec<usize>,
+}
+
+impl SloSet {
+    /// Whether the SLO at `index` decides goodput, the knee and the capacity: listed under
+    /// `goodput.require`, or any SLO when that list is empty. One rule for the live gauges,
+    /// the capacity estimate and the sweep.
+    pub fn decides_goodput(&self, index: usize) -> bool {
+        self.goodput_require.is_empty() || self.goodput_require.contains(&index)
+    }
+
+    /// Whether goodput is judged at all: not without SLOs (its gauges then read NaN).
+    pub fn judges_goodput(&self) -> bool {
+        !self.slos.is_empty()
+    }
 }
 
 impl Default for SloSet {
