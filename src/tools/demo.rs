@@ -96,6 +96,7 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
     ))?;
     config.listen = options.listen;
     config.metrics_listen = options.metrics_listen;
+    let period = config.slos.period;
     let sidecar = Sidecar::start(&config).await?;
     println!(
         "llmslo demo: simulated engine on http://{engine_addr}, sidecar on http://{}",
@@ -160,7 +161,7 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
                     options.concurrency,
                     render_table(&text, &mut previous),
                     render_apis(&text),
-                    render_slos(&text),
+                    render_slos(&text, share_of(started.elapsed(), period)),
                 );
                 if redraw {
                     print!("\x1b[2J\x1b[H{view}");
@@ -170,9 +171,12 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
             }
         }
     }
+    // The summary is read before anything stops: stopping cuts streams short, which the
+    // sidecar rightly counts (cancelled, or engine errors as the engine goes), but the run
+    // being summed up did not have them.
+    let text = scrape(&client, sidecar.metrics_addr).await?;
     shutdown.cancel();
     while load.join_next().await.is_some() {}
-    let text = scrape(&client, sidecar.metrics_addr).await?;
     let mut whole_run = Previous {
         tokens: BTreeMap::new(),
         at: started,
@@ -324,7 +328,12 @@ fn render_apis(text: &str) -> String {
 
 /// Each SLO's state per model: good events over the last 5 minutes, burn rate over 5m and 1h,
 /// error budget left; then goodput.
-fn render_slos(text: &str) -> String {
+///
+/// The budget column is the share of the whole period's error budget spent so far: the
+/// sidecar's budget-remaining gauge judges the budget over the uptime (a young process that
+/// saw 5 bad requests in 10 s reads -3700 %), which is right for alerting and unreadable here.
+/// `period_share` is the uptime over the period.
+fn render_slos(text: &str, period_share: f64) -> String {
     let exposition = Exposition::parse(text);
     let mut slos: Vec<&str> = exposition
         .samples
@@ -343,7 +352,7 @@ fn render_slos(text: &str) -> String {
     };
     let mut out = format!(
         "{:<16} {:<16} {:>9} {:>8} {:>8} {:>12}\n",
-        "SLO", "model", "good 5m", "burn 5m", "burn 1h", "budget left"
+        "SLO", "model", "good 5m", "burn 5m", "burn 1h", "budget spent"
     );
     for slo in slos {
         for model in MODELS {
@@ -354,7 +363,7 @@ fn render_slos(text: &str) -> String {
                 pct(gauge("llmslo_slo_error_ratio", Some("5m")).map(|r| 1.0 - r)),
                 num(gauge("llmslo_slo_burn_rate", Some("5m"))),
                 num(gauge("llmslo_slo_burn_rate", Some("1h"))),
-                pct(gauge("llmslo_slo_error_budget_remaining_ratio", None)),
+                pct(gauge("llmslo_slo_error_budget_remaining_ratio", None).map(|left| (1.0 - left) * period_share)),
             );
         }
     }
@@ -382,7 +391,12 @@ fn render_slos(text: &str) -> String {
         );
     }
     out + "(\"-\": fewer than min_events requests in the window yet, or for capacity too little spread in load; \
-           burn rate 1 spends the budget in exactly its period)\n\n"
+           burn rate 1 spends the budget in exactly its period; budget spent: of the whole period's, so far)\n\n"
+}
+
+/// How much of the SLO period `uptime` is (at most all of it).
+fn share_of(uptime: Duration, period: Duration) -> f64 {
+    uptime.min(period).as_secs_f64() / period.as_secs_f64()
 }
 
 /// `(slo, value)` of each series of the per-SLO gauge `name` for `model`.
@@ -414,8 +428,14 @@ impl<'a> Exposition<'a> {
         Self { samples }
     }
 
+    /// The value of label `key` (a whole name: `slo` is not `slo_service`).
     fn label<'s>(labels: &'s str, key: &str) -> Option<&'s str> {
-        let start = labels.find(&format!("{key}=\""))? + key.len() + 2;
+        let pattern = format!("{key}=\"");
+        let at = labels
+            .match_indices(&pattern)
+            .map(|(i, _)| i)
+            .find(|&i| i == 0 || labels.as_bytes()[i - 1] == b',')?;
+        let start = at + pattern.len();
         let end = labels[start..].find('"')? + start;
         Some(&labels[start..end])
     }
@@ -512,6 +532,20 @@ mod tests {
         // Since an earlier scrape that held the first 50 (all under 0.1): the rest are in (0.1, 0.2].
         let earlier = Exposition::parse("h_bucket{le=\"0.1\",model=\"m\"} 50\nh_bucket{le=\"0.2\",model=\"m\"} 50\nh_bucket{le=\"+Inf\",model=\"m\"} 50\n");
         assert!((e.quantile_since(&earlier, "h_bucket", &m, 0.5).unwrap() - 0.15).abs() < 1e-9);
+    }
+
+    #[test]
+    fn labels_are_matched_by_whole_name_and_the_budget_is_the_periods() {
+        let labels = "slo_service=\"chat\",slo=\"tpot\",model=\"m\"";
+        assert_eq!(Exposition::label(labels, "slo"), Some("tpot"));
+        assert_eq!(Exposition::label(labels, "service"), None);
+        let text = "llmslo_slo_error_budget_remaining_ratio{slo_service=\"chat\",slo=\"tpot\",model=\"llama-sim-8b\"} -37.46\n";
+        // 10 s into a 30-day period, a budget overspent 38.46 times over the uptime is a sliver
+        // of the month's.
+        let share = share_of(Duration::from_secs(10), Duration::from_secs(30 * 86_400));
+        let view = render_slos(text, share);
+        assert!(view.contains("budget spent") && view.contains(" 0.0%"), "{view}");
+        assert!(!view.contains("-3746"), "{view}");
     }
 
     #[test]

@@ -164,7 +164,8 @@ pub async fn run(options: SweepOptions) -> Result<Report, SweepError> {
         };
         let step = measure(&requester, bodies.clone(), load, &step_plan, &options.slos).await?;
         if let (Some(search), Load::Concurrency(c)) = (search.as_mut(), load) {
-            search.observe(c, step.meets_slos());
+            // Too few requests to judge is not a miss: the search goes on, and the report says so.
+            search.observe(c, step.verdict() != stats::Judgement::Missed);
         }
         steps.push(step);
     }

@@ -2,7 +2,7 @@
 //! the TPOT SLO's limit and the knee; beside it TTFT and TPOT p99 against load.
 
 use super::report::Report;
-use super::stats::{Load, StepResult};
+use super::stats::{Judgement, Load, StepResult};
 use crate::slo::spec::SloKind;
 use plotters::prelude::*;
 
@@ -82,10 +82,10 @@ fn seesaw(area: &Area, report: &Report) -> DrawResult {
     chart.draw_series(LineSeries::new(points.clone(), TTFT_COLOUR.mix(0.4)))?;
     chart.draw_series(steps.iter().map(|s| {
         let at = (s.output_tokens_per_second, s.per_user_tokens_per_second);
-        let colour = if s.meets_slos() {
-            TTFT_COLOUR.to_rgba()
-        } else {
-            KNEE_COLOUR.mix(0.5)
+        let colour = match s.verdict() {
+            Judgement::Met => TTFT_COLOUR.to_rgba(),
+            Judgement::Missed => KNEE_COLOUR.mix(0.5),
+            Judgement::Unjudged => TTFT_COLOUR.mix(0.3),
         };
         EmptyElement::at(at)
             + Circle::new((0, 0), 4, colour.filled())

@@ -1,7 +1,7 @@
 //! The sweep's results: the knee, a table for the terminal and JSON for scripts.
 
 use super::client::Endpoint;
-use super::stats::{Load, Quantiles, StepResult};
+use super::stats::{Judgement, Load, Quantiles, StepResult};
 use crate::slo::spec::SloSet;
 use serde_json::{json, Map, Value};
 
@@ -35,12 +35,15 @@ pub struct Knee {
     pub limited_by: Option<String>,
     /// The search stopped at its highest load with the SLOs still met: the knee lies above.
     pub reached_max: bool,
+    /// At the knee, the deciding SLOs too few requests judged: (name, events, events needed).
+    pub unjudged: Vec<(String, u64, u64)>,
 }
 
 impl Knee {
-    /// The knee of steps sorted by load: the highest passing load below the first failing one.
+    /// The knee of steps sorted by load: the highest load below the first that missed. A step
+    /// too few requests judged does not end the search, and the knee says when it is one.
     pub fn from_steps(steps: &[StepResult], reached_max: bool) -> Self {
-        let first_fail = steps.iter().position(|s| !s.meets_slos());
+        let first_fail = steps.iter().position(|s| s.verdict() == Judgement::Missed);
         let passing = steps[..first_fail.unwrap_or(steps.len())].last();
         let limited_by = first_fail.and_then(|i| steps[i].limited_by()).map(str::to_string);
         Self {
@@ -49,6 +52,14 @@ impl Knee {
             goodput_output_tokens_per_second: passing.map_or(f64::NAN, |s| s.goodput_output_tokens_per_second),
             limited_by,
             reached_max,
+            unjudged: passing
+                .map(|s| {
+                    s.unjudged()
+                        .iter()
+                        .map(|a| (a.slo.clone(), a.valid, a.needed()))
+                        .collect()
+                })
+                .unwrap_or_default(),
         }
     }
 
@@ -63,8 +74,18 @@ impl Knee {
                     (Some(slo), _) => format!(", limited by `{slo}`"),
                     (None, _) => " (the SLOs held at every load measured)".to_string(),
                 };
+                let unjudged: Vec<String> = self
+                    .unjudged
+                    .iter()
+                    .map(|(slo, events, needed)| format!("`{slo}` had {events} of the {needed} requests it needs"))
+                    .collect();
+                let caveat = if unjudged.is_empty() {
+                    String::new()
+                } else {
+                    format!("; unjudged there: {} (lengthen --duration)", unjudged.join(", "))
+                };
                 format!(
-                    "knee: {load}, goodput {:.2} req/s, {:.0} output tokens/s{limit}",
+                    "knee: {load}, goodput {:.2} req/s, {:.0} output tokens/s{limit}{caveat}",
                     self.goodput_requests_per_second, self.goodput_output_tokens_per_second
                 )
             }
@@ -82,7 +103,7 @@ pub fn step_line(step: &StepResult) -> String {
         ms(step.ttft.p99),
         ms(step.tpot.p99),
         step.output_tokens_per_second,
-        if step.meets_slos() { "meets" } else { "misses" },
+        step.verdict().as_str(),
     )
 }
 
@@ -125,12 +146,11 @@ impl Report {
                 format!("{:.2}", step.goodput_requests_per_second),
             ];
             for a in &step.attainment {
-                let mark = if !a.required {
-                    ""
-                } else if a.met() {
-                    " ✓"
-                } else {
-                    " ✗"
+                let mark = match (a.required, a.verdict()) {
+                    (false, _) => "",
+                    (true, Judgement::Met) => " ✓",
+                    (true, Judgement::Missed) => " ✗",
+                    (true, Judgement::Unjudged) => " ?",
                 };
                 row.push(format!("{}{mark}", percent(a.attainment)));
             }
@@ -236,7 +256,19 @@ impl Report {
                     .map(|a| (a.slo.clone(), number(a.attainment)))
                     .collect();
                 s.insert("attainment".into(), Value::Object(attainment));
-                s.insert("meets_slos".into(), json!(step.meets_slos()));
+                let verdicts: Map<String, Value> = step
+                    .attainment
+                    .iter()
+                    .map(|a| {
+                        (
+                            a.slo.clone(),
+                            json!({"verdict": a.verdict(), "events": a.valid, "needed": a.needed()}),
+                        )
+                    })
+                    .collect();
+                s.insert("verdicts".into(), Value::Object(verdicts));
+                s.insert("verdict".into(), json!(step.verdict()));
+                s.insert("meets_slos".into(), json!(step.verdict() == Judgement::Met));
                 Value::Object(s)
             })
             .collect();
@@ -249,7 +281,7 @@ impl Report {
                 json!({
                     "name": slo.name,
                     "objective": slo.objective,
-                    "required": self.slos.goodput_require.is_empty() || self.slos.goodput_require.contains(&i),
+                    "required": self.slos.decides_goodput(i),
                 })
             })
             .collect();

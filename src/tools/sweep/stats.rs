@@ -81,10 +81,58 @@ pub struct Attainment {
     pub required: bool,
 }
 
+/// What a step's requests say about an objective.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Judgement {
+    /// Enough requests, and the objective held.
+    Met,
+    /// The objective failed: on enough requests, or on so many bad ones that no full sample
+    /// could have met it.
+    Missed,
+    /// Too few requests to tell.
+    Unjudged,
+}
+
+impl Judgement {
+    /// The word the report uses.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Judgement::Met => "meets",
+            Judgement::Missed => "misses",
+            Judgement::Unjudged => "unjudged",
+        }
+    }
+}
+
+/// Fewest events that judge an objective: 5 / (1 − objective), so that five bad events are
+/// expected at the objective itself (500 for 99 %, 50 for 90 %, 5000 for 99.9 %).
+pub fn events_needed(objective: f64) -> u64 {
+    (5.0 / (1.0 - objective) - 1e-9).ceil() as u64
+}
+
 impl Attainment {
-    /// Met its objective (an SLO that judged nothing is not met).
-    pub fn met(&self) -> bool {
-        self.attainment >= self.objective
+    /// The events this objective needs to be judged ([`events_needed`]).
+    pub fn needed(&self) -> u64 {
+        events_needed(self.objective)
+    }
+
+    /// Met, missed, or too few events to tell. Below [`Attainment::needed`] a miss is still a
+    /// miss when more bad events came than a whole sample of that size may hold.
+    pub fn verdict(&self) -> Judgement {
+        let needed = self.needed();
+        let bad = self.valid - self.good;
+        if self.valid >= needed {
+            if self.attainment >= self.objective {
+                Judgement::Met
+            } else {
+                Judgement::Missed
+            }
+        } else if bad as f64 > (1.0 - self.objective) * needed as f64 {
+            Judgement::Missed
+        } else {
+            Judgement::Unjudged
+        }
     }
 }
 
@@ -185,7 +233,6 @@ impl StepResult {
                 requests_per_second * total as f64 / samples.len() as f64
             }
         };
-        let judged_all = slos.goodput_require.is_empty();
         let attainment = slos
             .slos
             .iter()
@@ -201,7 +248,7 @@ impl StepResult {
                 } else {
                     good as f64 / valid as f64
                 },
-                required: judged_all || slos.goodput_require.contains(&i),
+                required: slos.decides_goodput(i),
             })
             .collect();
         Self {
@@ -235,16 +282,37 @@ impl StepResult {
         self.errors.values().sum()
     }
 
-    /// Every SLO that decides the knee met its objective.
-    pub fn meets_slos(&self) -> bool {
-        self.attainment.iter().filter(|a| a.required).all(Attainment::met)
+    /// The step's verdict on the SLOs that decide the knee: missed when one of them missed,
+    /// unjudged when one had too few requests, met when all held.
+    pub fn verdict(&self) -> Judgement {
+        let verdicts: Vec<Judgement> = self
+            .attainment
+            .iter()
+            .filter(|a| a.required)
+            .map(|a| a.verdict())
+            .collect();
+        if verdicts.contains(&Judgement::Missed) {
+            Judgement::Missed
+        } else if verdicts.contains(&Judgement::Unjudged) {
+            Judgement::Unjudged
+        } else {
+            Judgement::Met
+        }
+    }
+
+    /// The deciding SLOs too few requests judged, with how many each had and needed.
+    pub fn unjudged(&self) -> Vec<&Attainment> {
+        self.attainment
+            .iter()
+            .filter(|a| a.required && a.verdict() == Judgement::Unjudged)
+            .collect()
     }
 
     /// The deciding SLO that missed its objective by the most (relative to its error budget).
     pub fn limited_by(&self) -> Option<&str> {
         self.attainment
             .iter()
-            .filter(|a| a.required && !a.met())
+            .filter(|a| a.required && a.verdict() == Judgement::Missed)
             .max_by(|a, b| shortfall(a).total_cmp(&shortfall(b)))
             .map(|a| a.slo.as_str())
     }
@@ -333,29 +401,59 @@ mod tests {
 
     #[tokio::test]
     async fn attainment_goodput_and_throughput() {
-        let mut samples = vec![sample(Outcome::Success, 100, 20, 10); 97];
-        samples.push(sample(Outcome::Success, 100, 40, 10)); // misses the TPOT SLO
+        let mut samples = vec![sample(Outcome::Success, 100, 20, 10); 91];
+        samples.extend(vec![sample(Outcome::Success, 100, 40, 10); 7]); // miss the TPOT SLO
         samples.push(sample(Outcome::Success, 900, 20, 10)); // misses the TTFT SLO
         samples.push(sample(Outcome::UpstreamError, 100, 20, 10));
         let step = StepResult::from_samples(Load::Rate(10.0), Duration::from_secs(10), &samples, &slos(&["tpot"]));
         assert_eq!(step.requests, 100);
         assert_eq!(step.errors.get("upstream_error"), Some(&1));
         assert_eq!(step.error_examples["upstream_error"], "503 Service Unavailable");
-        // The TPOT SLO judged the 99 successes: 98 good.
+        // The TPOT SLO judged the 99 successes: 92 good. Fewer than the 500 a 99 % objective
+        // needs, but 7 bad is more than a sample of 500 may hold (5): a miss all the same.
         let tpot = &step.attainment[1];
-        assert_eq!((tpot.valid, tpot.good, tpot.required), (99, 98, true));
+        assert_eq!((tpot.valid, tpot.good, tpot.required), (99, 92, true));
+        assert_eq!(tpot.verdict(), Judgement::Missed);
         assert!(!step.attainment[0].required, "only goodput.require decides");
-        assert!(!step.meets_slos());
+        assert_eq!(step.verdict(), Judgement::Missed);
         assert_eq!(step.limited_by(), Some("tpot"));
-        // Goodput: the 98 that met TPOT (the slow-TTFT one counts: TTFT is not required).
-        assert_eq!(step.goodput_requests_per_second, 9.8);
-        assert_eq!(step.goodput_output_tokens_per_second, 98.0);
+        // Goodput: the 92 that met TPOT (the slow-TTFT one counts: TTFT is not required).
+        assert!((step.goodput_requests_per_second - 9.2).abs() < 1e-9);
+        assert!((step.goodput_output_tokens_per_second - 92.0).abs() < 1e-9);
         assert_eq!(step.output_tokens_per_second, 99.0);
         assert_eq!(step.ttft.p99, 0.9);
         assert_eq!(step.tpot.p50, 0.02);
         assert_eq!(step.itl.p50, 0.02);
         assert_eq!(step.prompt_tokens_mean, 10.0);
-        assert!((step.per_user_tokens_per_second - (98.0 * 50.0 + 25.0) / 99.0).abs() < 1e-9);
+        assert!((step.per_user_tokens_per_second - (92.0 * 50.0 + 7.0 * 25.0) / 99.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn an_objective_needs_five_over_its_error_budget_in_events() {
+        assert_eq!(events_needed(0.99), 500);
+        assert_eq!(events_needed(0.9), 50);
+        assert_eq!(events_needed(0.999), 5000);
+        let slo = |valid: u64, good: u64| Attainment {
+            slo: "tpot".into(),
+            objective: 0.99,
+            valid,
+            good,
+            attainment: good as f64 / valid as f64,
+            required: true,
+        };
+        assert_eq!(
+            slo(9, 9).verdict(),
+            Judgement::Unjudged,
+            "a 99 % objective from 9 requests"
+        );
+        assert_eq!(
+            slo(100, 95).verdict(),
+            Judgement::Unjudged,
+            "5 bad fit in a sample of 500"
+        );
+        assert_eq!(slo(100, 94).verdict(), Judgement::Missed, "6 bad do not");
+        assert_eq!(slo(500, 495).verdict(), Judgement::Met);
+        assert_eq!(slo(500, 494).verdict(), Judgement::Missed);
     }
 
     #[tokio::test]
@@ -374,12 +472,22 @@ mod tests {
 
     #[tokio::test]
     async fn without_goodput_require_every_slo_decides() {
-        let samples = vec![sample(Outcome::Success, 100, 20, 10); 50];
+        let samples = vec![sample(Outcome::Success, 100, 20, 10); 500];
         let step = StepResult::from_samples(Load::Rate(2.0), Duration::from_secs(5), &samples, &slos(&[]));
-        assert!(step.attainment.iter().all(|a| a.required && a.met()));
-        assert!(step.meets_slos());
+        assert!(step
+            .attainment
+            .iter()
+            .all(|a| a.required && a.verdict() == Judgement::Met));
+        assert_eq!(step.verdict(), Judgement::Met);
         assert_eq!(step.limited_by(), None);
+        let few = StepResult::from_samples(Load::Rate(2.0), Duration::from_secs(5), &samples[..50], &slos(&[]));
+        assert_eq!(few.verdict(), Judgement::Unjudged);
+        assert_eq!(few.unjudged().len(), 2);
         let none = StepResult::from_samples(Load::Rate(2.0), Duration::from_secs(5), &[], &slos(&[]));
-        assert!(!none.meets_slos(), "an SLO that judged nothing is not met");
+        assert_eq!(
+            none.verdict(),
+            Judgement::Unjudged,
+            "an SLO that judged nothing is not met"
+        );
     }
 }
