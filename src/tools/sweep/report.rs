@@ -160,7 +160,7 @@ impl Report {
             .map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0))
             .collect();
         let mut out = format!(
-            "{} at {} ({} endpoint), SLO attainment per step (✓/✗: decides the knee)\n\n",
+            "{} at {} ({} endpoint), SLO attainment per step (✓ met, ✗ missed, ? too few requests to judge: decides the knee)\n\n",
             self.model,
             self.target,
             match self.endpoint {
