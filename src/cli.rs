@@ -21,8 +21,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::error;
 
-/// Exit status for a bad configuration (EX_USAGE).
-pub const EXIT_CONFIG: u8 = 64;
+use crate::flags::{duration, probability, EXIT_CONFIG};
 
 /// llmslo: measure TTFT, TPOT and tokens in front of an LLM engine and export SLOs to Prometheus.
 #[derive(Debug, Parser)]
@@ -291,24 +290,6 @@ struct DemoArgs {
     /// Stop after this long (default: run until Ctrl-C).
     #[arg(long, value_parser = duration)]
     duration: Option<Duration>,
-}
-
-/// A duration flag: `1m30s`, `250ms`, or a bare number of seconds (`2`, `0.5`).
-pub fn duration(text: &str) -> Result<Duration, String> {
-    match text.parse::<f64>() {
-        Ok(seconds) if seconds.is_finite() && seconds >= 0.0 => Ok(Duration::from_secs_f64(seconds)),
-        Ok(_) => Err(format!("`{text}` is not a duration")),
-        Err(_) => {
-            humantime::parse_duration(text).map_err(|e| format!("`{text}` is not a duration like 5s or 250ms: {e}"))
-        }
-    }
-}
-
-fn probability(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
-        _ => Err(format!("`{text}` is not a probability between 0 and 1")),
-    }
 }
 
 impl Cli {

@@ -798,7 +798,71 @@ fn parse_yaml(text: &str) -> Result<FileConfig, String> {
     if text.trim().is_empty() {
         return Ok(FileConfig::default());
     }
-    serde_yaml::from_str(text).map_err(|e| with_hint(&e.to_string()))
+    serde_yaml::from_str(text).map_err(|e| {
+        let message = with_hint(&e.to_string());
+        match e.location().and_then(|at| indentation_hint(text, &message, at.line())) {
+            Some(hint) => format!("{message} ({hint})"),
+            None => message,
+        }
+    })
+}
+
+/// Keys of an SLO entry, to recognise one that slipped out of its entry.
+const SLO_KEYS: [&str; 8] = [
+    "name",
+    "objective",
+    "ttft",
+    "answer_ttft",
+    "tpot",
+    "e2e",
+    "availability",
+    "runbook_url",
+];
+
+/// For an error that a mis-indented line causes, the line that is most likely wrong (YAML
+/// often reports the line before it, or the block it broke). `line` is 1-based.
+fn indentation_hint(text: &str, message: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let indent = |l: &str| l.len() - l.trim_start().len();
+    let key = |l: &str| {
+        l.trim_start()
+            .trim_start_matches("- ")
+            .split(':')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_string()
+    };
+    let at = lines.get(line.checked_sub(1)?)?;
+    // A deeper line that looks like `key: value` right after a scalar continues that scalar.
+    if message.contains("invalid type: string") {
+        let next = lines.get(line)?;
+        if indent(next) > indent(at) && next.contains(": ") {
+            return Some(format!(
+                "line {}: `{}:` is indented deeper than `{}:` on line {line}, so YAML read it as the rest of \
+                 that value; give it the same indentation",
+                line + 1,
+                key(next),
+                key(at)
+            ));
+        }
+    }
+    if message.contains("did not find expected") || message.contains("mapping values are not allowed") {
+        return Some(format!(
+            "line {line}: `{}:` is indented {} spaces, which lines up with no key of the block above; check its \
+             indentation",
+            key(at),
+            indent(at)
+        ));
+    }
+    let unknown = message.split_once("unknown field `")?.1.split('`').next()?;
+    if indent(at) == 0 && SLO_KEYS.contains(&unknown) {
+        return Some(format!(
+            "line {line}: `{unknown}` is a key of an SLO; indent it to line up with the other keys of its entry under \
+             `slos:`"
+        ));
+    }
+    None
 }
 
 /// A YAML error with what the user most likely meant: the closest known key for an unknown
@@ -864,6 +928,30 @@ fn parse_upstream(value: &str) -> Result<Uri, ConfigError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mis_indented_keys_are_reported_on_their_own_line() {
+        let error = |yaml: &str| Config::from_yaml(yaml).unwrap_err().to_string();
+        let head = "upstream: http://127.0.0.1:8000\nslos:\n  - name: tpot\n    objective: 99\n";
+        // Deeper: YAML reads it as the rest of `objective`'s value and blames line 4.
+        let deeper = error(&format!("{head}      tpot: 50ms\n"));
+        assert!(
+            deeper.contains("line 5: `tpot:` is indented deeper than `objective:` on line 4"),
+            "{deeper}"
+        );
+        // Shallower, inside the list: the block breaks at line 5.
+        let shallower = error(&format!("{head}   tpot: 50ms\n"));
+        assert!(
+            shallower.contains("line 5: `tpot:` is indented 3 spaces"),
+            "{shallower}"
+        );
+        // At the top level: an SLO key where only top-level keys go.
+        let out = error(&format!("{head}tpot: 50ms\n"));
+        assert!(out.contains("line 5: `tpot` is a key of an SLO"), "{out}");
+        // A top-level key indented into the list.
+        let goodput = error(&format!("{head}    tpot: 50ms\n  goodput:\n    require: [tpot]\n"));
+        assert!(goodput.contains("line 6: `goodput:` is indented 2 spaces"), "{goodput}");
+    }
 
     #[test]
     fn a_file_that_cannot_be_used_runs_on_flags_with_what_forwarding_needs_from_it() {

@@ -44,10 +44,10 @@ pub struct EngineTiming {
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(2..=4096))]
     pub tokens: u32,
     /// The engine's time to first token.
-    #[arg(long, default_value = "50ms", value_parser = crate::cli::duration)]
+    #[arg(long, default_value = "50ms", value_parser = crate::flags::duration)]
     pub ttft: Duration,
     /// The engine's time per output token.
-    #[arg(long, default_value = "10ms", value_parser = crate::cli::duration)]
+    #[arg(long, default_value = "10ms", value_parser = crate::flags::duration)]
     pub tpot: Duration,
 }
 

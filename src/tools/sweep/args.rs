@@ -2,8 +2,8 @@
 
 use super::client::Endpoint;
 use super::{LoadPlan, SweepError, SweepOptions};
-use crate::cli::{duration, EXIT_CONFIG};
 use crate::config::Config;
+use crate::flags::{duration, EXIT_CONFIG};
 use crate::slo::spec::SloKind;
 use clap::Args;
 use std::path::PathBuf;
