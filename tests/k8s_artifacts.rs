@@ -48,6 +48,18 @@ fn example_deployment_is_the_injected_source() {
 }
 
 #[test]
+fn the_charts_dashboards_are_the_repositorys() {
+    for name in ["gpu", "serving-overview", "slos"] {
+        let source = read(&format!("dashboards/{name}.json"));
+        check_generated(
+            &format!("helm/llmslo/dashboards/{name}.json"),
+            &source,
+            "a copy of dashboards/",
+        );
+    }
+}
+
+#[test]
 fn slo_configmap_carries_the_example_slo_file() {
     let slo_file = read("examples/llmslo.yaml");
     let body: String = slo_file

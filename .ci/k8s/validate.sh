@@ -50,6 +50,7 @@ value_sets=(
     ""
     "--set certificates.source=cert-manager --set slo.namespaces={llm,team-b} --set injector.sidecarMode=classic --set podMonitor.allNamespaces=false"
     "--set autoscaling.keda.enabled=true --set autoscaling.keda.scaleTargetRef.name=vllm --set autoscaling.keda.model=llama --set autoscaling.keda.namespace=llm"
+    "--set serviceMonitor.enabled=true --set serviceMonitor.selector.app=vllm --set podMonitor.enabled=false --set dashboards.enabled=true --set dashboards.annotations.grafana_folder=LLM"
 )
 for v in "${versions[@]}"; do
     for values in "${value_sets[@]}"; do
@@ -71,13 +72,36 @@ for v in "${versions[@]}"; do
         rendered+=("$file")
         i=$((i + 1))
     done
-    # Without the operator's API there is no PodMonitor or PrometheusRule.
+    # Without the operator's API there is no PodMonitor or PrometheusRule, unless asked for.
     helm template llmslo helm/llmslo --namespace llmslo --kube-version "$v" > "$out/chart-$v-plain.yaml"
     if grep -q "^kind: \(PodMonitor\|PrometheusRule\)" "$out/chart-$v-plain.yaml"; then
         echo "monitoring.coreos.com objects rendered without the API" >&2
         exit 1
     fi
+    helm template llmslo helm/llmslo --namespace llmslo --kube-version "$v" --set prometheusOperator.render=always \
+        --set serviceMonitor.enabled=true --set serviceMonitor.selector.app=vllm > "$out/chart-$v-gitops.yaml"
+    for kind in PodMonitor ServiceMonitor PrometheusRule; do
+        grep -q "^kind: $kind$" "$out/chart-$v-gitops.yaml" ||
+            { echo "prometheusOperator.render=always did not render a $kind without --api-versions" >&2; exit 1; }
+    done
+    "$validate" --strict --quiet --no-warn -k "$v" "$out/chart-$v-gitops.yaml"
+    rendered+=("$out/chart-$v-gitops.yaml")
 done
+# Dashboards as ConfigMaps for Grafana's sidecar: labelled, one per dashboard, each holding the
+# dashboard exactly.
+dashboards="$out/chart-${versions[0]}-3.yaml"
+[ "$(grep -c "^    grafana_dashboard: \"1\"$" "$dashboards")" -eq 3 ] ||
+    { echo "expected three dashboard ConfigMaps labelled grafana_dashboard: \"1\"" >&2; exit 1; }
+"$tools/venv/bin/python" - "$dashboards" <<'PY'
+import json, sys, yaml
+maps = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ConfigMap" and "-dashboard-" in d["metadata"]["name"]]
+for m in maps:
+    (key, text), = m["data"].items()
+    name = key.removeprefix("llmslo-")
+    assert json.loads(text) == json.load(open(f"dashboards/{name}")), key
+    assert m["metadata"]["annotations"] == {"grafana_folder": "LLM"}, m["metadata"]
+print(f"dashboard ConfigMaps: {len(maps)} hold the dashboards exactly")
+PY
 # Native sidecars from 1.29 on, classic before, unless set.
 for want in 1.28.0=classic 1.29.0=native; do
     helm template llmslo helm/llmslo --kube-version "${want%%=*}" | grep -q -- "--sidecar=${want##*=}" ||
@@ -86,7 +110,7 @@ done
 # Bad values are refused by values.schema.json with the key named, not silently ignored.
 for bad in certificates.source=none injector.sidecarmode=classic webhook.timeoutSeconds=60 \
            injector.sidecarMode=sidecar podMonitor.interval=soon autoscaling.keda.targetSaturation=0 \
-           autoscaling.keda.enabled=true; do
+           autoscaling.keda.enabled=true prometheusOperator.render=yes serviceMonitor.enabled=true; do
     if error=$(helm template llmslo helm/llmslo --set "$bad" 2>&1 >/dev/null); then
         echo "helm template accepted --set $bad" >&2
         exit 1
@@ -95,16 +119,18 @@ for bad in certificates.source=none injector.sidecarmode=classic webhook.timeout
     grep -q "${key##*.}" <<<"$error" || { echo "the error for --set $bad does not name the key: $error" >&2; exit 1; }
 done
 
-# The KEDA trigger's query is the one tests/rules/capacity.test.yaml evaluates.
-query=$(grep -o 'query: ".*"' "$out/chart-${versions[0]}-2.yaml" | sed 's/^query: "//; s/"$//; s/\\"/"/g')
-grep -qF "expr: '$query'" tests/rules/capacity.test.yaml ||
-    { echo "the ScaledObject's query is not the one tests/rules/capacity.test.yaml checks: $query" >&2; exit 1; }
+# The KEDA trigger's query (the chart's and deploy/'s) is the one tests/rules/capacity.test.yaml evaluates.
+for scaled in "$out/chart-${versions[0]}-2.yaml" deploy/keda-scaledobject.yaml; do
+    query=$(grep -o 'query: ".*"' "$scaled" | sed 's/^query: "//; s/"$//; s/\\"/"/g')
+    grep -qF "expr: '$query'" tests/rules/capacity.test.yaml ||
+        { echo "$scaled: the ScaledObject's query is not the one tests/rules/capacity.test.yaml checks: $query" >&2; exit 1; }
+done
 
 echo "== plain manifests in deploy/, validated"
 target/debug/llmslo inject -f deploy/source/vllm.yaml --sidecar classic --image llmslo:0.1.0 --strict \
     > "$out/vllm-classic.yaml" 2>/dev/null
 manifests=(deploy/source/vllm.yaml deploy/vllm.yaml deploy/slo-configmap.yaml deploy/podmonitor.yaml deploy/prometheusrule.yaml
-           deploy/hpa.yaml)
+           deploy/hpa.yaml deploy/keda-scaledobject.yaml)
 for v in "${versions[@]}"; do
     "$validate" --strict --quiet --no-warn -k "$v" "${manifests[@]}" "$out/vllm-classic.yaml"
 done

@@ -46,9 +46,11 @@ app.kubernetes.io/component: injector
 {{- printf "%s:%s" $repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
-{{/* Whether the Prometheus operator's API is served. */}}
+{{/* Whether to render the Prometheus operator's objects: when its API is served (`auto`), or
+always (GitOps renders with `helm template`, which sees no cluster), or never. */}}
 {{- define "llmslo.hasOperator" -}}
-{{- if .Capabilities.APIVersions.Has "monitoring.coreos.com/v1" }}true{{ end }}
+{{- $render := .Values.prometheusOperator.render }}
+{{- if or (eq $render "always") (and (eq $render "auto") (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1")) }}true{{ end }}
 {{- end }}
 
 {{/* The sidecar mode: native sidecars need Kubernetes 1.29 (beta, on by default). */}}
