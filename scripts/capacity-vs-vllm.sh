@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The live capacity estimate against the sweep's knee on a real vLLM (CPU, the `small` model of
-# ../shared/real-engines/vllm-cpu). First `llmslo sweep --concurrency auto` finds the knee by
+# the vLLM-on-CPU runner that VLLM_SH names). First `llmslo sweep --concurrency auto` finds the knee by
 # pushing the engine through it; then Poisson traffic at 10 % to 50 % of the knee goes through
 # the sidecar, which never sees the knee, and its `llmslo_capacity_*` gauges are read.
 #

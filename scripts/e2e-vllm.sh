@@ -13,7 +13,7 @@
 # three sidecars: usage injected (the default), inject_usage: false, and inject_usage: false
 # with the model's tokenizer. Each prints llmslo's TPOT against the truth the client measured.
 #
-#   scripts/e2e-vllm.sh            uses ../shared/real-engines/vllm-cpu; VLLM_DIR defaults to ./.vllm-cpu
+#   scripts/e2e-vllm.sh            VLLM_SH: the vLLM-on-CPU runner script (install, model, serve, stop); VLLM_DIR defaults to ./.vllm-cpu
 #   NUM_PROMPTS=20 OUTPUT_LEN=64 scripts/e2e-vllm.sh
 #   SKIP_BENCH=1 scripts/e2e-vllm.sh     only the raw-client checks
 set -euo pipefail

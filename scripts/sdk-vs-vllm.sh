@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Opt-in check of the Responses and Messages APIs against a real vLLM (CPU, the `small` model
-# of ../shared/real-engines/vllm-cpu) with the official `openai` and `anthropic` Python SDKs as
+# of the vLLM-on-CPU runner that VLLM_SH names) with the official `openai` and `anthropic` Python SDKs as
 # the clients — not part of CI. Rounds of sequential requests (chat completions,
 # `responses.create(stream=True)`, `messages.stream`) go through llmslo; scripts/sdk_client.py
 # stamps every SDK event and fails unless every request is a success, llmslo's token counts

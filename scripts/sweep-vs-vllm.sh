@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `llmslo sweep` against vLLM's own client benchmark (`vllm bench serve`) on a real vLLM (CPU,
-# the `small` model of ../shared/real-engines/vllm-cpu): at each concurrency, both send the
+# the `small` model of the vLLM-on-CPU runner that VLLM_SH names): at each concurrency, both send the
 # same prompts (one JSONL file of distinct prompts) to the chat endpoint for the same number
 # of output tokens; the script prints their mean TTFT and TPOT side by side, and the sweep's
 # table and plot (target/sweep-vllm.svg). Prefix caching is off, so that whichever tool runs
@@ -68,7 +68,7 @@ python3 - "$WORK" "$ROUNDS" $CONCURRENCY <<'PY'
 import json, statistics, sys
 work, rounds, levels = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 # vllm bench stamps TTFT at the first chunk, even vLLM's role-only chunk that comes before the
-# first visible text; the sweep's TTFT is the first visible token (DESIGN §2) and its TTFB the
+# first visible text; the sweep's TTFT is the first visible token and its TTFB the
 # first chunk: TTFB is the like-for-like figure, TTFT is shown beside it.
 print(f"\nMedians of {rounds} interleaved rounds (each round's mean over its requests)\n")
 print("| concurrency | prompt tokens (vllm bench / llmslo sweep) | TTFT vllm bench | TTFB llmslo sweep | diff | llmslo TTFT (first visible token) | TPOT vllm bench | TPOT llmslo sweep | diff |")

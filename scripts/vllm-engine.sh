@@ -1,5 +1,5 @@
 # Sourced by the scripts that measure against a real vLLM (CPU, the `small` model of
-# ../shared/real-engines/vllm-cpu): core pinning, the engine's start, and the prompts file.
+# the vLLM-on-CPU runner that VLLM_SH names): core pinning, the engine's start, and the prompts file.
 # Expects ROOT, PORT and WORK; sets PIN_ENGINE, PIN_CLIENT and ENGINE_PID.
 VLLM_SH=${VLLM_SH:-$ROOT/../shared/real-engines/vllm-cpu/vllm-cpu.sh}
 export VLLM_DIR=${VLLM_DIR:-$ROOT/.vllm-cpu}

@@ -1,4 +1,4 @@
-//! Live capacity (DESIGN §9) proven on the batching simulator, where the knee is known:
+//! Live capacity proven on the batching simulator, where the knee is known:
 //! Poisson traffic through the sidecar at 10–50 % of the knee must give the knee that
 //! `llmslo sweep --concurrency auto` measures, and the simulator's step costs; traffic that
 //! never varies must give no number at all.

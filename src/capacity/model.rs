@@ -1,4 +1,4 @@
-//! The latency–load model of one model's recent requests (DESIGN §9), and what it says:
+//! The latency–load model of one model's recent requests, and what it says:
 //! each latency SLO's capacity solved at its objective's quantile, the knee, the goodput
 //! there, and the empirical view per concurrency band.
 //!

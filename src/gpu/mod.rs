@@ -1,4 +1,4 @@
-//! GPU telemetry (DESIGN §6): a background task samples the devices through a
+//! GPU telemetry: a background task samples the devices through a
 //! [`DeviceSource`] (NVML in production) on a blocking thread and publishes one snapshot; a
 //! collector encodes that snapshot at scrape time and never touches NVML itself.
 

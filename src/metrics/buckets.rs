@@ -1,4 +1,4 @@
-//! Histogram bucket edges (DESIGN §4) and the constructor that gives each family its own.
+//! Histogram bucket edges and the constructor that gives each family its own.
 
 use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::MetricConstructor;

@@ -1,4 +1,4 @@
-//! The Prometheus registry: DESIGN §4 families, per-request recording, and encoding.
+//! The Prometheus registry: the families, per-request recording, and encoding.
 
 pub mod buckets;
 pub mod config_status;

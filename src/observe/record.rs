@@ -8,7 +8,7 @@ use crate::otel::context::TraceRef;
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// How a request ended (DESIGN §2).
+/// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Outcome {
     /// Completed normally.

@@ -1,4 +1,4 @@
-//! Interpretation of TGI's native generate API (DESIGN §3): `/generate_stream` events and
+//! Interpretation of TGI's native generate API: `/generate_stream` events and
 //! `/generate` bodies.
 //!
 //! A stream event is `{"index", "token": {"id","text","logprob","special"}, "generated_text",

@@ -1,4 +1,4 @@
-//! The request path: a stack of tower layers over the forwarding service (DESIGN §7), from
+//! The request path: a stack of tower layers over the forwarding service, from
 //! the client inwards:
 //!
 //! 1. [`guard`]: what a client may send (CONNECT refused, requests in flight, body size and

@@ -1,4 +1,4 @@
-//! SLOs evaluated live (DESIGN §5): each finished request is classified per SLO, counted,
+//! SLOs evaluated live: each finished request is classified per SLO, counted,
 //! and added to sliding windows; error ratios, burn rates, budgets and goodput are computed
 //! from those windows when Prometheus scrapes. `rules` turns the same SLO file into
 //! Prometheus recording and alerting rules.

@@ -401,7 +401,7 @@ fn goodput_group() -> Group {
     }
 }
 
-/// Fleet capacity per model from each pod's live estimate (DESIGN §9): the load, the
+/// Fleet capacity per model from each pod's live estimate: the load, the
 /// capacity, and how many replicas the load needs. Pods whose knee is unknown (NaN) carry
 /// load but are assumed to be like the pods whose knee is known.
 fn capacity_group() -> Group {

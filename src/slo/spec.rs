@@ -1,4 +1,4 @@
-//! The SLO file (DESIGN §5): service, period, minimum events, the SLOs and goodput.
+//! The SLO file: service, period, minimum events, the SLOs and goodput.
 //! It lives in the same YAML file as the rest of the configuration.
 
 use serde::Deserialize;

@@ -1,4 +1,4 @@
-//! `llmslo bench`: the proxy's overhead (DESIGN §8), side by side in one run. The built-in
+//! `llmslo bench`: the proxy's overhead, side by side in one run. The built-in
 //! engine streams with fixed timing; clients stream through no proxy (the baseline), through
 //! an `llmslo run` process with SLOs configured, and through nginx (`proxy_buffering off`)
 //! when it is installed. Per target and concurrency it reports client-side TTFT and

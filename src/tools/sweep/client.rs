@@ -1,5 +1,5 @@
 //! One streamed request as a user's client sees it, measured with the sidecar's own stream
-//! observer (DESIGN §2), from the moment the request is sent.
+//! observer, from the moment the request is sent.
 
 use super::prompts::Prompt;
 use crate::observe::record::{Outcome, RequestRecord};

@@ -1,4 +1,4 @@
-//! `llmslo sweep` (DESIGN §9): measures an OpenAI-compatible endpoint's latency–load curve
+//! `llmslo sweep`: measures an OpenAI-compatible endpoint's latency–load curve
 //! from the client side, judges every step against the SLO file, and finds the knee: the
 //! highest load at which every deciding SLO still holds.
 
