@@ -206,7 +206,10 @@ fn demo_runs_and_prints_a_table() {
             "{slo}: {stdout}"
         );
     }
-    assert!(stdout.contains("burn 5m") && stdout.contains("budget left"), "{stdout}");
+    assert!(
+        stdout.contains("burn 5m") && stdout.contains("budget spent"),
+        "{stdout}"
+    );
     assert!(stdout.contains("goodput llama-sim-8b"), "{stdout}");
     assert!(stdout.contains("of 4 clients streaming"), "{stdout}");
     assert!(

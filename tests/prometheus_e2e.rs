@@ -70,7 +70,12 @@ async fn prometheus_rules_agree_with_the_sidecar_and_the_page_fires() {
     }
     load.stop().await;
 
-    let (recorded, own) = agreed.expect("the recording rule never agreed with the sidecar's gauge");
+    let (recorded, own) = agreed.unwrap_or_else(|| {
+        panic!(
+            "the recording rule never agreed with the sidecar's gauge:\n{}",
+            sidecar.metrics.encode()
+        )
+    });
     assert!(
         (0.2..0.4).contains(&recorded),
         "the engine fails 30% of requests: {recorded}"

@@ -132,3 +132,25 @@ fn every_llmslo_command_in_the_docs_parses() {
     }
     assert!(parsed >= 15, "only {parsed} commands parsed: the extraction is broken");
 }
+
+#[test]
+fn the_readme_counts_the_ignored_tests_right() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut ignored = 0;
+    for entry in std::fs::read_dir(root.join("tests")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path).unwrap();
+            ignored += text.lines().filter(|l| l.trim_start().starts_with("#[ignore")).count();
+        }
+    }
+    let words = [
+        "zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
+    ];
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let said = format!("the {} end-to-end tests", words[ignored]);
+    assert!(
+        readme.contains(&said),
+        "the README should say \"{said}\": {ignored} tests are #[ignore]d"
+    );
+}

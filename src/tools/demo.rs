@@ -346,6 +346,11 @@ fn render_slos(text: &str, period_share: f64) -> String {
         v.filter(|v| v.is_finite())
             .map_or("-".to_string(), |v| format!("{:.1}%", v * 100.0))
     };
+    // A young process spends hundredths of a percent of a month's budget.
+    let small_pct = |v: Option<f64>| {
+        v.filter(|v| v.is_finite())
+            .map_or("-".to_string(), |v| format!("{:.3}%", v * 100.0))
+    };
     let num = |v: Option<f64>| {
         v.filter(|v| v.is_finite())
             .map_or("-".to_string(), |v| format!("{v:.2}"))
@@ -363,7 +368,9 @@ fn render_slos(text: &str, period_share: f64) -> String {
                 pct(gauge("llmslo_slo_error_ratio", Some("5m")).map(|r| 1.0 - r)),
                 num(gauge("llmslo_slo_burn_rate", Some("5m"))),
                 num(gauge("llmslo_slo_burn_rate", Some("1h"))),
-                pct(gauge("llmslo_slo_error_budget_remaining_ratio", None).map(|left| (1.0 - left) * period_share)),
+                small_pct(
+                    gauge("llmslo_slo_error_budget_remaining_ratio", None).map(|left| (1.0 - left) * period_share)
+                ),
             );
         }
     }
@@ -544,7 +551,7 @@ mod tests {
         // of the month's.
         let share = share_of(Duration::from_secs(10), Duration::from_secs(30 * 86_400));
         let view = render_slos(text, share);
-        assert!(view.contains("budget spent") && view.contains(" 0.0%"), "{view}");
+        assert!(view.contains("budget spent") && view.contains(" 0.015%"), "{view}");
         assert!(!view.contains("-3746"), "{view}");
     }
 
