@@ -6,16 +6,20 @@ use prometheus_client::metrics::histogram::Histogram;
 use serde::Deserialize;
 use std::sync::Arc;
 
-/// Time to first token edges, seconds.
+/// Time to first token edges, seconds: vLLM's edges, with more between 50 ms and 5 s so that
+/// no step there is wider than 25 % (where TTFT SLOs live, and what `histogram_quantile`
+/// interpolates across).
 pub const TTFT: &[f64] = &[
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
-    160.0, 640.0, 2560.0,
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.05, 0.06, 0.07, 0.08, 0.1, 0.125, 0.15, 0.175, 0.2, 0.25, 0.3, 0.35, 0.4, 0.5,
+    0.6, 0.75, 0.9, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0,
+    2560.0,
 ];
 
-/// Time per output token and inter-chunk latency edges, seconds.
+/// Time per output token and inter-chunk latency edges, seconds: vLLM's edges, with more
+/// between 5 ms and 150 ms so that no step there is wider than 25 % (real TPOTs sit at 15-60 ms).
 pub const TPOT: &[f64] = &[
-    0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-    10.0, 20.0, 40.0, 80.0,
+    0.001, 0.0025, 0.005, 0.006, 0.0075, 0.0085, 0.01, 0.0125, 0.015, 0.0175, 0.02, 0.025, 0.03, 0.035, 0.04, 0.05,
+    0.06, 0.075, 0.09, 0.1, 0.125, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 ];
 
 /// End-to-end request duration edges, seconds.
@@ -116,6 +120,55 @@ impl MetricConstructor<Histogram> for Buckets {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The bucket edges of a family in vLLM 0.32's own `/metrics` (a real capture).
+    fn vllm_edges(family: &str) -> Vec<f64> {
+        let capture = include_str!("../../tests/fixtures/vllm-0.32-metrics.txt");
+        let mut edges: Vec<f64> = capture
+            .lines()
+            .filter(|l| l.starts_with(&format!("{family}_bucket{{")))
+            .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next()?.parse().ok())
+            .filter(|e: &f64| e.is_finite())
+            .collect();
+        edges.sort_by(f64::total_cmp);
+        edges.dedup();
+        edges
+    }
+
+    /// The widest step between consecutive edges within [from, to], as a ratio.
+    fn widest_step(edges: &[f64], from: f64, to: f64) -> f64 {
+        edges
+            .windows(2)
+            .filter(|w| w[0] >= from && w[1] <= to)
+            .map(|w| w[1] / w[0])
+            .fold(1.0, f64::max)
+    }
+
+    #[test]
+    fn steps_are_at_most_25_percent_where_slos_live_and_vllms_edges_are_kept() {
+        assert!(
+            widest_step(TPOT, 0.005, 0.15) <= 1.25 + 1e-9,
+            "{}",
+            widest_step(TPOT, 0.005, 0.15)
+        );
+        assert!(
+            widest_step(TTFT, 0.05, 5.0) <= 1.25 + 1e-9,
+            "{}",
+            widest_step(TTFT, 0.05, 5.0)
+        );
+        for (ours, family) in [
+            (TTFT, "vllm:time_to_first_token_seconds"),
+            (TPOT, "vllm:inter_token_latency_seconds"),
+            (TPOT, "vllm:request_time_per_output_token_seconds"),
+        ] {
+            let vllm = vllm_edges(family);
+            assert!(vllm.len() > 10, "{family} in the capture");
+            assert!(
+                vllm.iter().all(|e| ours.contains(e)),
+                "every edge of {family} is one of ours"
+            );
+        }
+    }
 
     #[test]
     fn defaults_are_strictly_increasing() {
