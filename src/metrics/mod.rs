@@ -100,7 +100,12 @@ pub struct Metrics {
     boundaries: Boundaries,
     /// The same records as OTLP instruments, when metric export is on.
     otlp: Option<OtelMetrics>,
+    /// Every finished request's record, exact, for whoever subscribed (the demo's table).
+    records: tokio::sync::broadcast::Sender<RequestRecord>,
 }
+
+/// Records a subscriber may fall behind by before it loses the oldest.
+const RECORD_BACKLOG: usize = 4096;
 
 impl std::fmt::Debug for Metrics {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -232,6 +237,7 @@ impl Metrics {
             count_sources: Family::default(),
             unmeasured: Family::default(),
             open_connections: Gauge::default(),
+            records: tokio::sync::broadcast::channel(RECORD_BACKLOG).0,
             config_status: config_status::ConfigStatus::new(true),
             slo,
             capacity,
@@ -515,8 +521,17 @@ impl Metrics {
         GaugeGuard::new(self.open_connections.clone())
     }
 
+    /// Every request's record from now on, exact (not bucketed). A subscriber that falls more
+    /// than 4096 records behind loses the oldest; with none, nothing is copied.
+    pub fn subscribe_records(&self) -> tokio::sync::broadcast::Receiver<RequestRecord> {
+        self.records.subscribe()
+    }
+
     /// Records a finished request into every family it touches.
     pub fn record(&self, record: &RequestRecord) {
+        if self.records.receiver_count() > 0 {
+            let _ = self.records.send(record.clone());
+        }
         let labels = self.request_labels(&record.model, record.operation);
         let exemplar = record.trace.map(ExemplarLabels::from);
         if let Some(ttft) = record.ttft {

@@ -1,10 +1,13 @@
 //! `llmslo demo`: a continuous-batching simulated engine that reasons before it answers,
 //! the sidecar in front of it, a streaming load over the chat, Responses and Messages APIs
 //! that ramps up past the engine's knee and back, and a live view of what the sidecar
-//! measures, read from its own `/metrics`: latency percentiles the way Prometheus's
-//! `histogram_quantile` computes them, and each SLO's attainment, burn rate and budget.
+//! measures: exact latency percentiles from the sidecar's own per-request records (not from
+//! bucket interpolation), and from its `/metrics` the counts and each SLO's attainment, burn
+//! rate and budget.
 
 use crate::config::Config;
+use crate::observe::record::RequestRecord;
+use crate::quantile::nearest_rank;
 use crate::sidecar::{termination_signal, Sidecar};
 use crate::tools::simulate::batching::BatchingOptions;
 use crate::tools::simulate::{SimEngine, SimOptions};
@@ -15,11 +18,11 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use rand::Rng;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::io::IsTerminal;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
@@ -98,6 +101,14 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
     config.metrics_listen = options.metrics_listen;
     let period = config.slos.period;
     let sidecar = Sidecar::start(&config).await?;
+    let (view_exact, whole_exact) = (
+        Arc::new(Mutex::new(Exact::default())),
+        Arc::new(Mutex::new(Exact::default())),
+    );
+    tokio::spawn(gather_records(
+        sidecar.metrics.subscribe_records(),
+        [view_exact.clone(), whole_exact.clone()],
+    ));
     println!(
         "llmslo demo: simulated engine on http://{engine_addr}, sidecar on http://{}",
         sidecar.proxy_addr
@@ -141,7 +152,6 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
     let mut previous = Previous {
         tokens: BTreeMap::new(),
         at: started,
-        text: String::new(),
     };
     // On a terminal the view is redrawn in place; otherwise each one is appended.
     let redraw = std::io::stdout().is_terminal();
@@ -155,12 +165,13 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
             _ = ticker.tick() => {
                 let text = scrape(&client, sidecar.metrics_addr).await?;
                 let clients = active.load(Ordering::Relaxed);
+                let exact = std::mem::take(&mut *view_exact.lock().expect("demo records lock"));
                 let view = format!(
                     "{:.0?} in, {clients} of {} clients streaming\n\n{}{}{}",
                     started.elapsed(),
                     options.concurrency,
-                    render_table(&text, &mut previous),
-                    render_apis(&text),
+                    render_table(&text, &mut previous, &exact),
+                    render_apis(&text, &exact),
                     render_slos(&text, share_of(started.elapsed(), period)),
                 );
                 if redraw {
@@ -175,15 +186,15 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
     // sidecar rightly counts (cancelled, or engine errors as the engine goes), but the run
     // being summed up did not have them.
     let text = scrape(&client, sidecar.metrics_addr).await?;
+    let exact = std::mem::take(&mut *whole_exact.lock().expect("demo records lock"));
     shutdown.cancel();
     while load.join_next().await.is_some() {}
     let mut whole_run = Previous {
         tokens: BTreeMap::new(),
         at: started,
-        text: String::new(),
     };
     println!("whole run ({:.0?}):", started.elapsed());
-    print!("{}", render_table(&text, &mut whole_run));
+    print!("{}", render_table(&text, &mut whole_run, &exact));
     sidecar.shutdown().await;
     let _ = engine_task.await;
     Ok(())
@@ -257,18 +268,75 @@ async fn scrape(client: &DemoClient, metrics: SocketAddr) -> Result<String, Box<
 struct Previous {
     tokens: BTreeMap<String, f64>,
     at: tokio::time::Instant,
-    /// The previous scrape, so percentiles cover only what happened since.
-    text: String,
+}
+
+/// The sidecar's exact figures (seconds) of the requests that finished over some span: per
+/// model TTFT and TPOT, per API TTFT and time to the first answer token. Each list keeps its
+/// latest [`Exact::KEEP`] values, so a days-long demo stays small.
+#[derive(Debug, Default)]
+struct Exact {
+    by_model: BTreeMap<String, [VecDeque<f64>; 2]>,
+    by_api: BTreeMap<&'static str, [VecDeque<f64>; 2]>,
+    /// Records the demo fell too far behind to read.
+    lost: u64,
+}
+
+impl Exact {
+    const KEEP: usize = 100_000;
+
+    fn add(&mut self, record: &RequestRecord) {
+        let push = |list: &mut VecDeque<f64>, value: Option<Duration>| {
+            if let Some(value) = value {
+                if list.len() == Self::KEEP {
+                    list.pop_front();
+                }
+                list.push_back(value.as_secs_f64());
+            }
+        };
+        let [ttft, tpot] = self.by_model.entry(record.model.clone()).or_default();
+        push(ttft, record.ttft);
+        for choice in &record.tpot_per_choice {
+            push(tpot, Some(*choice));
+        }
+        let [api_ttft, answer] = self.by_api.entry(record.operation.as_str()).or_default();
+        push(api_ttft, record.ttft);
+        push(answer, record.answer_ttft);
+    }
+}
+
+/// Reads every record the sidecar publishes into each of `spans` until the sidecar stops.
+async fn gather_records(mut records: tokio::sync::broadcast::Receiver<RequestRecord>, spans: [Arc<Mutex<Exact>>; 2]) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        match records.recv().await {
+            Ok(record) => spans
+                .iter()
+                .for_each(|s| s.lock().expect("demo records lock").add(&record)),
+            Err(RecvError::Lagged(n)) => spans
+                .iter()
+                .for_each(|s| s.lock().expect("demo records lock").lost += n),
+            Err(RecvError::Closed) => return,
+        }
+    }
+}
+
+/// The nearest-rank `q` quantile of `values`: a value the sidecar measured.
+fn exact_quantile(values: Option<&VecDeque<f64>>, q: f64) -> Option<f64> {
+    let mut sorted: Vec<f64> = values?.iter().copied().collect();
+    if sorted.is_empty() {
+        return None;
+    }
+    sorted.sort_by(f64::total_cmp);
+    Some(nearest_rank(&sorted, q))
 }
 
 /// Outcomes that count against the engine (not the client's own doing).
 const ENGINE_ERRORS: [&str; 3] = ["upstream_error", "timeout", "connect_error"];
 
-/// The table for one scrape.
-fn render_table(text: &str, previous: &mut Previous) -> String {
+/// The table for one scrape: counts and token rates from `/metrics`, percentiles exact from
+/// the sidecar's records in `exact`.
+fn render_table(text: &str, previous: &mut Previous, exact: &Exact) -> String {
     let exposition = Exposition::parse(text);
-    let earlier_text = std::mem::replace(&mut previous.text, text.to_string());
-    let earlier = Exposition::parse(&earlier_text);
     let elapsed = std::mem::replace(&mut previous.at, tokio::time::Instant::now()).elapsed();
     let mut out = format!(
         "{:<16} {:>8} {:>8} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}\n",
@@ -284,41 +352,61 @@ fn render_table(text: &str, previous: &mut Previous) -> String {
         let tokens = exposition.sum("llmslo_output_tokens_total", &of_model);
         let before = previous.tokens.insert(model.to_string(), tokens).unwrap_or(0.0);
         let rate = (tokens - before) / elapsed.as_secs_f64().max(1e-3);
-        let q = |name: &str, quantile: f64| exposition.quantile_since(&earlier, name, &of_model, quantile);
-        let ms = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.1}ms", s * 1e3));
-        let ttft = "gen_ai_server_time_to_first_token_seconds_bucket";
-        let tpot = "gen_ai_server_time_per_output_token_seconds_bucket";
-        let per_user = q(tpot, 0.5).map_or("-".to_string(), |s| format!("{:.1}", 1.0 / s));
+        let [ttft, tpot] = match exact.by_model.get(model) {
+            Some([ttft, tpot]) => [Some(ttft), Some(tpot)],
+            None => [None, None],
+        };
+        let per_user = per_user_speed(tpot).map_or("-".to_string(), |v| format!("{v:.1}"));
         out += &format!(
             "{model:<16} {requests:>8} {errors:>8} {:>9} {:>9} {:>9} {:>9} {per_user:>10} {rate:>10.1}\n",
-            ms(q(ttft, 0.5)),
-            ms(q(ttft, 0.99)),
-            ms(q(tpot, 0.5)),
-            ms(q(tpot, 0.99)),
+            ms(exact_quantile(ttft, 0.5)),
+            ms(exact_quantile(ttft, 0.99)),
+            ms(exact_quantile(tpot, 0.5)),
+            ms(exact_quantile(tpot, 0.99)),
         );
     }
-    out + "(requests and errors since the start, the rest since the last view; errors are upstream_error,\n \
-           timeout and connect_error; percentiles as histogram_quantile computes them from the buckets)\n\n"
+    out += "(requests and errors since the start, the rest since the last view; errors are upstream_error,\n \
+            timeout and connect_error; percentiles are exact, the nearest rank of the sidecar's own per-request\n \
+            figures, where histogram_quantile would interpolate inside a bucket; tok/s/user: mean of 1 / TPOT)\n";
+    if exact.lost > 0 {
+        out += &format!(
+            "({} requests finished while the view was too far behind to read them)\n",
+            exact.lost
+        );
+    }
+    out + "\n"
 }
 
-/// Per API since the start: requests, and the median wait for the first token beside the
-/// median wait for the first token of the answer (after the reasoning).
-fn render_apis(text: &str) -> String {
+/// Milliseconds, or `-` when there is no figure.
+fn ms(seconds: Option<f64>) -> String {
+    seconds.map_or("-".to_string(), |s| format!("{:.1}ms", s * 1e3))
+}
+
+/// The streaming speed one user sees: the mean of 1 / TPOT, as `llmslo sweep` reports it.
+fn per_user_speed(tpot: Option<&VecDeque<f64>>) -> Option<f64> {
+    let speeds: Vec<f64> = tpot?.iter().filter(|t| **t > 0.0).map(|t| 1.0 / t).collect();
+    (!speeds.is_empty()).then(|| speeds.iter().sum::<f64>() / speeds.len() as f64)
+}
+
+/// Per API: requests since the start, and, over the requests since the last view, the median
+/// wait for the first token beside the median wait for the first token of the answer (after the
+/// reasoning), exact.
+fn render_apis(text: &str, exact: &Exact) -> String {
     let exposition = Exposition::parse(text);
-    let nothing = Exposition { samples: Vec::new() };
     let mut out = format!(
         "{:<16} {:>8} {:>9} {:>12}\n",
         "API", "requests", "TTFT p50", "answer p50"
     );
     for (_, operation) in APIS {
-        let of_api = [("operation", operation)];
-        let q = |name: &str| exposition.quantile_since(&nothing, name, &of_api, 0.5);
-        let ms = |s: Option<f64>| s.map_or("-".to_string(), |s| format!("{:.1}ms", s * 1e3));
+        let [ttft, answer] = match exact.by_api.get(operation) {
+            Some([ttft, answer]) => [Some(ttft), Some(answer)],
+            None => [None, None],
+        };
         out += &format!(
             "{operation:<16} {:>8} {:>9} {:>12}\n",
-            exposition.sum("llmslo_requests_total", &of_api),
-            ms(q("gen_ai_server_time_to_first_token_seconds_bucket")),
-            ms(q("llmslo_time_to_first_answer_token_seconds_bucket")),
+            exposition.sum("llmslo_requests_total", &[("operation", operation)]),
+            ms(exact_quantile(ttft, 0.5)),
+            ms(exact_quantile(answer, 0.5)),
         );
     }
     out + &format!(
@@ -472,45 +560,6 @@ impl<'a> Exposition<'a> {
             .map(|(_, _, v)| v)
             .sum()
     }
-
-    /// `histogram_quantile` over every series of the `_bucket` family `name` whose labels
-    /// include `wanted`, counting only what the buckets gained since `earlier` (an earlier
-    /// scrape, or nothing).
-    fn quantile_since(&self, earlier: &Exposition, name: &str, wanted: &[(&str, &str)], q: f64) -> Option<f64> {
-        let mut buckets: BTreeMap<u64, (f64, f64)> = BTreeMap::new();
-        for (exposition, sign) in [(self, 1.0), (earlier, -1.0)] {
-            for (n, labels, value) in &exposition.samples {
-                if *n != name || !Self::matches(labels, wanted) {
-                    continue;
-                }
-                let le = match Self::label(labels, "le")? {
-                    "+Inf" => f64::INFINITY,
-                    edge => edge.parse().ok()?,
-                };
-                buckets.entry(le.to_bits()).or_insert((le, 0.0)).1 += sign * value;
-            }
-        }
-        let mut buckets: Vec<(f64, f64)> = buckets.into_values().collect();
-        buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let total = buckets.last()?.1;
-        if total == 0.0 {
-            return None;
-        }
-        let rank = q * total;
-        let mut lower = (0.0, 0.0);
-        for (edge, count) in buckets {
-            if count >= rank {
-                if edge.is_infinite() {
-                    return Some(lower.0);
-                }
-                let width = count - lower.1;
-                let fraction = if width > 0.0 { (rank - lower.1) / width } else { 1.0 };
-                return Some(lower.0 + (edge - lower.0) * fraction);
-            }
-            lower = (edge, count);
-        }
-        None
-    }
 }
 
 #[cfg(test)]
@@ -527,18 +576,77 @@ mod tests {
         assert_eq!(clients_at(Duration::from_secs(7), 40, Duration::ZERO), 40, "no ramp");
     }
 
+    fn record(model: &str, operation: crate::observe::route::Operation, ttft_ms: f64, tpot_ms: f64) -> RequestRecord {
+        RequestRecord {
+            model: model.into(),
+            operation,
+            outcome: crate::observe::record::Outcome::Success,
+            ttft: Some(Duration::from_secs_f64(ttft_ms / 1e3)),
+            answer_ttft: Some(Duration::from_secs_f64(2.0 * ttft_ms / 1e3)),
+            tpot_per_choice: vec![Duration::from_secs_f64(tpot_ms / 1e3)],
+            e2e: Duration::from_secs(1),
+            output_tokens: Some(32),
+            input_tokens: Some(8),
+            reasoning_tokens: None,
+            token_events: 32,
+            count_source: None,
+            load: None,
+            trace: None,
+        }
+    }
+
+    /// The TTFT p50, TTFT p99, TPOT p50 and TPOT p99 cells of `model`'s row, in ms.
+    fn cells(table: &str, model: &str) -> Vec<f64> {
+        let row = table.lines().find(|l| l.starts_with(model)).unwrap();
+        row.split_whitespace()
+            .filter_map(|c| c.strip_suffix("ms"))
+            .map(|c| c.parse().unwrap())
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_tables_percentiles_are_the_exact_ones() {
+        use crate::observe::route::Operation;
+        let mut exact = Exact::default();
+        // A constant 30 ms TPOT (which classic buckets read as 49.75 ms at p99) for one model,
+        // a long-tailed one (median 30 ms, p99 near 80 ms) for the other.
+        let tailed: Vec<f64> = (0..1000)
+            .map(|i| 30.0 * (f64::from(i) / 1000.0 * 2.7).exp().powf(0.37))
+            .collect();
+        for (i, tpot) in tailed.iter().enumerate() {
+            exact.add(&record(MODELS[0], Operation::Chat, 200.0, 30.0));
+            exact.add(&record(MODELS[1], Operation::Responses, 100.0 + i as f64 / 10.0, *tpot));
+        }
+        let mut previous = Previous {
+            tokens: BTreeMap::new(),
+            at: tokio::time::Instant::now(),
+        };
+        let table = render_table("", &mut previous, &exact);
+        assert_eq!(cells(&table, MODELS[0]), [200.0, 200.0, 30.0, 30.0], "{table}");
+        let mut sorted = tailed.clone();
+        sorted.sort_by(f64::total_cmp);
+        let want = [
+            100.0 + 499.0 / 10.0,
+            100.0 + 989.0 / 10.0,
+            nearest_rank(&sorted, 0.5),
+            nearest_rank(&sorted, 0.99),
+        ];
+        for (got, want) in cells(&table, MODELS[1]).iter().zip(want) {
+            assert!((got - want).abs() / want < 0.01, "{got} against {want}:\n{table}");
+        }
+        let apis = render_apis("", &exact);
+        let chat = apis.lines().find(|l| l.starts_with("chat")).unwrap();
+        assert!(chat.contains("200.0ms") && chat.contains("400.0ms"), "{apis}");
+    }
+
     #[test]
-    fn quantile_interpolates_like_prometheus() {
-        let text = "h_bucket{le=\"0.1\",model=\"m\"} 50\nh_bucket{le=\"0.2\",model=\"m\"} 100\nh_bucket{le=\"+Inf\",model=\"m\"} 100\n";
-        let e = Exposition::parse(text);
-        let nothing = Exposition { samples: Vec::new() };
-        let m = [("model", "m")];
-        assert!((e.quantile_since(&nothing, "h_bucket", &m, 0.5).unwrap() - 0.1).abs() < 1e-9);
-        assert!((e.quantile_since(&nothing, "h_bucket", &m, 0.75).unwrap() - 0.15).abs() < 1e-9);
-        assert_eq!(e.quantile_since(&nothing, "h_bucket", &[("model", "other")], 0.5), None);
-        // Since an earlier scrape that held the first 50 (all under 0.1): the rest are in (0.1, 0.2].
-        let earlier = Exposition::parse("h_bucket{le=\"0.1\",model=\"m\"} 50\nh_bucket{le=\"0.2\",model=\"m\"} 50\nh_bucket{le=\"+Inf\",model=\"m\"} 50\n");
-        assert!((e.quantile_since(&earlier, "h_bucket", &m, 0.5).unwrap() - 0.15).abs() < 1e-9);
+    fn the_kept_figures_are_bounded() {
+        use crate::observe::route::Operation;
+        let mut exact = Exact::default();
+        for _ in 0..Exact::KEEP + 10 {
+            exact.add(&record("m", Operation::Chat, 1.0, 1.0));
+        }
+        assert!(exact.by_model["m"].iter().all(|l| l.len() == Exact::KEEP));
     }
 
     #[test]
