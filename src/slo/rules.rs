@@ -172,13 +172,13 @@ fn sli_group(set: &SloSet, slo: &Slo) -> Group {
         .collect();
     // The period ratio weighs every 5m slice by its traffic: idle gaps add nothing (where an
     // average of ratios would take their NaNs), and increase() absorbs sidecar restarts.
-    for (name, counter) in [
+    for (name, selected) in [
         ("llmslo:slo_events:increase5m", &events),
         ("llmslo:slo_bad_events:increase5m", &bad),
     ] {
         rules.push(Rule {
             record: Some(name.into()),
-            expr: format!("sum by (model) (increase({counter}[5m]))"),
+            expr: format!("sum by (model) (increase({selected}[5m]))"),
             labels: labels.clone(),
             ..Rule::default()
         });
