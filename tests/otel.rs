@@ -416,6 +416,58 @@ async fn otlp_grpc_export_carries_spans_and_metrics() {
     spans_and_metrics_arrive("grpc", receiver, received).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exponential_histograms_on_request_carry_every_observation() {
+    let (receiver, received) = http_receiver().await;
+    let (upstream, _) = scripted_upstream(paced_capture()).await;
+    let sidecar = start_sidecar(
+        upstream,
+        &format!(
+            "otel: {{metrics_exporter: otlp, exporter_otlp_endpoint: 'http://{receiver}', metric_export_interval: 200, \
+             exporter_otlp_metrics_default_histogram_aggregation: base2_exponential_bucket_histogram}}\n"
+        ),
+    )
+    .await;
+    for _ in 0..3 {
+        assert_eq!(chat(sidecar.proxy_addr, None).await, 200);
+    }
+    settle(&sidecar).await;
+    sidecar.shutdown().await;
+
+    let metrics = received.metrics.lock().unwrap().clone();
+    for name in [
+        "gen_ai.server.time_to_first_token",
+        "gen_ai.server.time_per_output_token",
+        "gen_ai.server.request.duration",
+        "gen_ai.client.token.usage",
+        "llmslo.inter_chunk_latency",
+    ] {
+        let points: Vec<_> = metrics
+            .iter()
+            .filter(|m| m.name == name)
+            .map(|m| match &m.data {
+                Some(Data::ExponentialHistogram(h)) => h.data_points.clone(),
+                other => panic!("{name} is exported as {other:?}"),
+            })
+            .max_by_key(|points| points.iter().map(|p| p.count).sum::<u64>())
+            .unwrap_or_else(|| panic!("{name} was exported"));
+        let point = points.iter().max_by_key(|p| p.count).unwrap();
+        let in_buckets: u64 = point.zero_count + point.positive.as_ref().map_or(0, |b| b.bucket_counts.iter().sum());
+        assert!(point.count > 0, "{name}");
+        assert_eq!(in_buckets, point.count, "{name}: every observation is in a bucket");
+        assert!(
+            point.scale > 0,
+            "{name}: finer than powers of two: scale {}",
+            point.scale
+        );
+    }
+    assert_eq!(
+        histogram_count(&metrics, "gen_ai.server.time_to_first_token"),
+        0,
+        "no explicit buckets"
+    );
+}
+
 #[tokio::test]
 async fn without_export_the_exemplars_name_the_clients_sampled_trace_and_nothing_changes_upstream() {
     let (upstream, engine_log) = scripted_upstream(paced_capture()).await;

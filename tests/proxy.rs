@@ -373,7 +373,7 @@ async fn metrics_port_serves_openmetrics_health_and_readiness() {
         "application/openmetrics-text; version=1.0.0; charset=utf-8"
     );
     let text = String::from_utf8(body.to_vec()).unwrap();
-    assert!(text.contains("# TYPE gen_ai_server_time_to_first_token_seconds histogram"));
+    assert!(text.contains("# TYPE llmslo_requests_refused counter"));
     assert!(text.contains("llmslo_build_info{version=\"0.1.0\"} 1"));
     assert_eq!(get(metrics, "/healthz").await.0, StatusCode::OK);
     assert_eq!(get(metrics, "/nope").await.0, StatusCode::NOT_FOUND);

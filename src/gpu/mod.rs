@@ -5,7 +5,6 @@
 pub mod nvml;
 pub mod simulated;
 
-use crate::metrics::labels::escaped;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -330,8 +329,8 @@ impl Collector for GpuCollector {
         };
         let labels = |d: &DeviceSnapshot| DeviceLabels {
             gpu: d.index.to_string(),
-            uuid: escaped(&d.uuid).into_owned(),
-            gpu_model: escaped(&d.name).into_owned(),
+            uuid: d.uuid.clone(),
+            gpu_model: d.name.clone(),
         };
         for (name, help, read) in GAUGES {
             let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;

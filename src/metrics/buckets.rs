@@ -2,7 +2,6 @@
 
 use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::MetricConstructor;
-use prometheus_client::metrics::histogram::Histogram;
 use serde::Deserialize;
 use std::sync::Arc;
 
@@ -108,12 +107,6 @@ impl Buckets {
 impl<S> MetricConstructor<HistogramWithExemplars<S>> for Buckets {
     fn new_metric(&self) -> HistogramWithExemplars<S> {
         HistogramWithExemplars::new(self.0.iter().copied())
-    }
-}
-
-impl MetricConstructor<Histogram> for Buckets {
-    fn new_metric(&self) -> Histogram {
-        Histogram::new(self.0.iter().copied())
     }
 }
 

@@ -245,7 +245,7 @@ impl ModelNames {
     /// The models known so far: the allow-list, or those learned.
     pub fn known(&self) -> Vec<String> {
         let mut models: Vec<String> = match &self.allow_list {
-            Some(allowed) => allowed.iter().map(|m| escaped(m).into_owned()).collect(),
+            Some(allowed) => allowed.iter().cloned().collect(),
             None => self.learned.read().expect("model set lock").iter().cloned().collect(),
         };
         models.sort();
@@ -270,7 +270,7 @@ impl ModelNames {
         };
         if let Some(allowed) = &self.allow_list {
             let label = if allowed.contains(name) { name } else { OTHER_MODEL };
-            return (escaped(label).into_owned(), None);
+            return (label.to_string(), None);
         }
         if !is_plausible_model_name(name) {
             return (OTHER_MODEL.to_string(), None);
@@ -312,25 +312,6 @@ fn is_plausible_model_name(name: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"-._/:@+".contains(&b))
-}
-
-/// `value` as the text exposition format writes a label value: `\`, `"` and line feeds
-/// escaped (prometheus-client writes label values as they are). For values from outside
-/// llmslo: configured model names, the GPU's own name and UUID.
-pub fn escaped(value: &str) -> std::borrow::Cow<'_, str> {
-    if !value.contains(['\\', '"', '\n']) {
-        return std::borrow::Cow::Borrowed(value);
-    }
-    let mut out = String::with_capacity(value.len() + 8);
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    std::borrow::Cow::Owned(out)
 }
 
 #[cfg(test)]
@@ -400,11 +381,9 @@ mod tests {
     }
 
     #[test]
-    fn configured_names_are_escaped_as_label_values() {
+    fn configured_names_stay_raw_for_the_encoders_to_escape() {
         let names = ModelNames::new(&["we\"ird\\".into()], 4);
-        assert_eq!(names.label(Some("we\"ird\\")).0, r#"we\"ird\\"#);
-        assert_eq!(names.known(), [r#"we\"ird\\"#]);
-        assert_eq!(escaped("two\nlines"), r"two\nlines");
-        assert!(matches!(escaped("plain"), std::borrow::Cow::Borrowed("plain")));
+        assert_eq!(names.label(Some("we\"ird\\")).0, "we\"ird\\");
+        assert_eq!(names.known(), ["we\"ird\\"]);
     }
 }

@@ -3,6 +3,7 @@
 pub mod buckets;
 pub mod config_status;
 pub mod labels;
+pub mod native;
 mod order;
 pub mod server;
 
@@ -23,9 +24,9 @@ use labels::{
     RequestLabels, TokenLabels, UnmeasuredLabels,
 };
 pub use labels::{RefusalReason, UnmeasuredReason};
+use native::{ClassicAndNative, ExemplarHistograms};
 use opentelemetry::metrics::Meter;
 use prometheus_client::metrics::counter::Counter;
-use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
@@ -68,13 +69,15 @@ impl Default for MetricsConfig {
     }
 }
 
-type HistogramFamily<L> = Family<L, Histogram, Buckets>;
+type HistogramFamily<L> = Family<L, Histogram, ClassicAndNative>;
 /// A latency family whose buckets each keep the trace of their latest sampled observation.
-type ExemplarFamily<L> = Family<L, HistogramWithExemplars<ExemplarLabels>, Buckets>;
+type ExemplarFamily<L> = ExemplarHistograms<L, ExemplarLabels>;
 
 /// All request-level metric families, registered in one registry.
 pub struct Metrics {
     registry: Registry,
+    /// The native buckets of the families with exemplars (see [`native`]).
+    twins: Registry,
     provider: Provider,
     models: ModelNames,
     ttft: ExemplarFamily<RequestLabels>,
@@ -215,19 +218,28 @@ impl Metrics {
         let capacity = CapacityEngine::new(config.capacity_window, slo.clone(), &mut registry);
         let metrics = Self {
             registry,
+            twins: Registry::default(),
             provider: Provider::new(config.engine),
             models: ModelNames::new(&config.models, config.max_models),
-            ttft: Family::new_with_constructor(Buckets::new(b.ttft.as_ref(), buckets::TTFT, &ttft_edges)),
-            answer_ttft: Family::new_with_constructor(Buckets::new(b.ttft.as_ref(), buckets::TTFT, &answer_edges)),
-            tpot: Family::new_with_constructor(Buckets::new(b.tpot.as_ref(), buckets::TPOT, &tpot_edges)),
-            inter_chunk: Family::new_with_constructor(Buckets::new(b.tpot.as_ref(), buckets::TPOT, &[])),
-            tokens_per_chunk: Family::new_with_constructor(Buckets::new(
+            ttft: ExemplarHistograms::new(Buckets::new(b.ttft.as_ref(), buckets::TTFT, &ttft_edges)),
+            answer_ttft: ExemplarHistograms::new(Buckets::new(b.ttft.as_ref(), buckets::TTFT, &answer_edges)),
+            tpot: ExemplarHistograms::new(Buckets::new(b.tpot.as_ref(), buckets::TPOT, &tpot_edges)),
+            inter_chunk: Family::new_with_constructor(ClassicAndNative(Buckets::new(
+                b.tpot.as_ref(),
+                buckets::TPOT,
+                &[],
+            ))),
+            tokens_per_chunk: Family::new_with_constructor(ClassicAndNative(Buckets::new(
                 b.tokens_per_chunk.as_ref(),
                 buckets::TOKENS_PER_CHUNK,
                 &[],
-            )),
-            duration: Family::new_with_constructor(Buckets::new(b.e2e.as_ref(), buckets::E2E, &e2e_edges)),
-            token_usage: Family::new_with_constructor(Buckets::new(b.tokens.as_ref(), buckets::TOKENS, &[])),
+            ))),
+            duration: ExemplarHistograms::new(Buckets::new(b.e2e.as_ref(), buckets::E2E, &e2e_edges)),
+            token_usage: Family::new_with_constructor(ClassicAndNative(Buckets::new(
+                b.tokens.as_ref(),
+                buckets::TOKENS,
+                &[],
+            ))),
             requests: Family::default(),
             output_tokens: Family::default(),
             input_tokens: Family::default(),
@@ -303,30 +315,35 @@ impl Metrics {
 
     fn registered(mut self) -> Self {
         let r = &mut self.registry;
-        r.register_with_unit(
+        let twins = &mut self.twins;
+        self.ttft.register(
+            r,
+            twins,
             "gen_ai_server_time_to_first_token",
             "Time from the request head reaching llmslo to the first generated token forwarded to the client",
             Unit::Seconds,
-            self.ttft.clone(),
         );
-        r.register_with_unit(
+        self.answer_ttft.register(
+            r,
+            twins,
             "llmslo_time_to_first_answer_token",
             "Time from the request head reaching llmslo to the first token of the answer itself (after any \
              reasoning; tool-call arguments are not the answer) forwarded to the client",
             Unit::Seconds,
-            self.answer_ttft.clone(),
         );
-        r.register_with_unit(
+        self.tpot.register(
+            r,
+            twins,
             "gen_ai_server_time_per_output_token",
             "Time per output token after the first: (t_last - t_first) / (N - 1)",
             Unit::Seconds,
-            self.tpot.clone(),
         );
-        r.register_with_unit(
+        self.duration.register(
+            r,
+            twins,
             "gen_ai_server_request_duration",
             "Time from the request head to the end of the response (or its abort)",
             Unit::Seconds,
-            self.duration.clone(),
         );
         r.register(
             "gen_ai_client_token_usage",
@@ -420,7 +437,7 @@ impl Metrics {
         for &operation in served_generation(engine) {
             let labels = self.request_labels(model, operation);
             for family in [&self.ttft, &self.answer_ttft, &self.tpot] {
-                drop(family.get_or_create(&labels));
+                family.create(&labels);
             }
             for family in [&self.inter_chunk, &self.tokens_per_chunk] {
                 drop(family.get_or_create(&labels));
@@ -438,7 +455,7 @@ impl Metrics {
             for outcome in Outcome::ALL {
                 let labels = self.outcome_labels(&labels, outcome);
                 drop(self.requests.get_or_create(&labels));
-                drop(self.duration.get_or_create(&labels));
+                self.duration.create(&labels);
             }
         }
     }
@@ -535,22 +552,17 @@ impl Metrics {
         let labels = self.request_labels(&record.model, record.operation);
         let exemplar = record.trace.map(ExemplarLabels::from);
         if let Some(ttft) = record.ttft {
-            self.ttft
-                .get_or_create(&labels)
-                .observe(ttft.as_secs_f64(), exemplar.clone());
+            self.ttft.observe(&labels, ttft.as_secs_f64(), exemplar.clone());
         }
         if let Some(answer) = record.answer_ttft {
             self.answer_ttft
-                .get_or_create(&labels)
-                .observe(answer.as_secs_f64(), exemplar.clone());
+                .observe(&labels, answer.as_secs_f64(), exemplar.clone());
         }
         if let Some(n) = record.reasoning_tokens {
             self.reasoning_tokens.get_or_create(&labels).inc_by(n);
         }
         for tpot in &record.tpot_per_choice {
-            self.tpot
-                .get_or_create(&labels)
-                .observe(tpot.as_secs_f64(), exemplar.clone());
+            self.tpot.observe(&labels, tpot.as_secs_f64(), exemplar.clone());
         }
         if let Some(mean) = record.tokens_per_chunk() {
             self.tokens_per_chunk.get_or_create(&labels).observe(mean);
@@ -572,9 +584,7 @@ impl Metrics {
         }
         let labels = self.outcome_labels(&labels, record.outcome);
         self.requests.get_or_create(&labels).inc();
-        self.duration
-            .get_or_create(&labels)
-            .observe(record.e2e.as_secs_f64(), exemplar);
+        self.duration.observe(&labels, record.e2e.as_secs_f64(), exemplar);
         self.slo.record(record);
         self.capacity.record(record);
         if let Some(otlp) = &self.otlp {
@@ -587,6 +597,12 @@ impl Metrics {
         let mut out = String::with_capacity(16 * 1024);
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
         order::sorted(&out)
+    }
+
+    /// The whole registry in Prometheus's protobuf exposition, every histogram with its native
+    /// buckets as well as its classic ones.
+    pub fn encode_protobuf(&self) -> Vec<u8> {
+        native::encode_protobuf(&self.registry, &self.twins)
     }
 
     fn request_labels(&self, model: &str, operation: Operation) -> RequestLabels {
@@ -689,5 +705,102 @@ mod tests {
         ] {
             assert!(text.contains(&line), "missing {line} in\n{text}");
         }
+    }
+
+    /// `bytes` as Prometheus's length-delimited `MetricFamily` messages.
+    fn decode(mut bytes: &[u8]) -> Vec<native::proto::MetricFamily> {
+        use prost::Message;
+        let mut families = Vec::new();
+        while !bytes.is_empty() {
+            families.push(native::proto::MetricFamily::decode_length_delimited(&mut bytes).unwrap());
+        }
+        families
+    }
+
+    #[test]
+    fn protobuf_carries_every_family_and_native_buckets_beside_the_classic_ones() {
+        let m = metrics(&["llama"]);
+        let trace = crate::otel::context::TraceRef {
+            trace_id: opentelemetry::trace::TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap(),
+            span_id: opentelemetry::trace::SpanId::from_hex("b7ad6b7169203331").unwrap(),
+        };
+        for ms in [20, 30, 30, 45] {
+            m.record(&RequestRecord {
+                model: "llama".into(),
+                operation: Operation::Chat,
+                outcome: Outcome::Success,
+                ttft: Some(Duration::from_millis(5 * ms)),
+                answer_ttft: None,
+                tpot_per_choice: vec![Duration::from_millis(ms)],
+                e2e: Duration::from_millis(40 * ms),
+                output_tokens: Some(40),
+                input_tokens: Some(7),
+                reasoning_tokens: None,
+                token_events: 40,
+                count_source: None,
+                load: None,
+                trace: Some(trace),
+            });
+        }
+        let families = decode(&m.encode_protobuf());
+        let text = m.encode();
+        for line in text.lines().filter(|l| l.starts_with("# TYPE ")) {
+            let mut words = line.split(' ').skip(2);
+            let (name, kind) = (words.next().unwrap(), words.next().unwrap());
+            let name = if kind == "counter" {
+                format!("{name}_total")
+            } else {
+                name.to_string()
+            };
+            assert!(
+                families.iter().any(|f| f.name == name),
+                "{name} is in the protobuf exposition too"
+            );
+        }
+        let histograms = families
+            .iter()
+            .filter(|f| f.r#type == native::proto::MetricType::Histogram as i32);
+        let mut checked = 0;
+        for family in histograms {
+            for metric in &family.metric {
+                let h = metric.histogram.as_ref().unwrap();
+                assert_eq!(h.schema, i32::from(native::SCHEMA), "{}", family.name);
+                assert!(h.zero_threshold > 0.0, "marks the histogram native even while empty");
+                assert!(!h.bucket.is_empty(), "{} keeps its classic buckets", family.name);
+                let native_count = h.zero_count
+                    + h.positive_delta
+                        .iter()
+                        .scan(0, |c, d| {
+                            *c += d;
+                            Some(*c as u64)
+                        })
+                        .sum::<u64>();
+                assert_eq!(
+                    native_count, h.sample_count,
+                    "{}: buckets agree with the count",
+                    family.name
+                );
+                assert_eq!(h.bucket.last().unwrap().cumulative_count, h.sample_count);
+                checked += usize::from(h.sample_count > 0);
+            }
+        }
+        assert!(checked >= 6, "every populated histogram was checked: {checked}");
+        let tpot = families
+            .iter()
+            .find(|f| f.name == "gen_ai_server_time_per_output_token_seconds")
+            .unwrap();
+        let series = tpot
+            .metric
+            .iter()
+            .find(|s| s.label.iter().any(|l| l.name == "operation" && l.value == "chat"))
+            .unwrap();
+        let h = series.histogram.as_ref().unwrap();
+        assert_eq!((h.sample_count, h.sample_sum), (4, 0.125));
+        assert_eq!(h.positive_delta.len(), 3, "20, 30 and 45 ms in three native buckets");
+        let exemplar = h.bucket.iter().find_map(|b| b.exemplar.as_ref()).expect("an exemplar");
+        assert!(exemplar
+            .label
+            .iter()
+            .any(|l| l.name == "trace_id" && l.value == "0af7651916cd43dd8448eb211c80319c"));
     }
 }

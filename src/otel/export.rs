@@ -8,7 +8,7 @@ use opentelemetry::metrics::{Meter, MeterProvider as _};
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry::KeyValue;
 use opentelemetry_otlp::{MetricExporter, Protocol, SpanExporter, WithExportConfig, WithHttpConfig, WithTonicConfig};
-use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
+use opentelemetry_sdk::metrics::{Aggregation, Instrument, InstrumentKind, PeriodicReader, SdkMeterProvider, Stream};
 use opentelemetry_sdk::trace::{Sampler, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 use tracing::{info, warn};
@@ -50,12 +50,13 @@ impl Telemetry {
                     reader = reader.with_interval(interval);
                 }
                 info!(protocol = ?export.protocol, "exporting metrics over OTLP");
-                Some(
-                    SdkMeterProvider::builder()
-                        .with_reader(reader.build())
-                        .with_resource(resource)
-                        .build(),
-                )
+                let mut provider = SdkMeterProvider::builder()
+                    .with_reader(reader.build())
+                    .with_resource(resource);
+                if settings.exponential_histograms {
+                    provider = provider.with_view(exponential_histograms);
+                }
+                Some(provider.build())
             }
             None => None,
         };
@@ -166,4 +167,20 @@ fn span_exporter(export: &SignalExport) -> Result<SpanExporter, String> {
 
 fn metric_exporter(export: &SignalExport) -> Result<MetricExporter, String> {
     exporter!(MetricExporter::builder(), export)
+}
+
+/// Every histogram as a base-2 exponential histogram with the specification's defaults (160
+/// buckets, starting at the finest scale and coarsening as the values spread), which
+/// Prometheus's OTLP receiver stores as a native histogram.
+fn exponential_histograms(instrument: &Instrument) -> Option<Stream> {
+    (instrument.kind() == InstrumentKind::Histogram).then(|| {
+        Stream::builder()
+            .with_aggregation(Aggregation::Base2ExponentialHistogram {
+                max_size: 160,
+                max_scale: 20,
+                record_min_max: true,
+            })
+            .build()
+            .expect("a stream that only sets the aggregation is valid")
+    })
 }

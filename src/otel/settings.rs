@@ -29,6 +29,10 @@ pub struct OtelConfig {
     /// `OTEL_METRIC_EXPORT_INTERVAL`: milliseconds between metric exports (default 60000).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metric_export_interval: Option<u64>,
+    /// `OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION`: `explicit_bucket_histogram`
+    /// (the default: the buckets of `/metrics`) or `base2_exponential_bucket_histogram`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exporter_otlp_metrics_default_histogram_aggregation: Option<String>,
     /// `OTEL_SERVICE_NAME` (default `llmslo`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_name: Option<String>,
@@ -93,6 +97,8 @@ pub struct OtelSettings {
     pub metrics: Option<SignalExport>,
     /// The metric export interval, when the file sets it.
     pub metric_interval: Option<Duration>,
+    /// Histograms exported as base-2 exponential histograms instead of with explicit buckets.
+    pub exponential_histograms: bool,
     /// `service.name`, when no variable sets it.
     pub service_name: Option<String>,
     /// Resource attributes from the file, when no variable sets them.
@@ -173,6 +179,24 @@ impl OtelSettings {
             (Some(ms), None) => Some(Duration::from_millis(ms)),
             _ => None,
         };
+        let exponential_histograms = match lookup.get("EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION", |f| {
+            f.exporter_otlp_metrics_default_histogram_aggregation.clone()
+        }) {
+            None => false,
+            Some((source, value)) => match value.trim() {
+                "explicit_bucket_histogram" | "" => false,
+                "base2_exponential_bucket_histogram" => true,
+                other => {
+                    return Err(SettingError {
+                        key: source,
+                        reason: format!(
+                            "`{other}` is not a histogram aggregation: use `explicit_bucket_histogram` or \
+                             `base2_exponential_bucket_histogram`"
+                        ),
+                    })
+                }
+            },
+        };
         let service_name = match env("OTEL_SERVICE_NAME") {
             Some(_) => None,
             None => Some(file.service_name.clone().unwrap_or_else(|| "llmslo".into())),
@@ -192,6 +216,7 @@ impl OtelSettings {
             traces: traces_on.then(|| signal("traces", "v1/traces")).transpose()?,
             metrics: metrics_on.then(|| signal("metrics", "v1/metrics")).transpose()?,
             metric_interval,
+            exponential_histograms,
             service_name,
             resource_attributes,
             sampler,
@@ -344,6 +369,25 @@ mod tests {
     }
 
     #[test]
+    fn histograms_are_exponential_when_asked_by_the_variable_or_the_file() {
+        let variable = "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION";
+        assert!(!resolve("{}", &[]).unwrap().exponential_histograms);
+        assert!(
+            resolve("{}", &[(variable, "base2_exponential_bucket_histogram")])
+                .unwrap()
+                .exponential_histograms
+        );
+        let file = "{exporter_otlp_metrics_default_histogram_aggregation: base2_exponential_bucket_histogram}";
+        assert!(resolve(file, &[]).unwrap().exponential_histograms);
+        assert!(
+            !resolve(file, &[(variable, "explicit_bucket_histogram")])
+                .unwrap()
+                .exponential_histograms,
+            "the variable wins"
+        );
+    }
+
+    #[test]
     fn bad_values_name_their_key() {
         let key = |file: &str, env: &[(&str, &str)]| resolve(file, env).unwrap_err().key;
         assert_eq!(key("{metrics_exporter: prometheus}", &[]), "otel.metrics_exporter");
@@ -358,6 +402,20 @@ mod tests {
         );
         assert_eq!(key("{metric_export_interval: 0}", &[]), "otel.metric_export_interval");
         assert_eq!(key("{traces_sampler: sometimes}", &[]), "otel.traces_sampler");
+        assert_eq!(
+            key("{exporter_otlp_metrics_default_histogram_aggregation: native}", &[]),
+            "otel.exporter_otlp_metrics_default_histogram_aggregation"
+        );
+        assert_eq!(
+            key(
+                "{}",
+                &[(
+                    "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION",
+                    "exponential"
+                )]
+            ),
+            "OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION"
+        );
         assert_eq!(
             key("{traces_sampler: traceidratio, traces_sampler_arg: '2'}", &[]),
             "otel.traces_sampler_arg"

@@ -1,0 +1,73 @@
+//! The cost of a scrape: `/metrics` encoded for 16 models, each with every generation API
+//! measured, as the OpenMetrics text a text-only scraper gets and as the protobuf (classic and
+//! native buckets) a Prometheus with native histograms gets. Prints both sizes once.
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use llmslo::config::Engine;
+use llmslo::metrics::{Metrics, MetricsConfig};
+use llmslo::observe::record::{Outcome, RequestRecord};
+use llmslo::observe::route::Operation;
+use std::hint::black_box;
+use std::time::Duration;
+
+const MODELS: usize = 16;
+
+/// A sidecar's registry after 200 requests per model and API, latencies spread over a decade.
+fn busy_metrics() -> Metrics {
+    let models: Vec<String> = (0..MODELS).map(|i| format!("model-{i}")).collect();
+    let metrics = Metrics::new(&MetricsConfig {
+        engine: Some(Engine::Vllm),
+        models: models.clone(),
+        max_models: MODELS,
+        ..MetricsConfig::default()
+    });
+    for model in &models {
+        for operation in [
+            Operation::Chat,
+            Operation::TextCompletion,
+            Operation::Responses,
+            Operation::Messages,
+        ] {
+            for i in 0..200u64 {
+                let spread = 1.0 + (i % 20) as f64 / 2.0;
+                metrics.record(&RequestRecord {
+                    model: model.clone(),
+                    operation,
+                    outcome: if i % 50 == 0 {
+                        Outcome::UpstreamError
+                    } else {
+                        Outcome::Success
+                    },
+                    ttft: Some(Duration::from_secs_f64(0.05 * spread)),
+                    answer_ttft: Some(Duration::from_secs_f64(0.06 * spread)),
+                    tpot_per_choice: vec![Duration::from_secs_f64(0.01 * spread)],
+                    e2e: Duration::from_secs_f64(2.0 * spread),
+                    output_tokens: Some(50 * (i % 20 + 1)),
+                    input_tokens: Some(300 * (i % 20 + 1)),
+                    reasoning_tokens: None,
+                    token_events: 50,
+                    count_source: None,
+                    load: None,
+                    trace: None,
+                });
+            }
+        }
+    }
+    metrics
+}
+
+fn exposition(c: &mut Criterion) {
+    let metrics = busy_metrics();
+    eprintln!("text exposition at {MODELS} models: {} bytes", metrics.encode().len());
+    eprintln!(
+        "protobuf exposition at {MODELS} models: {} bytes",
+        metrics.encode_protobuf().len()
+    );
+    c.bench_function("encode_text_16_models", |b| b.iter(|| black_box(metrics.encode())));
+    c.bench_function("encode_protobuf_16_models", |b| {
+        b.iter(|| black_box(metrics.encode_protobuf()))
+    });
+}
+
+criterion_group!(benches, exposition);
+criterion_main!(benches);
