@@ -174,27 +174,37 @@ async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
         }
     }
 
+    // One Prometheus scrapes the text exposition (classic buckets), one the protobuf with
+    // native histograms: every query must return data from both.
     let dir = std::env::temp_dir().join(format!("llmslo-dashboards-{}", std::process::id()));
-    let server = prometheus::start(
+    let labels = "namespace: llm, pod: vllm-0";
+    let classic = prometheus::start(&binary, &dir.join("classic"), sidecar.metrics_addr, &rule_file, labels);
+    let native = prometheus::start_with_flags(
         &binary,
-        &dir,
+        &dir.join("native"),
         sidecar.metrics_addr,
         &rule_file,
-        "namespace: llm, pod: vllm-0",
+        labels,
+        &["--enable-feature=native-histograms"],
     );
+    let servers = [("classic", &classic), ("native", &native)];
     let load = prometheus::Load::start(sidecar.proxy_addr, chat_body(6, true, true));
 
     // Queries leave the list once they return data; a parse error fails at once.
-    let mut waiting: Vec<(&PanelQuery, bool)> = panels.iter().flat_map(|q| [(q, false), (q, true)]).collect();
-    let mut variables_waiting: Vec<&PanelQuery> = variables.iter().collect();
+    let mut waiting: Vec<(usize, &PanelQuery, bool)> = (0..servers.len())
+        .flat_map(|s| panels.iter().flat_map(move |q| [(s, q, false), (s, q, true)]))
+        .collect();
+    let mut variables_waiting: Vec<(usize, &PanelQuery)> = (0..servers.len())
+        .flat_map(|s| variables.iter().map(move |q| (s, q)))
+        .collect();
     let deadline = Instant::now() + Duration::from_secs(120);
     while Instant::now() < deadline && !(waiting.is_empty() && variables_waiting.is_empty()) {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let mut still = Vec::new();
-        for (query, all) in waiting {
-            let answer = server.query_answer(&substitute(&query.expr, all)).await;
+        for (server, query, all) in waiting {
+            let answer = servers[server].1.query_answer(&substitute(&query.expr, all)).await;
             if answer.is_null() {
-                still.push((query, all));
+                still.push((server, query, all));
                 continue;
             }
             assert_eq!(
@@ -203,28 +213,44 @@ async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
                 query.at, answer["error"], query.expr
             );
             if answer["data"]["result"].as_array().is_none_or(|r| r.is_empty()) {
-                still.push((query, all));
+                still.push((server, query, all));
             }
         }
         waiting = still;
         let mut still = Vec::new();
-        for query in variables_waiting {
+        for (server, query) in variables_waiting {
             let (promql, label) = variable_as_promql(&substitute(&query.expr, false));
-            let result = server.query(&promql).await;
+            let result = servers[server].1.query(&promql).await;
             if !result
                 .iter()
                 .any(|r| r["metric"][&label].as_str().is_some_and(|v| !v.is_empty()))
             {
-                still.push(query);
+                still.push((server, query));
             }
         }
         variables_waiting = still;
     }
     load.stop().await;
+    // The native server answered from native histograms alone: it stored no classic buckets.
+    assert!(native
+        .query("gen_ai_server_time_per_output_token_seconds_bucket")
+        .await
+        .is_empty());
+    assert!(!native
+        .query("histogram_count(gen_ai_server_time_per_output_token_seconds)")
+        .await
+        .is_empty());
     let empty: Vec<String> = waiting
         .iter()
-        .map(|(q, all)| format!("{} ({}): {}", q.at, if *all { "All" } else { "one value" }, q.expr))
-        .chain(variables_waiting.iter().map(|q| format!("{}: {}", q.at, q.expr)))
+        .map(|(s, q, all)| {
+            let value = if *all { "All" } else { "one value" };
+            format!("{} ({}, {value}): {}", q.at, servers[*s].0, q.expr)
+        })
+        .chain(
+            variables_waiting
+                .iter()
+                .map(|(s, q)| format!("{} ({}): {}", q.at, servers[*s].0, q.expr)),
+        )
         .collect();
     assert!(
         empty.is_empty(),
@@ -232,11 +258,12 @@ async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
         empty.join("\n")
     );
     eprintln!(
-        "{} panel queries (each with one value and with All) and {} variable queries returned data",
+        "{} panel queries (each with one value and with All) and {} variable queries returned data \
+         from a classic and a native Prometheus",
         panels.len(),
         variables.len()
     );
     sidecar.shutdown().await;
-    drop(server);
+    drop((classic, native));
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -353,8 +353,11 @@ fn alert_group(set: &SloSet, slo: &Slo) -> Group {
     if let SloKind::Tpot(threshold) = slo.kind {
         rules.push(Rule {
             alert: Some("LLMSLOHighP99TPOT".into()),
+            // Native histograms where Prometheus has them, the classic buckets otherwise.
             expr: format!(
-                "histogram_quantile(0.99, sum by (le, model) (rate(gen_ai_server_time_per_output_token_seconds_bucket[5m])))\n  > {}",
+                "(\n  histogram_quantile(0.99, sum by (model) (rate(gen_ai_server_time_per_output_token_seconds[5m])))\n  \
+                 or\n  histogram_quantile(0.99, sum by (le, model) (rate(gen_ai_server_time_per_output_token_seconds_bucket[5m])))\n\
+                 ) > {}",
                 threshold.as_secs_f64()
             ),
             for_: Some("10m".into()),
@@ -363,8 +366,8 @@ fn alert_group(set: &SloSet, slo: &Slo) -> Group {
                 ("summary".into(), format!("p99 TPOT of {{{{ $labels.model }}}} is above {} ms", threshold.as_secs_f64() * 1e3)),
                 (
                     "description".into(),
-                    "histogram_quantile interpolates inside a bucket; the threshold is an exact bucket edge, \
-                     but prefer the burn-rate alerts for paging."
+                    "histogram_quantile interpolates inside a bucket (within 4.4 % on native histograms; the \
+                     threshold is an exact classic bucket edge), but prefer the burn-rate alerts for paging."
                         .into(),
                 ),
                 ("slo".into(), slo.name.clone()),
