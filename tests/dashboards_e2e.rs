@@ -126,6 +126,43 @@ fn metric_names(expr: &str) -> Vec<String> {
     names
 }
 
+/// Prometheus 3 stores classic `le` and `quantile` values as floats and renamed `holt_winters`:
+/// no query may select either label's value or call it. Every classic bucket query has its
+/// native twin, for a Prometheus that stores native histograms only.
+#[test]
+fn queries_are_ready_for_prometheus_3() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut checked = 0;
+    for file in [
+        "dashboards/serving-overview.json",
+        "dashboards/gpu.json",
+        "dashboards/slos.json",
+        "examples/llmslo.rules.yaml",
+        "deploy/prometheusrule.yaml",
+        "deploy/keda-scaledobject.yaml",
+        "deploy/hpa.yaml",
+        "helm/llmslo/files/rules.yaml",
+    ] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        for banned in ["le=", "le!=", "le=~", "le!~", "quantile=", "quantile!=", "holt_winters"] {
+            let selects = text
+                .match_indices(banned)
+                .any(|(at, _)| !text[..at].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_'));
+            assert!(!selects, "{file}: `{banned}` breaks on Prometheus 3");
+        }
+        for (at, _) in text.match_indices("_bucket") {
+            let start = text[..at]
+                .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .map_or(0, |p| p + 1);
+            let family = &text[start..at];
+            let native_twin = ['{', '['].iter().any(|c| text.contains(&format!("({family}{c}")));
+            assert!(native_twin, "{file}: `{family}_bucket` has no native form beside it");
+            checked += 1;
+        }
+    }
+    assert!(checked >= 20, "{checked} classic bucket queries checked");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs prometheus (apt-get install prometheus); run with cargo test -- --include-ignored"]
 async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
