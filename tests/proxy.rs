@@ -350,6 +350,58 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> (StatusCode, Option<http
     )
 }
 
+#[tokio::test]
+async fn metrics_port_serves_protobuf_to_a_scraper_that_prefers_it() {
+    use prost::Message;
+    let (engine, _stop) = start_engine(timed_engine(1, 1)).await;
+    let sidecar = start_sidecar(engine, "engine: vllm\n").await;
+    assert_eq!(
+        post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(4, true, true))
+            .await
+            .0,
+        200
+    );
+    settle(&sidecar).await;
+    let accept = "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.7,\
+                  text/plain;version=0.0.4;q=0.3,*/*;q=0.2";
+    let request = Request::get(format!("http://{}/metrics", sidecar.metrics_addr))
+        .header(header::ACCEPT, accept)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited"
+    );
+    assert_eq!(response.headers()[header::VARY], "Accept");
+    let mut body = &response.into_body().collect().await.unwrap().to_bytes()[..];
+    let mut families = Vec::new();
+    while !body.is_empty() {
+        families.push(llmslo::metrics::native::proto::MetricFamily::decode_length_delimited(&mut body).unwrap());
+    }
+    let tpot = families
+        .iter()
+        .find(|f| f.name == "gen_ai_server_time_per_output_token_seconds")
+        .expect("TPOT in the protobuf exposition");
+    let measured = tpot
+        .metric
+        .iter()
+        .filter_map(|m| m.histogram.as_ref())
+        .find(|h| h.sample_count == 1)
+        .expect("the request's TPOT");
+    assert_eq!(measured.schema, 4, "native buckets");
+    assert_eq!(measured.positive_delta, [1], "one observation, one native bucket");
+    assert!(measured.bucket.len() > 30, "and the classic buckets");
+    assert!(families.iter().any(|f| f.name == "llmslo_build_info"));
+    // The text exposition is unchanged for everyone else.
+    let (_, content_type, _) = get(sidecar.metrics_addr, "/metrics").await;
+    assert!(content_type
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .starts_with("application/openmetrics-text"));
+}
+
 /// Polls `path` until it answers `want`, for up to 2.5 s.
 async fn turns(addr: std::net::SocketAddr, path: &str, want: StatusCode) -> bool {
     for _ in 0..50 {
