@@ -1,11 +1,11 @@
-//! The load each request runs under: per model, the number of requests in flight and its
+//! The load each request runs under: the number of requests in flight on the engine and its
 //! running integral over time, read when a request arrives, at its first token and at its end.
 //! O(1) per request, nothing per chunk, and the lock is never held across an await.
 
 use std::sync::{Arc, Mutex};
 use tokio::time::Instant;
 
-/// In-flight requests of one model and their integral over time (request-seconds).
+/// In-flight requests on the engine and their integral over time (request-seconds).
 #[derive(Debug)]
 pub struct LoadMeter {
     state: Mutex<MeterState>,

@@ -1,6 +1,7 @@
-//! Live SLO capacity: each request carries the load it ran under; a bounded
-//! window of recent requests per model is fitted against load at scrape time, and the fit
-//! says how much load the pod can take before each SLO breaks, and how close it is now.
+//! Live SLO capacity: each request carries the load it ran under, counted on the whole engine
+//! (every model, adapter and API: the engine is what saturates); a bounded window of recent
+//! requests per model is fitted against that load at scrape time, and the fit says how much
+//! load the pod can take before each SLO breaks, and how close it is now.
 
 pub mod fit;
 pub mod meter;
@@ -32,7 +33,6 @@ const RECENT: usize = 2048;
 
 #[derive(Debug)]
 struct ModelState {
-    meter: Arc<LoadMeter>,
     window: SampleWindow,
     /// Meter readings taken at scrapes, for the mean load over the last minute.
     readings: VecDeque<Reading>,
@@ -45,6 +45,8 @@ struct ModelState {
 pub struct CapacityEngine {
     window: Duration,
     slo: Arc<SloEngine>,
+    /// Generation requests in flight on the engine, whatever their model.
+    meter: Arc<LoadMeter>,
     models: Mutex<BTreeMap<String, ModelState>>,
 }
 
@@ -69,6 +71,7 @@ impl CapacityEngine {
         let engine = Arc::new(Self {
             window,
             slo,
+            meter: Arc::default(),
             models: Mutex::new(BTreeMap::new()),
         });
         registry.register_collector(Box::new(CapacityCollector(engine.clone())));
@@ -81,7 +84,6 @@ impl CapacityEngine {
             models.insert(
                 model.to_string(),
                 ModelState {
-                    meter: Arc::default(),
                     window: SampleWindow::new(self.window),
                     readings: VecDeque::new(),
                     recent: VecDeque::new(),
@@ -96,10 +98,11 @@ impl CapacityEngine {
         self.with_model(model, |_| ());
     }
 
-    /// Counts a request of `model` in flight from `now` until the guard is dropped.
+    /// Counts a request of `model` in flight on the engine from `now` until the guard is
+    /// dropped.
     pub fn arrive(&self, model: &str, now: Instant) -> InFlight {
-        let meter = self.with_model(model, |state| state.meter.clone());
-        InFlight::arrive(meter, now)
+        self.create_series(model);
+        InFlight::arrive(self.meter.clone(), now)
     }
 
     /// Adds a finished request to its model's window (successful ones that carry their load).
@@ -135,7 +138,7 @@ impl CapacityEngine {
             models
                 .iter_mut()
                 .map(|(model, state)| {
-                    let mean = mean_in_flight(state, now);
+                    let mean = mean_in_flight(&self.meter, state, now);
                     while state
                         .recent
                         .front()
@@ -179,10 +182,10 @@ fn load_met(recent: &[Sample], latency: Latency, objective: f64) -> Option<f64> 
     Some(nearest_rank(&loads, objective))
 }
 
-/// The mean in flight since the oldest scrape reading of the last minute (the count now at
-/// the first scrape).
-fn mean_in_flight(state: &mut ModelState, now: Instant) -> f64 {
-    let reading = state.meter.read(now);
+/// The engine's mean in flight since `state`'s oldest scrape reading of the last minute (the
+/// count now at the first scrape).
+fn mean_in_flight(meter: &LoadMeter, state: &mut ModelState, now: Instant) -> f64 {
+    let reading = meter.read(now);
     while state
         .readings
         .front()
@@ -363,6 +366,31 @@ impl Collector for CapacityCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn every_model_meets_the_engines_whole_load() {
+        let engine = CapacityEngine::new(
+            DEFAULT_WINDOW,
+            SloEngine::new(crate::slo::spec::SloSet::default(), &mut Registry::default()),
+            &mut Registry::default(),
+        );
+        let now = Instant::now();
+        let llama = engine.arrive("llama", now);
+        let _qwen = engine.arrive("qwen", now);
+        let adapter = engine.arrive("llama-lora", now);
+        assert_eq!(adapter.load(now).arrival, 3.0, "all three models share the engine");
+        drop(adapter);
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let later = Instant::now();
+        assert_eq!(llama.load(later).arrival, 1.0, "its own arrival");
+        assert_eq!(
+            llama.load(later).whole,
+            Some(2.0),
+            "two in flight throughout its second"
+        );
+        let loads: Vec<f64> = engine.snapshot(later).iter().map(|m| m.load).collect();
+        assert_eq!(loads, [2.0, 2.0, 2.0], "every model reads the engine's load");
+    }
 
     fn sample(arrival: f32, decode: f32) -> Sample {
         Sample {
