@@ -267,6 +267,10 @@ struct SimulateArgs {
     /// Batching: KV-cache budget in tokens (prompt plus output of the running sequences).
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..), requires = "batching")]
     kv_tokens: Option<u64>,
+    /// Batching: random spread of each step's duration, 0-1: a step lasts its cost x
+    /// (1 - j + j x E), E exponential with mean 1 (a noisy engine: same mean, a tail at any load).
+    #[arg(long, default_value_t = 0.0, value_parser = probability, requires = "batching")]
+    step_jitter: f64,
 }
 
 #[derive(Debug, Args)]
@@ -476,6 +480,7 @@ impl Cli {
                         prefill_per_token: args.prefill_per_token,
                         max_batch: args.max_batch as usize,
                         kv_tokens: args.kv_tokens,
+                        step_jitter: args.step_jitter,
                     }),
                 });
                 tracing::info!(listen = %args.listen, "simulated engine serving");

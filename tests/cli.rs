@@ -106,6 +106,9 @@ fn missing_or_bad_flags_and_env_exit_64() {
     let (code, stderr) = run_and_fail(llmslo().args(["simulate", "--ttft", "soon"]));
     assert_eq!(code, 2, "clap usage error");
     assert!(stderr.contains("--ttft"), "{stderr}");
+    let (code, stderr) = run_and_fail(llmslo().args(["simulate", "--batching", "--step-jitter", "1.5"]));
+    assert_eq!(code, 2, "clap usage error");
+    assert!(stderr.contains("--step-jitter"), "{stderr}");
 }
 
 /// Starts `llmslo run` and returns it with the metrics address from its start-up log line.

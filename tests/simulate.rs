@@ -150,6 +150,7 @@ async fn batching_tpot_is_the_step_model_at_every_concurrency() {
         prefill_per_token: Duration::ZERO,
         max_batch: 64,
         kv_tokens: None,
+        step_jitter: 0.0,
     };
     for clients in [1u32, 8, 64] {
         let (engine, stop) = start_engine(SimOptions {

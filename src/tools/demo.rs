@@ -65,6 +65,7 @@ const DEMO_BATCHING: BatchingOptions = BatchingOptions {
     prefill_per_token: Duration::from_micros(20),
     max_batch: 128,
     kv_tokens: None,
+    step_jitter: 0.0,
 };
 
 type DemoClient = Client<HttpConnector, Full<Bytes>>;

@@ -77,6 +77,7 @@ pub fn knee_40_engine() -> SimOptions {
             prefill_per_token: Duration::ZERO,
             max_batch: 256,
             kv_tokens: None,
+            step_jitter: 0.0,
         }),
         ..SimOptions::default()
     }

@@ -5,7 +5,12 @@
 //! admitted this step)` and gives every running sequence its next `tokens_per_chunk` tokens.
 //! At most `max_batch` sequences run; the rest wait in FIFO order (their TTFT includes the
 //! wait), and with a KV budget a request is admitted only when its prompt and output fit.
+//! With `step_jitter`, each step lasts its cost × (1 − j + j × E), E exponential with mean 1:
+//! the same mean, with a tail at any load, as a real engine's preemption and interference.
 
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use rand_distr::Exp1;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -26,6 +31,8 @@ pub struct BatchingOptions {
     pub max_batch: usize,
     /// KV-cache budget in tokens (prompt plus output of every running sequence), if any.
     pub kv_tokens: Option<u64>,
+    /// Random spread of each step's duration, 0 to 1 (0: every step lasts exactly its cost).
+    pub step_jitter: f64,
 }
 
 impl Default for BatchingOptions {
@@ -38,6 +45,7 @@ impl Default for BatchingOptions {
             prefill_per_token: Duration::from_micros(30),
             max_batch: 256,
             kv_tokens: None,
+            step_jitter: 0.0,
         }
     }
 }
@@ -71,13 +79,13 @@ impl std::fmt::Debug for Batcher {
 
 impl Batcher {
     /// Starts the engine loop until `shutdown`.
-    pub fn start(options: BatchingOptions, tokens_per_chunk: u32, shutdown: CancellationToken) -> Self {
+    pub fn start(options: BatchingOptions, tokens_per_chunk: u32, seed: u64, shutdown: CancellationToken) -> Self {
         let batcher = Self {
             queue: Arc::default(),
             arrived: Arc::default(),
             tokens_per_chunk: tokens_per_chunk.max(1),
         };
-        tokio::spawn(batcher.clone().run(options, shutdown));
+        tokio::spawn(batcher.clone().run(options, SmallRng::seed_from_u64(seed), shutdown));
         batcher
     }
 
@@ -97,7 +105,7 @@ impl Batcher {
         rx
     }
 
-    async fn run(self, options: BatchingOptions, shutdown: CancellationToken) {
+    async fn run(self, options: BatchingOptions, mut rng: SmallRng, shutdown: CancellationToken) {
         let mut running: Vec<Sequence> = Vec::new();
         // Each step is counted from the last step's end, not from its wake-up: the timer rounds
         // wake-ups up to a millisecond, and this keeps the roundings from adding up.
@@ -118,9 +126,15 @@ impl Batcher {
             if now.saturating_duration_since(step_end) > options.step_base {
                 step_end = now; // fell behind (or was idle): start afresh
             }
-            step_end += options.step_base
+            let cost = options.step_base
                 + options.step_per_seq * width as u32
                 + options.prefill_per_token.mul_f64(admitted_prompt as f64);
+            step_end += if options.step_jitter > 0.0 {
+                let spread: f64 = rng.sample(Exp1);
+                cost.mul_f64(1.0 - options.step_jitter + options.step_jitter * spread)
+            } else {
+                cost
+            };
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 _ = tokio::time::sleep_until(step_end) => {}
@@ -171,12 +185,13 @@ mod tests {
             prefill_per_token: Duration::from_micros(100),
             max_batch,
             kv_tokens: None,
+            step_jitter: 0.0,
         }
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_step_costs_base_plus_running_plus_prefill() {
-        let batcher = Batcher::start(options(8), 1, CancellationToken::new());
+        let batcher = Batcher::start(options(8), 1, 0, CancellationToken::new());
         let start = Instant::now();
         let mut a = batcher.submit(100, 3, 1);
         let mut b = batcher.submit(100, 3, 1);
@@ -193,7 +208,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn past_max_batch_requests_wait_in_order() {
-        let batcher = Batcher::start(options(1), 2, CancellationToken::new());
+        let batcher = Batcher::start(options(1), 2, 0, CancellationToken::new());
         let start = Instant::now();
         let mut first = batcher.submit(0, 4, 1);
         let mut second = batcher.submit(0, 2, 1);
@@ -216,6 +231,7 @@ mod tests {
                 ..options(8)
             },
             1,
+            0,
             CancellationToken::new(),
         );
         let start = Instant::now();
@@ -232,5 +248,30 @@ mod tests {
             start.elapsed() > Duration::from_millis(100),
             "admitted once the first ended"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn jitter_keeps_the_mean_step_and_gives_it_a_tail() {
+        let jittery = BatchingOptions {
+            step_jitter: 0.5,
+            prefill_per_token: Duration::ZERO,
+            ..options(8)
+        };
+        let batcher = Batcher::start(jittery, 1, 7, CancellationToken::new());
+        let mut ticks = batcher.submit(0, 2000, 1);
+        let mut last = Instant::now();
+        let mut steps = Vec::new();
+        while ticks.recv().await.is_some() {
+            steps.push((Instant::now() - last).as_secs_f64() * 1e3);
+            last = Instant::now();
+        }
+        // One running: 11 ms a step on average, never under half of it, sometimes far over.
+        let mean = steps.iter().sum::<f64>() / steps.len() as f64;
+        let (shortest, longest) = steps
+            .iter()
+            .fold((f64::MAX, 0.0_f64), |(lo, hi), s| (lo.min(*s), hi.max(*s)));
+        assert!((mean - 11.0).abs() < 0.5, "mean step {mean} ms");
+        assert!(shortest >= 5.5 - 1.0, "shortest step {shortest} ms");
+        assert!(longest > 2.0 * 11.0, "longest step {longest} ms");
     }
 }

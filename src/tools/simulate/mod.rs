@@ -173,7 +173,12 @@ impl SimEngine {
     /// Serves on `listener` until `shutdown`.
     pub async fn serve(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
         if let Some(batching) = self.options.batching {
-            let batcher = Batcher::start(batching, self.options.tokens_per_chunk, shutdown.clone());
+            let batcher = Batcher::start(
+                batching,
+                self.options.tokens_per_chunk,
+                self.options.seed,
+                shutdown.clone(),
+            );
             let _ = self.batcher.set(batcher);
         }
         crate::serve::serve(
