@@ -123,8 +123,8 @@ fn series_key(family: &str, labels: &[proto::LabelPair]) -> SeriesKey {
     (family.to_string(), labels)
 }
 
-/// Copies the native buckets of each histogram in `twins` into the series of `families` with
-/// the same name and labels. The count and sum come from the twin too, so that they always
+/// Gives each series of `families` the native buckets of the histogram in `twins` with the
+/// same name and labels. The count and sum come from the twin too, so that they always
 /// agree with its buckets (which Prometheus checks); a classic bucket may lag them by an
 /// observation made between the two encodings, as any scrape may.
 fn add_native_buckets(families: &mut [proto::MetricFamily], twins: Vec<proto::MetricFamily>) {
@@ -144,16 +144,9 @@ fn add_native_buckets(families: &mut [proto::MetricFamily], twins: Vec<proto::Me
             ) else {
                 continue;
             };
-            histogram.sample_count = native.sample_count;
-            histogram.sample_sum = native.sample_sum;
-            histogram.schema = native.schema;
-            histogram.zero_threshold = native.zero_threshold;
-            histogram.zero_count = native.zero_count;
-            histogram.positive_span = native.positive_span;
-            histogram.positive_delta = native.positive_delta;
-            histogram.negative_span = native.negative_span;
-            histogram.negative_delta = native.negative_delta;
-            histogram.start_timestamp = native.start_timestamp;
+            // The classic buckets (with their exemplars) stay; all else is the twin's.
+            let bucket = std::mem::take(&mut histogram.bucket);
+            *histogram = proto::Histogram { bucket, ..native };
         }
     }
 }
