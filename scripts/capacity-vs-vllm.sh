@@ -72,29 +72,30 @@ steps = sorted(glob.glob(f"{work}/traffic-*.json"), key=lambda p: int(re.search(
 traffic = [json.load(open(p))["steps"][0] for p in steps]
 scrapes = [open(f"{work}/metrics-{i}.txt").read() for i in range(len(steps))]
 metrics = scrapes[-1]
-def gauge(name, labels, text=None):
-    m = re.search(re.escape(name + "{" + labels + "}") + r" (\S+)", text or metrics)
+def gauge(name, labels="", text=None):
+    series = name + ("{" + labels + "}" if labels else "")
+    m = re.search("^" + re.escape(series) + r" (\S+)", text or metrics, re.M)
     return float(m.group(1)) if m else float("nan")
 knee = sweep["knee"]["concurrency"]
 at_knee = next(s for s in sweep["steps"] if s["concurrency"] == knee)
-live = gauge("llmslo_capacity_concurrency", 'slo="tpot",model="small"')
+live = gauge("llmslo_capacity_concurrency", 'slo="tpot"')
 loads = [s["requests_per_second"] * s["e2e_mean_s"] for s in traffic]
 print("\n| | sweep (pushed through the knee) | live estimate (traffic at ≤ 50 % of the knee) | diff |")
 print("| --- | --- | --- | --- |")
 print(f"| knee concurrency (tpot) | {knee} | {live:.1f} | {100 * (live - knee) / knee:+.0f} % |")
-rps = gauge("llmslo_capacity_goodput_requests_per_second", 'model="small"')
+rps = gauge("llmslo_capacity_goodput_requests_per_second")
 print(f"| goodput req/s at the knee | {at_knee['goodput_requests_per_second']:.2f} | {rps:.2f} | "
       f"{100 * (rps - at_knee['goodput_requests_per_second']) / at_knee['goodput_requests_per_second']:+.0f} % |")
 print(f"\ntraffic: mean concurrency per rate step {', '.join(f'{l:.1f}' for l in loads)} "
       f"({100 * min(loads) / knee:.0f} % to {100 * max(loads) / knee:.0f} % of the knee)")
-base = gauge("llmslo_latency_model_tpot_seconds", 'model="small",term="base"')
-per = gauge("llmslo_latency_model_tpot_seconds", 'model="small",term="per_request"')
-fit = gauge("llmslo_latency_model_fit_ratio", 'model="small"')
+base = gauge("llmslo_latency_model_tpot_seconds", 'term="base"')
+per = gauge("llmslo_latency_model_tpot_seconds", 'term="per_request"')
+fit = gauge("llmslo_latency_model_fit_ratio")
 print(f"fitted TPOT = {base * 1e3:.1f} ms + {per * 1e3:.2f} ms x in flight (fit ratio {fit:.2f})")
 print("\n| Poisson rate | mean in flight | TPOT attainment | live knee | load the SLO met | saturation |")
 print("| --- | --- | --- | --- | --- | --- |")
 for s, load, text in zip(traffic, loads, scrapes):
-    knee_now, met, saturation = (gauge(name, 'model="small"', text) for name in (
+    knee_now, met, saturation = (gauge(name, text=text) for name in (
         "llmslo_capacity_knee_concurrency", "llmslo_capacity_load_concurrency", "llmslo_slo_saturation_ratio"))
     print(f"| {s['rate']:.2f} req/s | {load:.1f} | {100 * s['attainment']['tpot']:.1f} % | "
           f"{knee_now:.1f} | {met:.1f} | {saturation:.2f} |")

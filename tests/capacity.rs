@@ -40,9 +40,14 @@ fn sweep(target: SocketAddr, loads: LoadPlan, duration: Duration) -> SweepOption
     }
 }
 
-/// The value of the series `name{labels}` in the exposition `text`.
+/// The value of the series `name{labels}` (`name` alone when `labels` is empty) in the
+/// exposition `text`.
 fn gauge(text: &str, name: &str, labels: &str) -> f64 {
-    let prefix = format!("{name}{{{labels}}} ");
+    let prefix = if labels.is_empty() {
+        format!("{name} ")
+    } else {
+        format!("{name}{{{labels}}} ")
+    };
     let line = text
         .lines()
         .find(|l| l.starts_with(&prefix))
@@ -55,7 +60,7 @@ fn tpot_attainment_in_band_8(text: &str) -> f64 {
     gauge(
         text,
         "llmslo_capacity_band_attainment_ratio",
-        "slo=\"tpot-30ms\",model=\"sim\",concurrency=\"8\"",
+        "slo=\"tpot-30ms\",concurrency=\"8\"",
     )
 }
 
@@ -96,8 +101,8 @@ async fn poisson_traffic_far_below_the_knee_finds_it() {
                 tokio::time::sleep(Duration::from_secs(15)).await;
                 let text = metrics.encode();
                 scrapes.lock().unwrap().push((
-                    gauge(&text, "llmslo_capacity_load_concurrency", "model=\"sim\""),
-                    gauge(&text, "llmslo_slo_saturation_ratio", "model=\"sim\""),
+                    gauge(&text, "llmslo_capacity_load_concurrency", ""),
+                    gauge(&text, "llmslo_slo_saturation_ratio", ""),
                 ));
             }
         }
@@ -121,27 +126,19 @@ async fn poisson_traffic_far_below_the_knee_finds_it() {
 
     scraper.await.unwrap();
     let text = sidecar.metrics.encode();
-    let capacity = gauge(&text, "llmslo_capacity_concurrency", "slo=\"tpot-30ms\",model=\"sim\"");
+    let capacity = gauge(&text, "llmslo_capacity_concurrency", "slo=\"tpot-30ms\"");
     assert!(
         within(capacity, knee as f64, 0.15),
         "live {capacity} against the sweep's knee {knee}"
     );
-    let base = gauge(
-        &text,
-        "llmslo_latency_model_tpot_seconds",
-        "model=\"sim\",term=\"base\"",
-    );
-    let per_request = gauge(
-        &text,
-        "llmslo_latency_model_tpot_seconds",
-        "model=\"sim\",term=\"per_request\"",
-    );
+    let base = gauge(&text, "llmslo_latency_model_tpot_seconds", "term=\"base\"");
+    let per_request = gauge(&text, "llmslo_latency_model_tpot_seconds", "term=\"per_request\"");
     assert!(within(base, 0.010, 0.2), "base {base}");
     assert!(within(per_request, 0.0005, 0.2), "per request {per_request}");
-    assert!(gauge(&text, "llmslo_latency_model_fit_ratio", "model=\"sim\"") > 0.8);
+    assert!(gauge(&text, "llmslo_latency_model_fit_ratio", "") > 0.8);
     // TTFT's exponential model bends up sooner than this engine ever would (its TTFT is
     // one step until the batch is full): a lower bound, and not the tightest.
-    let ttft = gauge(&text, "llmslo_capacity_concurrency", "slo=\"ttft-1s\",model=\"sim\"");
+    let ttft = gauge(&text, "llmslo_capacity_concurrency", "slo=\"ttft-1s\"");
     assert!(ttft > 2.0 * capacity && ttft < 256.0, "{ttft}");
     // Scraped in the last step (about 20 in flight on average), the load the SLO's tail met
     // (the 95th percentile of the last minute's decode loads) is above the mean and well below
@@ -157,24 +154,20 @@ async fn poisson_traffic_far_below_the_knee_finds_it() {
         "{saturation} at {load} in flight"
     );
     // The goodput at the knee agrees with what the sweep measured there.
-    let rps = gauge(&text, "llmslo_capacity_goodput_requests_per_second", "model=\"sim\"");
+    let rps = gauge(&text, "llmslo_capacity_goodput_requests_per_second", "");
     assert!(
         within(rps, at_knee.goodput_requests_per_second, 0.15),
         "live {rps} req/s against the sweep's {}",
         at_knee.goodput_requests_per_second
     );
-    let tps = gauge(
-        &text,
-        "llmslo_capacity_goodput_output_tokens_per_second",
-        "model=\"sim\"",
-    );
+    let tps = gauge(&text, "llmslo_capacity_goodput_output_tokens_per_second", "");
     assert!(within(tps, 32.0 * rps, 0.01), "{tps}");
     // The empirical view: every band the traffic reached met the TPOT SLO.
     assert_eq!(tpot_attainment_in_band_8(&text), 1.0);
     let modelled = gauge(
         &text,
         "llmslo_capacity_curve_ratio",
-        "slo=\"tpot-30ms\",model=\"sim\",concurrency=\"32\",source=\"model\"",
+        "slo=\"tpot-30ms\",concurrency=\"32\",source=\"model\"",
     );
     // At 32·√2 ≈ 45 in flight TPOT is about 32.6 ms: just over the limit.
     assert!(modelled > 1.0 && modelled < 1.2, "{modelled}");
@@ -194,12 +187,12 @@ async fn load_that_never_varies_gives_no_number() {
     .unwrap();
     let text = sidecar.metrics.encode();
     for (name, labels) in [
-        ("llmslo_capacity_concurrency", "slo=\"tpot-30ms\",model=\"sim\""),
-        ("llmslo_capacity_concurrency", "slo=\"ttft-1s\",model=\"sim\""),
-        ("llmslo_capacity_goodput_requests_per_second", "model=\"sim\""),
-        ("llmslo_slo_saturation_ratio", "model=\"sim\""),
-        ("llmslo_latency_model_tpot_seconds", "model=\"sim\",term=\"base\""),
-        ("llmslo_latency_model_fit_ratio", "model=\"sim\""),
+        ("llmslo_capacity_concurrency", "slo=\"tpot-30ms\""),
+        ("llmslo_capacity_concurrency", "slo=\"ttft-1s\""),
+        ("llmslo_capacity_goodput_requests_per_second", ""),
+        ("llmslo_slo_saturation_ratio", ""),
+        ("llmslo_latency_model_tpot_seconds", "term=\"base\""),
+        ("llmslo_latency_model_fit_ratio", ""),
     ] {
         assert!(gauge(&text, name, labels).is_nan(), "{name}{{{labels}}} in\n{text}");
     }

@@ -49,7 +49,7 @@ echo "== helm lint --strict"
 value_sets=(
     ""
     "--set certificates.source=cert-manager --set slo.namespaces={llm,team-b} --set injector.sidecarMode=classic --set podMonitor.allNamespaces=false"
-    "--set autoscaling.keda.enabled=true --set autoscaling.keda.scaleTargetRef.name=vllm --set autoscaling.keda.model=llama --set autoscaling.keda.namespace=llm"
+    "--set autoscaling.keda.enabled=true --set autoscaling.keda.scaleTargetRef.name=vllm --set autoscaling.keda.namespace=llm"
     "--set serviceMonitor.enabled=true --set serviceMonitor.selector.app=vllm --set podMonitor.enabled=false --set dashboards.enabled=true --set dashboards.annotations.grafana_folder=LLM"
 )
 for v in "${versions[@]}"; do

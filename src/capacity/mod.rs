@@ -1,6 +1,6 @@
-//! Live SLO capacity: each request carries the load it ran under, counted on the whole engine
-//! (every model, adapter and API: the engine is what saturates); a bounded window of recent
-//! requests per model is fitted against that load at scrape time, and the fit says how much
+//! Live SLO capacity of the engine: each request carries the load it ran under, counted on the
+//! whole engine (every model, adapter and API: the engine is what saturates); a bounded window
+//! of recent requests is fitted against that load at scrape time, and the fit says how much
 //! load the pod can take before each SLO breaks, and how close it is now.
 
 pub mod fit;
@@ -18,7 +18,7 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetri
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -32,7 +32,7 @@ const LOAD_SPAN: Duration = Duration::from_secs(60);
 const RECENT: usize = 2048;
 
 #[derive(Debug)]
-struct ModelState {
+struct EngineState {
     window: SampleWindow,
     /// Meter readings taken at scrapes, for the mean load over the last minute.
     readings: VecDeque<Reading>,
@@ -40,21 +40,18 @@ struct ModelState {
     recent: VecDeque<(Instant, Sample)>,
 }
 
-/// The live capacity estimate of every model.
+/// The live capacity estimate of the engine.
 #[derive(Debug)]
 pub struct CapacityEngine {
-    window: Duration,
     slo: Arc<SloEngine>,
     /// Generation requests in flight on the engine, whatever their model.
     meter: Arc<LoadMeter>,
-    models: Mutex<BTreeMap<String, ModelState>>,
+    state: Mutex<EngineState>,
 }
 
-/// One model's estimate with its current load.
+/// The engine's estimate with its current load.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ModelCapacity {
-    /// The model.
-    pub model: String,
+pub struct EngineCapacity {
     /// The load the last minute's requests met, at the binding SLO's objective quantile
     /// (the mean in flight when none finished).
     pub load: f64,
@@ -69,43 +66,25 @@ impl CapacityEngine {
     /// registered in `registry`.
     pub fn new(window: Duration, slo: Arc<SloEngine>, registry: &mut Registry) -> Arc<Self> {
         let engine = Arc::new(Self {
-            window,
             slo,
             meter: Arc::default(),
-            models: Mutex::new(BTreeMap::new()),
+            state: Mutex::new(EngineState {
+                window: SampleWindow::new(window),
+                readings: VecDeque::new(),
+                recent: VecDeque::new(),
+            }),
         });
         registry.register_collector(Box::new(CapacityCollector(engine.clone())));
         engine
     }
 
-    fn with_model<T>(&self, model: &str, f: impl FnOnce(&mut ModelState) -> T) -> T {
-        let mut models = self.models.lock().expect("capacity lock");
-        if !models.contains_key(model) {
-            models.insert(
-                model.to_string(),
-                ModelState {
-                    window: SampleWindow::new(self.window),
-                    readings: VecDeque::new(),
-                    recent: VecDeque::new(),
-                },
-            );
-        }
-        f(models.get_mut(model).expect("inserted above"))
-    }
-
-    /// Creates `model`'s state, so that its gauges exist (as NaN) before its first request.
-    pub fn create_series(&self, model: &str) {
-        self.with_model(model, |_| ());
-    }
-
-    /// Counts a request of `model` in flight on the engine from `now` until the guard is
+    /// Counts a generation request in flight on the engine from `now` until the guard is
     /// dropped.
-    pub fn arrive(&self, model: &str, now: Instant) -> InFlight {
-        self.create_series(model);
+    pub fn arrive(&self, now: Instant) -> InFlight {
         InFlight::arrive(self.meter.clone(), now)
     }
 
-    /// Adds a finished request to its model's window (successful ones that carry their load).
+    /// Adds a finished request to the window (successful ones that carry their load).
     pub fn record(&self, record: &RequestRecord) {
         let Some(load) = record.load.filter(|_| record.outcome == Outcome::Success) else {
             return;
@@ -121,53 +100,39 @@ impl CapacityEngine {
             output_tokens: record.output_tokens.map_or(f32::NAN, |n| n as f32),
         };
         let now = Instant::now();
-        self.with_model(&record.model, |state| {
-            state.window.add(now, sample);
-            if state.recent.len() == RECENT {
-                state.recent.pop_front();
-            }
-            state.recent.push_back((now, sample));
-        });
+        let mut state = self.state.lock().expect("capacity lock");
+        state.window.add(now, sample);
+        if state.recent.len() == RECENT {
+            state.recent.pop_front();
+        }
+        state.recent.push_back((now, sample));
     }
 
-    /// Every model's estimate at `now` (the fits run outside the lock).
-    pub fn snapshot(&self, now: Instant) -> Vec<ModelCapacity> {
-        type Window = (String, f64, Vec<Sample>, Vec<Sample>);
-        let windows: Vec<Window> = {
-            let mut models = self.models.lock().expect("capacity lock");
-            models
-                .iter_mut()
-                .map(|(model, state)| {
-                    let mean = mean_in_flight(&self.meter, state, now);
-                    while state
-                        .recent
-                        .front()
-                        .is_some_and(|(at, _)| now.saturating_duration_since(*at) > LOAD_SPAN)
-                    {
-                        state.recent.pop_front();
-                    }
-                    let recent = state.recent.iter().map(|(_, s)| *s).collect();
-                    (model.clone(), mean, recent, state.window.samples(now))
-                })
-                .collect()
+    /// The engine's estimate at `now` (the fit runs outside the lock).
+    pub fn snapshot(&self, now: Instant) -> EngineCapacity {
+        let (mean, recent, samples) = {
+            let mut state = self.state.lock().expect("capacity lock");
+            let mean = mean_in_flight(&self.meter, &mut state, now);
+            while state
+                .recent
+                .front()
+                .is_some_and(|(at, _)| now.saturating_duration_since(*at) > LOAD_SPAN)
+            {
+                state.recent.pop_front();
+            }
+            let recent: Vec<Sample> = state.recent.iter().map(|(_, s)| *s).collect();
+            (mean, recent, state.window.samples(now))
         };
-        let set = self.slo.set();
-        windows
-            .into_iter()
-            .map(|(model, mean, recent, samples)| {
-                let estimate = model::estimate(&samples, &set);
-                let load = estimate
-                    .binding
-                    .and_then(|(latency, objective)| load_met(&recent, latency, objective))
-                    .unwrap_or(mean);
-                ModelCapacity {
-                    model,
-                    load,
-                    saturation: load / estimate.knee,
-                    estimate,
-                }
-            })
-            .collect()
+        let estimate = model::estimate(&samples, &self.slo.set());
+        let load = estimate
+            .binding
+            .and_then(|(latency, objective)| load_met(&recent, latency, objective))
+            .unwrap_or(mean);
+        EngineCapacity {
+            load,
+            saturation: load / estimate.knee,
+            estimate,
+        }
     }
 }
 
@@ -182,9 +147,9 @@ fn load_met(recent: &[Sample], latency: Latency, objective: f64) -> Option<f64> 
     Some(nearest_rank(&loads, objective))
 }
 
-/// The engine's mean in flight since `state`'s oldest scrape reading of the last minute (the
-/// count now at the first scrape).
-fn mean_in_flight(meter: &LoadMeter, state: &mut ModelState, now: Instant) -> f64 {
+/// The engine's mean in flight since the oldest scrape reading of the last minute (the count
+/// now at the first scrape).
+fn mean_in_flight(meter: &LoadMeter, state: &mut EngineState, now: Instant) -> f64 {
     let reading = meter.read(now);
     while state
         .readings
@@ -204,34 +169,25 @@ fn mean_in_flight(meter: &LoadMeter, state: &mut ModelState, now: Instant) -> f6
 
 #[derive(Debug, EncodeLabelSet)]
 struct TermLabels {
-    model: String,
     term: &'static str,
 }
 
 #[derive(Debug, EncodeLabelSet)]
 struct BandLabels {
     slo: String,
-    model: String,
     concurrency: u64,
 }
 
 #[derive(Debug, EncodeLabelSet)]
 struct CurveLabels {
     slo: String,
-    model: String,
     concurrency: u64,
     source: &'static str,
 }
 
 #[derive(Debug, EncodeLabelSet)]
-struct ModelLabel {
-    model: String,
-}
-
-#[derive(Debug, EncodeLabelSet)]
-struct SloModelLabels {
+struct SloLabel {
     slo: String,
-    model: String,
 }
 
 /// Encodes the capacity gauges at scrape time.
@@ -240,84 +196,67 @@ struct CapacityCollector(Arc<CapacityEngine>);
 
 impl Collector for CapacityCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let models = self.0.snapshot(Instant::now());
+        let engine = self.0.snapshot(Instant::now());
+        let estimate = &engine.estimate;
         let gauge = MetricType::Gauge;
-        let model_label = |m: &ModelCapacity| ModelLabel { model: m.model.clone() };
         let mut family = encoder.encode_descriptor(
             "llmslo_capacity_concurrency",
-            "Highest concurrency (requests in flight) at which the SLO's objective still holds, from the \
-             live latency-load model (+Inf: beyond 10x the load seen; NaN: too few requests or too little \
-             spread in load)",
+            "Highest concurrency (generation requests in flight on the engine) at which the SLO's \
+             objective still holds, from the live latency-load model (+Inf: beyond 10x the load seen; NaN: \
+             too few requests or too little spread in load)",
             None,
             gauge,
         )?;
-        for m in &models {
-            for (slo, c) in &m.estimate.capacity {
-                let labels = SloModelLabels {
-                    slo: slo.clone(),
-                    model: m.model.clone(),
-                };
-                ConstGauge::new(*c).encode(family.encode_family(&labels)?)?;
-            }
+        for (slo, c) in &estimate.capacity {
+            ConstGauge::new(*c).encode(family.encode_family(&SloLabel { slo: slo.clone() })?)?;
         }
-        type PerModel = fn(&ModelCapacity) -> f64;
-        let per_model: [(&str, &str, PerModel); 6] = [
+        let engine_wide: [(&str, &str, f64); 6] = [
             (
                 "llmslo_capacity_knee_concurrency",
-                "The knee: the capacity of the tightest goodput.require SLO (NaN when one of them is unknown)",
-                |m| m.estimate.knee,
+                "The engine's knee: the capacity of the tightest goodput.require SLO (NaN when one of them is \
+                 unknown)",
+                estimate.knee,
             ),
             (
                 "llmslo_capacity_goodput_requests_per_second",
                 "Goodput requests per second at the knee (Little's law: knee concurrency over the modelled e2e there)",
-                |m| m.estimate.goodput_requests_per_second,
+                estimate.goodput_requests_per_second,
             ),
             (
                 "llmslo_capacity_goodput_output_tokens_per_second",
                 "Goodput output tokens per second at the knee",
-                |m| m.estimate.goodput_output_tokens_per_second,
+                estimate.goodput_output_tokens_per_second,
             ),
             (
                 "llmslo_slo_saturation_ratio",
-                "The load over the knee (the capacity of the tightest goodput.require SLO): 1.0 is at \
-                 the knee",
-                |m| m.saturation,
+                "The engine's load over its knee (the capacity of the tightest goodput.require SLO): 1.0 is at \
+                 the knee; the autoscaling signal",
+                engine.saturation,
             ),
             (
                 "llmslo_capacity_load_concurrency",
-                "The load the last minute's requests met (requests in flight) at the objective's quantile \
-                 of the SLO that sets the knee; the mean in flight when none finished",
-                |m| m.load,
+                "The load the last minute's requests met (generation requests in flight on the engine) at the \
+                 objective's quantile of the SLO that sets the knee; the mean in flight when none finished",
+                engine.load,
             ),
             (
                 "llmslo_latency_model_fit_ratio",
                 "Share of the variation in TPOT the fitted line in load explains (0-1)",
-                |m| m.estimate.fit_ratio,
+                estimate.fit_ratio,
             ),
         ];
-        for (name, help, value) in per_model {
-            let mut family = encoder.encode_descriptor(name, help, None, gauge)?;
-            for m in &models {
-                ConstGauge::new(value(m)).encode(family.encode_family(&model_label(m))?)?;
-            }
+        for (name, help, value) in engine_wide {
+            let family = encoder.encode_descriptor(name, help, None, gauge)?;
+            ConstGauge::new(value).encode(family)?;
         }
         let mut family = encoder.encode_descriptor(
             "llmslo_latency_model_tpot_seconds",
-            "The fitted TPOT line: TPOT = base + per_request x requests in flight",
+            "The fitted TPOT line: TPOT = base + per_request x generation requests in flight on the engine",
             None,
             gauge,
         )?;
-        for m in &models {
-            for (term, value) in [
-                ("base", m.estimate.tpot_base),
-                ("per_request", m.estimate.tpot_per_request),
-            ] {
-                let labels = TermLabels {
-                    model: m.model.clone(),
-                    term,
-                };
-                ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
-            }
+        for (term, value) in [("base", estimate.tpot_base), ("per_request", estimate.tpot_per_request)] {
+            ConstGauge::new(value).encode(family.encode_family(&TermLabels { term })?)?;
         }
         let mut family = encoder.encode_descriptor(
             "llmslo_capacity_band_attainment_ratio",
@@ -326,15 +265,12 @@ impl Collector for CapacityCollector {
             None,
             gauge,
         )?;
-        for m in &models {
-            for band in m.estimate.bands.iter().filter(|b| !b.attainment.is_nan()) {
-                let labels = BandLabels {
-                    slo: band.slo.clone(),
-                    model: m.model.clone(),
-                    concurrency: band.concurrency,
-                };
-                ConstGauge::new(band.attainment).encode(family.encode_family(&labels)?)?;
-            }
+        for band in estimate.bands.iter().filter(|b| !b.attainment.is_nan()) {
+            let labels = BandLabels {
+                slo: band.slo.clone(),
+                concurrency: band.concurrency,
+            };
+            ConstGauge::new(band.attainment).encode(family.encode_family(&labels)?)?;
         }
         let mut family = encoder.encode_descriptor(
             "llmslo_capacity_curve_ratio",
@@ -343,20 +279,17 @@ impl Collector for CapacityCollector {
             None,
             gauge,
         )?;
-        for m in &models {
-            for band in &m.estimate.bands {
-                for (source, value) in [("observed", band.observed_ratio), ("model", band.model_ratio)] {
-                    if value.is_nan() {
-                        continue;
-                    }
-                    let labels = CurveLabels {
-                        slo: band.slo.clone(),
-                        model: m.model.clone(),
-                        concurrency: band.concurrency,
-                        source,
-                    };
-                    ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
+        for band in &estimate.bands {
+            for (source, value) in [("observed", band.observed_ratio), ("model", band.model_ratio)] {
+                if value.is_nan() {
+                    continue;
                 }
+                let labels = CurveLabels {
+                    slo: band.slo.clone(),
+                    concurrency: band.concurrency,
+                    source,
+                };
+                ConstGauge::new(value).encode(family.encode_family(&labels)?)?;
             }
         }
         Ok(())
@@ -368,16 +301,16 @@ mod tests {
     use super::*;
 
     #[tokio::test(start_paused = true)]
-    async fn every_model_meets_the_engines_whole_load() {
+    async fn every_request_meets_the_engines_whole_load() {
         let engine = CapacityEngine::new(
             DEFAULT_WINDOW,
             SloEngine::new(crate::slo::spec::SloSet::default(), &mut Registry::default()),
             &mut Registry::default(),
         );
         let now = Instant::now();
-        let llama = engine.arrive("llama", now);
-        let _qwen = engine.arrive("qwen", now);
-        let adapter = engine.arrive("llama-lora", now);
+        let llama = engine.arrive(now);
+        let _qwen = engine.arrive(now);
+        let adapter = engine.arrive(now);
         assert_eq!(adapter.load(now).arrival, 3.0, "all three models share the engine");
         drop(adapter);
         tokio::time::advance(Duration::from_secs(1)).await;
@@ -388,8 +321,11 @@ mod tests {
             Some(2.0),
             "two in flight throughout its second"
         );
-        let loads: Vec<f64> = engine.snapshot(later).iter().map(|m| m.load).collect();
-        assert_eq!(loads, [2.0, 2.0, 2.0], "every model reads the engine's load");
+        assert_eq!(
+            engine.snapshot(later).load,
+            2.0,
+            "the engine's mean in flight, no request done yet"
+        );
     }
 
     fn sample(arrival: f32, decode: f32) -> Sample {

@@ -430,7 +430,6 @@ impl Metrics {
     /// (once the engine is known, so that no `provider="unknown"` series linger).
     fn create_series(&self, model: &str) {
         self.slo.create_series(model);
-        self.capacity.create_series(model);
         let Some(engine) = self.provider.engine() else {
             return;
         };
@@ -466,7 +465,7 @@ impl Metrics {
         let (model, candidate) = self.models.label(raw_model);
         let (in_flight, inter_chunk) = self.request_series(&model, operation);
         RequestHandles {
-            load: operation.is_generation().then(|| self.capacity.arrive(&model, now)),
+            load: operation.is_generation().then(|| self.capacity.arrive(now)),
             model,
             candidate,
             operation,
@@ -486,10 +485,8 @@ impl Metrics {
             self.create_series(&model);
         }
         if model != handles.model {
+            // The load meter is the engine's: the request stays counted as it arrived.
             let (in_flight, inter_chunk) = self.request_series(&model, handles.operation);
-            if handles.operation.is_generation() {
-                handles.load = Some(self.capacity.arrive(&model, Instant::now()));
-            }
             handles.model = model;
             handles.inter_chunk = inter_chunk;
             handles._in_flight = in_flight;

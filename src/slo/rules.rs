@@ -404,25 +404,26 @@ fn goodput_group() -> Group {
     }
 }
 
-/// Fleet capacity per model from each pod's live estimate: the load, the
-/// capacity, and how many replicas the load needs. Pods whose knee is unknown (NaN) carry
-/// load but are assumed to be like the pods whose knee is known.
+/// Fleet capacity from each pod's live estimate of its engine: the load, the capacity, and how
+/// many replicas the load needs, over the pods of one job (every target label but `instance`
+/// and `pod`). Pods whose knee is unknown (NaN) carry load but are assumed to be like the pods
+/// whose knee is known.
 fn capacity_group() -> Group {
     Group {
         name: "llmslo-capacity".into(),
         rules: vec![
             record(
                 "llmslo:capacity_load_concurrency:sum",
-                "sum by (model) (llmslo_capacity_load_concurrency)",
+                "sum without (instance, pod) (llmslo_capacity_load_concurrency)",
             ),
             record(
                 "llmslo:capacity_replicas:count",
-                "count by (model) (llmslo_capacity_load_concurrency)",
+                "count without (instance, pod) (llmslo_capacity_load_concurrency)",
             ),
             // `x >= 0` keeps the pods whose knee is a number (NaN compares false).
             record(
                 "llmslo:capacity_knee_concurrency:avg",
-                "avg by (model) (llmslo_capacity_knee_concurrency >= 0)",
+                "avg without (instance, pod) (llmslo_capacity_knee_concurrency >= 0)",
             ),
             record(
                 "llmslo:capacity_concurrency:sum",

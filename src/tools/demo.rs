@@ -472,20 +472,20 @@ fn render_slos(text: &str, period_share: f64) -> String {
             pct(gauge("llmslo_slo_attainment_ratio")),
         );
     }
-    for model in MODELS {
-        let gauge = |name: &str| exposition.gauge(name, &[("model", model)], None);
-        let per_slo: Vec<String> = slos_of(&exposition, "llmslo_capacity_concurrency", model)
-            .into_iter()
-            .map(|(slo, c)| format!("{slo} {}", num(Some(c))))
-            .collect();
-        out += &format!(
-            "capacity {model:<15} knee {} in flight ({}), load {}, saturation {}\n",
-            num(gauge("llmslo_capacity_knee_concurrency")),
-            per_slo.join(", "),
-            num(gauge("llmslo_capacity_load_concurrency")),
-            pct(gauge("llmslo_slo_saturation_ratio")),
-        );
-    }
+    let gauge = |name: &str| exposition.gauge(name, &[], None);
+    let per_slo: Vec<String> = exposition
+        .samples
+        .iter()
+        .filter(|(name, _, _)| *name == "llmslo_capacity_concurrency")
+        .filter_map(|(_, labels, c)| Some(format!("{} {}", Exposition::label(labels, "slo")?, num(Some(*c)))))
+        .collect();
+    out += &format!(
+        "capacity engine  knee {} in flight ({}), load {}, saturation {}\n",
+        num(gauge("llmslo_capacity_knee_concurrency")),
+        per_slo.join(", "),
+        num(gauge("llmslo_capacity_load_concurrency")),
+        pct(gauge("llmslo_slo_saturation_ratio")),
+    );
     out + "(\"-\": fewer than min_events requests in the window yet, or for capacity too little spread in load; \
            burn rate 1 spends the budget in exactly its period; budget spent: of the whole period's, so far)\n\n"
 }
@@ -493,16 +493,6 @@ fn render_slos(text: &str, period_share: f64) -> String {
 /// How much of the SLO period `uptime` is (at most all of it).
 fn share_of(uptime: Duration, period: Duration) -> f64 {
     uptime.min(period).as_secs_f64() / period.as_secs_f64()
-}
-
-/// `(slo, value)` of each series of the per-SLO gauge `name` for `model`.
-fn slos_of<'a>(exposition: &Exposition<'a>, name: &str, model: &str) -> Vec<(&'a str, f64)> {
-    exposition
-        .samples
-        .iter()
-        .filter(|(n, labels, _)| *n == name && Exposition::label(labels, "model") == Some(model))
-        .filter_map(|(_, labels, v)| Some((Exposition::label(labels, "slo")?, *v)))
-        .collect()
 }
 
 /// A minimal reading of the text exposition: sample name, labels, value.
