@@ -640,15 +640,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_take_units_or_bare_seconds() {
-        assert_eq!(duration("2"), Ok(Duration::from_secs(2)));
-        assert_eq!(duration("0.5"), Ok(Duration::from_millis(500)));
-        assert_eq!(duration("1m30s"), Ok(Duration::from_secs(90)));
-        assert!(duration("-1").is_err());
-        assert!(duration("soon").unwrap_err().contains("like 5s"));
-    }
-
-    #[test]
     fn help_text_is_for_users() {
         use clap::CommandFactory;
         let mut command = Cli::command();

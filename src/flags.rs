@@ -32,6 +32,7 @@ mod tests {
     #[test]
     fn durations_take_units_or_seconds() {
         assert_eq!(duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(duration("2"), Ok(Duration::from_secs(2)));
         assert_eq!(duration("1m30s"), Ok(Duration::from_secs(90)));
         assert_eq!(duration("0.5"), Ok(Duration::from_millis(500)));
         assert!(duration("-1").unwrap_err().contains("not a duration"));

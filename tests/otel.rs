@@ -251,6 +251,15 @@ fn counter_total(metrics: &[Metric], name: &str, key: &str, value: &str) -> i64 
         .unwrap_or(0)
 }
 
+/// A sidecar in front of the paced vLLM capture, exporting to a fresh OTLP/HTTP receiver with
+/// the `otel:` keys `keys` (the endpoint added); the receiver's findings and the engine's log.
+async fn exporting_sidecar(keys: &str) -> (llmslo::sidecar::Sidecar, Received, Arc<Mutex<Vec<Vec<u8>>>>) {
+    let (receiver, received) = http_receiver().await;
+    let (upstream, engine_log) = scripted_upstream(paced_capture()).await;
+    let otel = format!("otel: {{{keys}, exporter_otlp_endpoint: 'http://{receiver}'}}\n");
+    (start_sidecar(upstream, &otel).await, received, engine_log)
+}
+
 /// Streams four requests (three continuing client traces, one without) through a sidecar that
 /// exports to `receiver` over `protocol`, shuts the sidecar down (which flushes the export),
 /// and checks every span and metric that arrived.
@@ -418,14 +427,9 @@ async fn otlp_grpc_export_carries_spans_and_metrics() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exponential_histograms_on_request_carry_every_observation() {
-    let (receiver, received) = http_receiver().await;
-    let (upstream, _) = scripted_upstream(paced_capture()).await;
-    let sidecar = start_sidecar(
-        upstream,
-        &format!(
-            "otel: {{metrics_exporter: otlp, exporter_otlp_endpoint: 'http://{receiver}', metric_export_interval: 200, \
-             exporter_otlp_metrics_default_histogram_aggregation: base2_exponential_bucket_histogram}}\n"
-        ),
+    let (sidecar, received, _) = exporting_sidecar(
+        "metrics_exporter: otlp, metric_export_interval: 200, \
+         exporter_otlp_metrics_default_histogram_aggregation: base2_exponential_bucket_histogram",
     )
     .await;
     for _ in 0..3 {
@@ -508,16 +512,8 @@ async fn without_export_the_exemplars_name_the_clients_sampled_trace_and_nothing
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sampler_that_drops_the_trace_exports_no_span_and_leaves_no_exemplar() {
-    let (receiver, received) = http_receiver().await;
-    let (upstream, engine_log) = scripted_upstream(paced_capture()).await;
-    let sidecar = start_sidecar(
-        upstream,
-        &format!(
-            "otel: {{traces_exporter: otlp, metrics_exporter: otlp, traces_sampler: always_off, \
-             exporter_otlp_endpoint: 'http://{receiver}'}}\n"
-        ),
-    )
-    .await;
+    let (sidecar, received, engine_log) =
+        exporting_sidecar("traces_exporter: otlp, metrics_exporter: otlp, traces_sampler: always_off").await;
     assert_eq!(chat(sidecar.proxy_addr, Some(TRACE_IDS[1])).await, 200);
     let registry = sidecar.metrics.clone();
     settle(&sidecar).await;

@@ -35,10 +35,10 @@ pub const PROTOBUF_CONTENT_TYPE: &str =
 pub const SCHEMA: i8 = 4;
 
 /// Populated native buckets a series keeps before it halves its resolution.
-pub const MAX_BUCKETS: usize = 160;
+const MAX_BUCKETS: usize = 160;
 
 /// The native half of every histogram.
-pub fn config() -> NativeHistogramConfig {
+fn config() -> NativeHistogramConfig {
     NativeHistogramConfig::with_schema(SCHEMA).max_buckets(MAX_BUCKETS)
 }
 
@@ -54,7 +54,7 @@ impl MetricConstructor<Histogram> for ClassicAndNative {
 
 /// Builds the native-only twin of a series with exemplars.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct NativeOnly;
+struct NativeOnly;
 
 impl MetricConstructor<Histogram> for NativeOnly {
     fn new_metric(&self) -> Histogram {
