@@ -43,6 +43,7 @@ fn options(target: String, loads: LoadPlan) -> SweepOptions {
         request_timeout: Duration::from_secs(60),
         ca_cert: None,
         seed: 1,
+        bursts: None,
     }
 }
 
@@ -350,6 +351,18 @@ async fn bad_input_gets_a_clear_error_and_a_non_zero_exit() {
         stderr.contains("--rate 0: rates are requests per second above zero"),
         "{stderr}"
     );
+    let (code, _, stderr) = run(&["--target", &target, "--bursts", "2s/3s"]).await;
+    assert_eq!(code, 2, "bursts need rate steps");
+    assert!(stderr.contains("--rate"), "{stderr}");
+    for (bad, says) in [
+        ("2s", "expected ON/OFF, two durations like 2s/3s, not `2s`"),
+        ("0s/3s", "the burst (ON) must last longer than zero"),
+        ("2s/soon", "`soon` is not a duration"),
+    ] {
+        let (code, _, stderr) = run(&["--target", &target, "--rate", "2", "--bursts", bad]).await;
+        assert_eq!(code, 2, "{bad}");
+        assert!(stderr.contains(says), "{bad}: {stderr}");
+    }
     let (code, _, stderr) = run(&["--target", &target, "--output-tokens", "1"]).await;
     assert_eq!(code, 64);
     assert!(stderr.contains("TPOT needs at least 2 output tokens"), "{stderr}");

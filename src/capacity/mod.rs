@@ -4,15 +4,15 @@
 //! load the pod can take before each SLO breaks, and how close it is now.
 
 pub mod fit;
+pub mod headroom;
 pub mod meter;
 pub mod model;
 pub mod window;
 
 use crate::observe::record::{Outcome, RequestRecord};
-use crate::quantile::nearest_rank;
 use crate::slo::SloEngine;
-use meter::{InFlight, LoadMeter, Reading};
-use model::{Estimate, Latency};
+use headroom::{Capacities, Estimate, Previous, Recent, SloCapacity};
+use meter::{InFlight, LoadMeter};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -26,18 +26,19 @@ use window::{Sample, SampleWindow};
 
 /// `capacity.window` when none is given.
 pub const DEFAULT_WINDOW: Duration = Duration::from_secs(30 * 60);
-/// The current load is read over about this long.
-const LOAD_SPAN: Duration = Duration::from_secs(60);
-/// Requests kept for the current load: at most this many of the last [`LOAD_SPAN`].
+/// The current traffic is read over about this long: a step in load shows in full within it.
+pub const LOAD_SPAN: Duration = Duration::from_secs(20);
+/// Requests kept for the current traffic: at most this many of the last [`LOAD_SPAN`].
 const RECENT: usize = 2048;
 
 #[derive(Debug)]
 struct EngineState {
     window: SampleWindow,
-    /// Meter readings taken at scrapes, for the mean load over the last minute.
-    readings: VecDeque<Reading>,
-    /// The last minute's finished requests (their finish time), for the load they met.
+    /// The last [`LOAD_SPAN`]'s finished requests (their finish time), for the traffic's shape.
     recent: VecDeque<(Instant, Sample)>,
+    /// The last capacities and when they were estimated: each new one is blended into them,
+    /// and they stand while the traffic is too thin to scale.
+    previous: Option<(Instant, Capacities)>,
 }
 
 /// The live capacity estimate of the engine.
@@ -49,18 +50,6 @@ pub struct CapacityEngine {
     state: Mutex<EngineState>,
 }
 
-/// The engine's estimate with its current load.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EngineCapacity {
-    /// The load the last minute's requests met, at the binding SLO's objective quantile
-    /// (the mean in flight when none finished).
-    pub load: f64,
-    /// Current load over the knee: 1.0 is at the knee.
-    pub saturation: f64,
-    /// What the model says.
-    pub estimate: Estimate,
-}
-
 impl CapacityEngine {
     /// An engine with a `window` of recent requests, judged by `slo`'s SLOs, its gauges
     /// registered in `registry`.
@@ -70,8 +59,8 @@ impl CapacityEngine {
             meter: Arc::default(),
             state: Mutex::new(EngineState {
                 window: SampleWindow::new(window),
-                readings: VecDeque::new(),
                 recent: VecDeque::new(),
+                previous: None,
             }),
         });
         registry.register_collector(Box::new(CapacityCollector(engine.clone())));
@@ -109,10 +98,10 @@ impl CapacityEngine {
     }
 
     /// The engine's estimate at `now` (the fit runs outside the lock).
-    pub fn snapshot(&self, now: Instant) -> EngineCapacity {
-        let (mean, recent, samples) = {
+    pub fn snapshot(&self, now: Instant) -> Estimate {
+        let traffic = self.meter.traffic(now, LOAD_SPAN);
+        let (recent, window, previous) = {
             let mut state = self.state.lock().expect("capacity lock");
-            let mean = mean_in_flight(&self.meter, &mut state, now);
             while state
                 .recent
                 .front()
@@ -121,50 +110,20 @@ impl CapacityEngine {
                 state.recent.pop_front();
             }
             let recent: Vec<Sample> = state.recent.iter().map(|(_, s)| *s).collect();
-            (mean, recent, state.window.samples(now))
+            (recent, state.window.samples(now), state.previous.clone())
         };
-        let estimate = model::estimate(&samples, &self.slo.set());
-        let load = estimate
-            .binding
-            .and_then(|(latency, objective)| load_met(&recent, latency, objective))
-            .unwrap_or(mean);
-        EngineCapacity {
-            load,
-            saturation: load / estimate.knee,
-            estimate,
-        }
+        let recent = traffic.map(|traffic| Recent {
+            traffic,
+            samples: &recent,
+        });
+        let previous = previous.as_ref().map(|(at, capacities)| Previous {
+            capacities,
+            ago: now.saturating_duration_since(*at),
+        });
+        let estimate = headroom::estimate(&window, recent, &self.slo.set(), previous);
+        self.state.lock().expect("capacity lock").previous = Some((now, estimate.capacities.clone()));
+        estimate
     }
-}
-
-/// The load `recent` requests met, in `latency`'s terms, at the `objective` quantile: the
-/// mean in flight for steady load, more when bursts meet the SLO's tail.
-fn load_met(recent: &[Sample], latency: Latency, objective: f64) -> Option<f64> {
-    let mut loads: Vec<f64> = recent.iter().filter_map(|s| latency.load(s)).collect();
-    if loads.is_empty() {
-        return None;
-    }
-    loads.sort_by(f64::total_cmp);
-    Some(nearest_rank(&loads, objective))
-}
-
-/// The engine's mean in flight since the oldest scrape reading of the last minute (the count
-/// now at the first scrape).
-fn mean_in_flight(meter: &LoadMeter, state: &mut EngineState, now: Instant) -> f64 {
-    let reading = meter.read(now);
-    while state
-        .readings
-        .front()
-        .is_some_and(|r| now.saturating_duration_since(r.at) > LOAD_SPAN)
-    {
-        state.readings.pop_front();
-    }
-    let load = state
-        .readings
-        .front()
-        .and_then(|oldest| oldest.mean_until(&reading))
-        .unwrap_or(reading.in_flight as f64);
-    state.readings.push_back(reading);
-    load
 }
 
 #[derive(Debug, EncodeLabelSet)]
@@ -190,54 +149,78 @@ struct SloLabel {
     slo: String,
 }
 
+/// Reads one figure of an SLO's capacity.
+type PerSlo = fn(&SloCapacity) -> f64;
+
 /// Encodes the capacity gauges at scrape time.
 #[derive(Debug)]
 struct CapacityCollector(Arc<CapacityEngine>);
 
 impl Collector for CapacityCollector {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let engine = self.0.snapshot(Instant::now());
-        let estimate = &engine.estimate;
+        let estimate = self.0.snapshot(Instant::now());
+        let capacities = &estimate.capacities;
         let gauge = MetricType::Gauge;
-        let mut family = encoder.encode_descriptor(
-            "llmslo_capacity_concurrency",
-            "Highest concurrency (generation requests in flight on the engine) at which the SLO's \
-             objective still holds, from the live latency-load model (+Inf: beyond 10x the load seen; NaN: \
-             too few requests or too little spread in load)",
-            None,
-            gauge,
-        )?;
-        for (slo, c) in &estimate.capacity {
-            ConstGauge::new(*c).encode(family.encode_family(&SloLabel { slo: slo.clone() })?)?;
+        let per_slo: [(&str, &str, PerSlo); 2] = [
+            (
+                "llmslo_capacity_requests_per_second",
+                "Highest arrival rate of generation requests at which the SLO's objective still holds, with the \
+                 recent traffic's shape, from the live latency-load model (+Inf: beyond 10x the load seen; NaN: \
+                 too few requests or too little spread in load)",
+                |c| c.requests_per_second,
+            ),
+            (
+                "llmslo_capacity_concurrency",
+                "Mean generation requests in flight on the engine at llmslo_capacity_requests_per_second",
+                |c| c.concurrency,
+            ),
+        ];
+        for (name, help, value) in per_slo {
+            let mut family = encoder.encode_descriptor(name, help, None, gauge)?;
+            for capacity in &capacities.slos {
+                let labels = SloLabel {
+                    slo: capacity.slo.clone(),
+                };
+                ConstGauge::new(value(capacity)).encode(family.encode_family(&labels)?)?;
+            }
         }
-        let engine_wide: [(&str, &str, f64); 6] = [
+        let engine_wide: [(&str, &str, f64); 8] = [
+            (
+                "llmslo_capacity_knee_requests_per_second",
+                "The engine's knee as an arrival rate: the capacity of the tightest goodput.require SLO (NaN when \
+                 one of them is unknown); what fleet rules divide the load by",
+                capacities.knee_requests_per_second,
+            ),
             (
                 "llmslo_capacity_knee_concurrency",
-                "The engine's knee: the capacity of the tightest goodput.require SLO (NaN when one of them is \
-                 unknown)",
-                estimate.knee,
+                "Mean generation requests in flight on the engine at the knee",
+                capacities.knee_concurrency,
             ),
             (
                 "llmslo_capacity_goodput_requests_per_second",
-                "Goodput requests per second at the knee (Little's law: knee concurrency over the modelled e2e there)",
-                estimate.goodput_requests_per_second,
+                "Requests per second expected to meet every goodput.require SLO at the knee",
+                capacities.goodput_requests_per_second,
             ),
             (
                 "llmslo_capacity_goodput_output_tokens_per_second",
                 "Goodput output tokens per second at the knee",
-                estimate.goodput_output_tokens_per_second,
+                capacities.goodput_output_tokens_per_second,
             ),
             (
                 "llmslo_slo_saturation_ratio",
-                "The engine's load over its knee (the capacity of the tightest goodput.require SLO): 1.0 is at \
-                 the knee; the autoscaling signal",
-                engine.saturation,
+                "The engine's arrival rate over its knee rate (1.0 is at the knee, 0 with no traffic): the \
+                 autoscaling signal",
+                estimate.saturation,
+            ),
+            (
+                "llmslo_capacity_load_requests_per_second",
+                "Generation requests arriving at the engine per second over the last 20 s",
+                estimate.load_requests_per_second,
             ),
             (
                 "llmslo_capacity_load_concurrency",
-                "The load the last minute's requests met (generation requests in flight on the engine) at the \
-                 objective's quantile of the SLO that sets the knee; the mean in flight when none finished",
-                engine.load,
+                "Mean generation requests in flight on the engine over the last 20 s",
+                estimate.load_concurrency,
             ),
             (
                 "llmslo_latency_model_fit_ratio",
@@ -321,40 +304,12 @@ mod tests {
             Some(2.0),
             "two in flight throughout its second"
         );
+        let now = engine.snapshot(later);
         assert_eq!(
-            engine.snapshot(later).load,
-            2.0,
-            "the engine's mean in flight, no request done yet"
+            (now.load_concurrency, now.load_requests_per_second),
+            (2.0, 3.0),
+            "the engine's mean in flight and its arrivals over the second, no request done yet"
         );
-    }
-
-    fn sample(arrival: f32, decode: f32) -> Sample {
-        Sample {
-            arrival_load: arrival,
-            decode_load: decode,
-            whole_load: decode,
-            ttft: 0.1,
-            tpot: 0.02,
-            e2e: 1.0,
-            output_tokens: 32.0,
-        }
-    }
-
-    #[test]
-    fn the_load_that_counts_is_read_at_the_objective_in_the_slos_terms() {
-        // Steady at 10 but for a burst of 6 requests out of 100 at 30.
-        let recent: Vec<Sample> = (0..100)
-            .map(|i| if i < 6 { sample(1.0, 30.0) } else { sample(1.0, 10.0) })
-            .collect();
-        assert_eq!(load_met(&recent, Latency::Tpot, 0.90), Some(10.0));
-        assert_eq!(
-            load_met(&recent, Latency::Tpot, 0.95),
-            Some(30.0),
-            "the burst meets a 95 % SLO's tail"
-        );
-        assert_eq!(load_met(&recent, Latency::Ttft, 0.95), Some(1.0));
-        let unknown = [sample(1.0, f32::NAN)];
-        assert_eq!(load_met(&unknown, Latency::Tpot, 0.95), None);
-        assert_eq!(load_met(&[], Latency::Tpot, 0.95), None);
+        assert!(now.saturation.is_nan(), "no model yet: {now:?}");
     }
 }

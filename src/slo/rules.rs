@@ -404,38 +404,39 @@ fn goodput_group() -> Group {
     }
 }
 
-/// Fleet capacity from each pod's live estimate of its engine: the load, the capacity, and how
-/// many replicas the load needs, over the pods of one job (every target label but `instance`
-/// and `pod`). Pods whose knee is unknown (NaN) carry load but are assumed to be like the pods
-/// whose knee is known.
+/// Fleet capacity from each pod's live estimate of its engine, in request rates (what the
+/// load is offered in): the load, the capacity, and how many replicas the load needs, over the
+/// pods of one job (every target label but `instance` and `pod`). Pods whose knee is unknown
+/// (NaN) carry load but are assumed to be like the pods whose knee is known.
 fn capacity_group() -> Group {
     Group {
         name: "llmslo-capacity".into(),
         rules: vec![
             record(
-                "llmslo:capacity_load_concurrency:sum",
-                "sum without (instance, pod) (llmslo_capacity_load_concurrency)",
+                "llmslo:capacity_load_requests_per_second:sum",
+                "sum without (instance, pod) (llmslo_capacity_load_requests_per_second)",
             ),
             record(
                 "llmslo:capacity_replicas:count",
-                "count without (instance, pod) (llmslo_capacity_load_concurrency)",
+                "count without (instance, pod) (llmslo_capacity_load_requests_per_second)",
             ),
-            // `x >= 0` keeps the pods whose knee is a number (NaN compares false).
+            // `x > 0` keeps the pods whose knee is a number (NaN compares false) and leaves out
+            // one whose SLOs fail at any load (more of it would not help).
             record(
-                "llmslo:capacity_knee_concurrency:avg",
-                "avg without (instance, pod) (llmslo_capacity_knee_concurrency >= 0)",
+                "llmslo:capacity_knee_requests_per_second:avg",
+                "avg without (instance, pod) (llmslo_capacity_knee_requests_per_second > 0)",
             ),
             record(
-                "llmslo:capacity_concurrency:sum",
-                "llmslo:capacity_knee_concurrency:avg * llmslo:capacity_replicas:count",
+                "llmslo:capacity_requests_per_second:sum",
+                "llmslo:capacity_knee_requests_per_second:avg * llmslo:capacity_replicas:count",
             ),
             record(
                 "llmslo:capacity_replicas_needed:ceil",
-                "ceil(llmslo:capacity_load_concurrency:sum / llmslo:capacity_knee_concurrency:avg)",
+                "ceil(llmslo:capacity_load_requests_per_second:sum / llmslo:capacity_knee_requests_per_second:avg)",
             ),
             record(
                 "llmslo:slo_saturation:ratio",
-                "llmslo:capacity_load_concurrency:sum / llmslo:capacity_concurrency:sum",
+                "llmslo:capacity_load_requests_per_second:sum / llmslo:capacity_requests_per_second:sum",
             ),
         ],
     }

@@ -476,14 +476,15 @@ fn render_slos(text: &str, period_share: f64) -> String {
     let per_slo: Vec<String> = exposition
         .samples
         .iter()
-        .filter(|(name, _, _)| *name == "llmslo_capacity_concurrency")
+        .filter(|(name, _, _)| *name == "llmslo_capacity_requests_per_second")
         .filter_map(|(_, labels, c)| Some(format!("{} {}", Exposition::label(labels, "slo")?, num(Some(*c)))))
         .collect();
     out += &format!(
-        "capacity engine  knee {} in flight ({}), load {}, saturation {}\n",
+        "capacity engine  knee {} requests/s at {} in flight ({}), load {} requests/s, saturation {}\n",
+        num(gauge("llmslo_capacity_knee_requests_per_second")),
         num(gauge("llmslo_capacity_knee_concurrency")),
         per_slo.join(", "),
-        num(gauge("llmslo_capacity_load_concurrency")),
+        num(gauge("llmslo_capacity_load_requests_per_second")),
         pct(gauge("llmslo_slo_saturation_ratio")),
     );
     out + "(\"-\": fewer than min_events requests in the window yet, or for capacity too little spread in load; \

@@ -1,6 +1,7 @@
 //! `llmslo sweep`'s flags, their checks, and the run from flags to table, JSON and plot.
 
 use super::client::Endpoint;
+use super::load::Bursts;
 use super::{LoadPlan, SweepError, SweepOptions};
 use crate::config::Config;
 use crate::flags::{duration, EXIT_CONFIG};
@@ -34,6 +35,9 @@ pub struct SweepArgs {
     /// Open-loop Poisson steps instead, in requests per second (`0.5,1,2`).
     #[arg(long, value_delimiter = ',')]
     rate: Vec<f64>,
+    /// Send each rate step's requests in bursts: ON of arrivals, then OFF of none (`2s/3s`), the same mean rate.
+    #[arg(long, value_name = "ON/OFF", value_parser = bursts, requires = "rate")]
+    bursts: Option<Bursts>,
     /// `--concurrency auto` goes no higher than this.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     max_concurrency: u64,
@@ -135,8 +139,24 @@ impl SweepArgs {
             request_timeout: self.request_timeout,
             ca_cert: self.ca_cert,
             seed: self.seed,
+            bursts: self.bursts,
         })
     }
+}
+
+/// Parses `--bursts ON/OFF`: two durations, the burst above zero.
+fn bursts(value: &str) -> Result<Bursts, String> {
+    let (on, off) = value
+        .split_once('/')
+        .ok_or_else(|| format!("expected ON/OFF, two durations like 2s/3s, not `{value}`"))?;
+    let bursts = Bursts {
+        on: duration(on)?,
+        off: duration(off)?,
+    };
+    if bursts.on.is_zero() {
+        return Err("the burst (ON) must last longer than zero".into());
+    }
+    Ok(bursts)
 }
 
 /// Runs `llmslo sweep` from its flags: the table (or JSON) on standard output, the plot and

@@ -1,4 +1,5 @@
-//! Holds one load against the target: closed-loop clients or Poisson arrivals. Requests sent
+//! Holds one load against the target: closed-loop clients or Poisson arrivals (steady, or in
+//! on/off bursts). Requests sent
 //! during the warm-up are not recorded; those sent in the measured window are, and the load
 //! is held until the last of them ends, so every recorded request ran under the same load.
 
@@ -30,6 +31,33 @@ pub struct StepPlan {
     pub duration: Duration,
     /// Seed for arrival times.
     pub seed: u64,
+    /// Open-loop arrivals come in bursts instead of steadily.
+    pub bursts: Option<Bursts>,
+}
+
+/// On/off arrivals: Poisson during each `on` spell at the rate that keeps the step's mean
+/// rate, none during each `off` spell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bursts {
+    /// How long each burst lasts.
+    pub on: Duration,
+    /// The quiet spell after each burst.
+    pub off: Duration,
+}
+
+impl Bursts {
+    /// Where `busy` seconds of arrival time fall on the clock: the bursts laid end to end
+    /// with the quiet spells between them.
+    fn clock(&self, busy: f64) -> Duration {
+        let on = self.on.as_secs_f64();
+        let cycles = (busy / on).floor();
+        self.on.saturating_add(self.off).mul_f64(cycles) + Duration::from_secs_f64(busy - cycles * on)
+    }
+
+    /// The share of the time arrivals come.
+    fn duty(&self) -> f64 {
+        self.on.as_secs_f64() / (self.on + self.off).as_secs_f64()
+    }
 }
 
 /// The request bodies, taken in turn.
@@ -147,7 +175,7 @@ pub async fn run_step(
         }
         Load::Rate(rate) => {
             let shared = shared.clone();
-            tasks.spawn(arrivals(shared, rate, plan.seed));
+            tasks.spawn(arrivals(shared, rate, plan.seed, plan.bursts));
         }
     }
     let total = plan.warmup + plan.duration;
@@ -183,18 +211,89 @@ pub async fn run_step(
     samples
 }
 
-/// Poisson arrivals: each request in its own task, sent at exponentially spaced times.
-async fn arrivals(shared: Arc<Shared>, rate: f64, seed: u64) {
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let gaps = Exp::new(rate).expect("a positive rate");
+/// Poisson arrivals: each request in its own task, sent at exponentially spaced times (of busy
+/// time, with `bursts`).
+async fn arrivals(shared: Arc<Shared>, rate: f64, seed: u64, bursts: Option<Bursts>) {
     let mut requests = JoinSet::new();
-    let mut next = Instant::now();
-    while !shared.over() {
-        tokio::time::sleep_until(next).await;
+    let start = Instant::now();
+    for offset in ArrivalTimes::new(rate, seed, bursts) {
+        tokio::time::sleep_until(start + offset).await;
+        if shared.over() {
+            break;
+        }
         let shared_one = shared.clone();
         requests.spawn(async move { shared_one.one_request().await });
-        next += Duration::from_secs_f64(gaps.sample(&mut rng));
         // Reap finished requests so the set stays as large as what is in flight.
         while requests.try_join_next().is_some() {}
+    }
+}
+
+/// The send times of Poisson arrivals at a mean `rate`, from the step's start.
+struct ArrivalTimes {
+    rng: SmallRng,
+    gaps: Exp<f64>,
+    bursts: Option<Bursts>,
+    /// Seconds of arrival time (time within bursts) drawn so far.
+    busy: f64,
+}
+
+impl ArrivalTimes {
+    fn new(rate: f64, seed: u64, bursts: Option<Bursts>) -> Self {
+        let duty = bursts.map_or(1.0, |b| b.duty());
+        Self {
+            rng: SmallRng::seed_from_u64(seed),
+            gaps: Exp::new(rate / duty).expect("a positive rate"),
+            bursts,
+            busy: 0.0,
+        }
+    }
+}
+
+impl Iterator for ArrivalTimes {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let at = match self.bursts {
+            Some(bursts) => bursts.clock(self.busy),
+            None => Duration::from_secs_f64(self.busy),
+        };
+        self.busy += self.gaps.sample(&mut self.rng);
+        Some(at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bursts_lay_busy_time_out_between_quiet_spells() {
+        let bursts = Bursts {
+            on: Duration::from_secs(2),
+            off: Duration::from_secs(3),
+        };
+        assert_eq!(bursts.duty(), 0.4);
+        assert_eq!(bursts.clock(0.0), Duration::ZERO);
+        assert_eq!(bursts.clock(1.5), Duration::from_millis(1500));
+        assert_eq!(bursts.clock(2.0), Duration::from_secs(5), "the next burst");
+        assert_eq!(bursts.clock(4.5), Duration::from_millis(10_500));
+    }
+
+    #[test]
+    fn bursty_arrivals_keep_the_mean_rate_and_come_only_in_bursts() {
+        let bursts = Bursts {
+            on: Duration::from_secs(1),
+            off: Duration::from_secs(3),
+        };
+        let times: Vec<Duration> = ArrivalTimes::new(10.0, 3, Some(bursts))
+            .take_while(|t| *t < Duration::from_secs(400))
+            .collect();
+        assert!((times.len() as f64 / 400.0 - 10.0).abs() < 0.5, "{}", times.len());
+        assert!(times.iter().all(|t| t.as_millis() % 4000 < 1000), "none between bursts");
+        let steady: Vec<Duration> = ArrivalTimes::new(10.0, 3, None)
+            .take_while(|t| *t < Duration::from_secs(400))
+            .collect();
+        assert!((steady.len() as f64 / 400.0 - 10.0).abs() < 0.5, "{}", steady.len());
+        assert!(steady.iter().any(|t| t.as_millis() % 4000 >= 1000));
     }
 }

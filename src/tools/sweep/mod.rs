@@ -16,7 +16,7 @@ use crate::slo::spec::{SloKind, SloSet};
 use client::{Endpoint, RequestShape, Requester};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use knee::KneeSearch;
-use load::{Bodies, StepPlan};
+use load::{Bodies, Bursts, StepPlan};
 use prompts::{Entry, Prompt};
 use report::{Knee, Report};
 use stats::{Load, StepResult};
@@ -72,6 +72,8 @@ pub struct SweepOptions {
     pub ca_cert: Option<PathBuf>,
     /// Seed for arrival times.
     pub seed: u64,
+    /// Rate steps send their requests in on/off bursts (the same mean rate).
+    pub bursts: Option<Bursts>,
 }
 
 /// Why a sweep could not run or finish.
@@ -138,6 +140,7 @@ pub async fn run(options: SweepOptions) -> Result<Report, SweepError> {
         warmup: options.warmup,
         duration: options.duration,
         seed: options.seed,
+        bursts: options.bursts,
     };
     let mut steps = Vec::new();
     let mut search = match options.loads {
