@@ -16,6 +16,7 @@ use common::{knee_40_engine, start_engine, start_sidecar};
 use llmslo::tools::simulate::batching::BatchingOptions;
 use llmslo::tools::simulate::SimOptions;
 use llmslo::tools::sweep::client::Endpoint;
+use llmslo::tools::sweep::load::Bursts;
 use llmslo::tools::sweep::report::Report;
 use llmslo::tools::sweep::{LoadPlan, SweepOptions};
 use std::net::SocketAddr;
@@ -28,8 +29,12 @@ use tokio::time::Instant;
 struct Case {
     /// The SLOs' objective, in percent.
     objective: u32,
+    /// The simulator's prefill cost per prompt token.
+    prefill_per_token: Duration,
     /// The simulator's step jitter (0: every step lasts exactly its cost).
     step_jitter: f64,
+    /// On/off arrivals instead of steady Poisson ones.
+    bursts: Option<Bursts>,
     /// The models sharing the engine; each gets an equal share of the traffic.
     models: &'static [&'static str],
     /// The rates the truth is searched over (requests per second).
@@ -39,11 +44,15 @@ struct Case {
 /// TPOT within 30 ms and TTFT within 1 s: the batching simulator's TPOT is 10 + 0.5·C ms.
 const BASELINE: Case = Case {
     objective: 95,
+    prefill_per_token: Duration::ZERO,
     step_jitter: 0.0,
+    bursts: None,
     models: &["sim"],
     rates: Vec::new(),
 };
 
+/// The prompts' length: at the knee (about one arrival per 30 ms step), 150 µs a token stalls
+/// each step about 10 ms, a third of it.
 const PROMPT_TOKENS: u32 = 64;
 const OUTPUT_TOKENS: u32 = 32;
 /// How long each truth step is measured, after its warm-up.
@@ -51,7 +60,7 @@ const TRUTH_STEP: Duration = Duration::from_secs(30);
 /// The live phases: a share of the true knee rate, held this long. The first starts cold:
 /// the model needs its first requests with a clear slope (500 of them for a 99 % objective).
 const PHASES: [(f64, Duration); 5] = [
-    (0.2, Duration::from_secs(120)),
+    (0.2, Duration::from_secs(180)),
     (0.4, Duration::from_secs(60)),
     (0.6, Duration::from_secs(60)),
     (1.2, Duration::from_secs(60)),
@@ -74,6 +83,7 @@ fn slos(objective: u32) -> String {
 fn engine(case: &Case) -> SimOptions {
     let mut options = knee_40_engine();
     options.batching = Some(BatchingOptions {
+        prefill_per_token: case.prefill_per_token,
         step_jitter: case.step_jitter,
         ..options.batching.unwrap()
     });
@@ -112,7 +122,7 @@ async fn offer(target: SocketAddr, case: &Case, rates: &[f64], warmup: Duration,
             request_timeout: Duration::from_secs(60),
             ca_cert: None,
             seed: 7 + 1000 * i as u64 + (rates[0] * 10.0) as u64,
-            bursts: None,
+            bursts: case.bursts,
         };
         sweeps.spawn(async move {
             let report = llmslo::tools::sweep::run(options).await;
@@ -335,6 +345,16 @@ async fn poisson_99() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn prefill_a_third_of_a_step() {
+    let case = Case {
+        prefill_per_token: Duration::from_micros(150),
+        rates: around(14.0, 26.0),
+        ..BASELINE
+    };
+    prove("prefill a third of a step at the knee", case).await;
+}
+
+#[tokio::test(start_paused = true)]
 async fn noisy_engine() {
     let case = Case {
         step_jitter: 0.5,
@@ -352,4 +372,17 @@ async fn two_models_share_the_engine() {
         ..BASELINE
     };
     prove("two models", case).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn bursty_arrivals() {
+    let case = Case {
+        bursts: Some(Bursts {
+            on: Duration::from_secs(2),
+            off: Duration::from_secs(2),
+        }),
+        rates: around(14.0, 26.0),
+        ..BASELINE
+    };
+    prove("on/off bursts", case).await;
 }

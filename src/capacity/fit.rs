@@ -79,6 +79,98 @@ pub fn robust_line(points: &[(f64, f64)]) -> Option<LineFit> {
     })
 }
 
+/// `y = base + slope × x1 + stall × x2`, fitted, with the two coefficients' standard errors.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlaneFit {
+    /// The intercept.
+    pub base: f64,
+    /// The coefficient of x1.
+    pub slope: f64,
+    /// The coefficient of x2.
+    pub stall: f64,
+    /// The standard error of `slope`.
+    pub slope_error: f64,
+    /// The standard error of `stall`.
+    pub stall_error: f64,
+}
+
+/// Fits the plane through `points` (x1, x2, y) with the same Huber reweighting as
+/// [`robust_line`]; `None` with fewer than four points or when x1 and x2 do not vary apart.
+pub fn robust_plane(points: &[(f64, f64, f64)]) -> Option<PlaneFit> {
+    if points.len() < 4 {
+        return None;
+    }
+    let mut weights = vec![1.0; points.len()];
+    let mut fit = weighted_plane(points, &weights)?;
+    let mut scale = 0.0;
+    for _ in 0..MAX_ITERATIONS {
+        let residuals: Vec<f64> = points.iter().map(|&p| p.2 - fit.at(p)).collect();
+        scale = robust_scale(&residuals);
+        if scale == 0.0 {
+            break;
+        }
+        let cut = HUBER_K * scale;
+        for (w, r) in weights.iter_mut().zip(&residuals) {
+            *w = if r.abs() <= cut { 1.0 } else { cut / r.abs() };
+        }
+        let next = weighted_plane(points, &weights)?;
+        let settled =
+            (next.coefficients.iter().zip(&fit.coefficients)).all(|(a, b)| (a - b).abs() <= 1e-12 * b.abs().max(1e-12));
+        fit = next;
+        if settled {
+            break;
+        }
+    }
+    let [base, slope, stall] = fit.coefficients;
+    Some(PlaneFit {
+        base,
+        slope,
+        stall,
+        slope_error: scale * fit.inverse_spread[0].sqrt(),
+        stall_error: scale * fit.inverse_spread[1].sqrt(),
+    })
+}
+
+struct Plane {
+    /// base, slope, stall.
+    coefficients: [f64; 3],
+    /// The diagonal of the inverse of the centred regressors' weighted spread matrix.
+    inverse_spread: [f64; 2],
+}
+
+impl Plane {
+    fn at(&self, (x1, x2, _): (f64, f64, f64)) -> f64 {
+        let [base, slope, stall] = self.coefficients;
+        base + slope * x1 + stall * x2
+    }
+}
+
+/// Weighted least squares in two regressors; `None` when they do not vary apart.
+fn weighted_plane(points: &[(f64, f64, f64)], weights: &[f64]) -> Option<Plane> {
+    let total: f64 = weights.iter().sum();
+    let mean = |f: fn(&(f64, f64, f64)) -> f64| points.iter().zip(weights).map(|(p, w)| w * f(p)).sum::<f64>() / total;
+    let (m1, m2, my) = (mean(|p| p.0), mean(|p| p.1), mean(|p| p.2));
+    let (mut s11, mut s12, mut s22, mut s1y, mut s2y) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    for ((x1, x2, y), w) in points.iter().zip(weights) {
+        let (d1, d2, dy) = (x1 - m1, x2 - m2, y - my);
+        s11 += w * d1 * d1;
+        s12 += w * d1 * d2;
+        s22 += w * d2 * d2;
+        s1y += w * d1 * dy;
+        s2y += w * d2 * dy;
+    }
+    let det = s11 * s22 - s12 * s12;
+    if det.is_nan() || det <= 1e-12 * s11 * s22 {
+        return None;
+    }
+    let slope = (s22 * s1y - s12 * s2y) / det;
+    let stall = (s11 * s2y - s12 * s1y) / det;
+    Some(Plane {
+        coefficients: [my - slope * m1 - stall * m2, slope, stall],
+        inverse_spread: [s22 / det, s11 / det],
+    })
+}
+
 /// Weighted least squares; `None` when the weighted x has no spread.
 fn weighted_line(points: &[(f64, f64)], weights: &[f64]) -> Option<(f64, f64)> {
     let total: f64 = weights.iter().sum();
@@ -157,6 +249,30 @@ mod tests {
         // The 95th percentile residual sees the slow ones' tail; the median does not.
         assert!(fit.residual_quantile(0.5).abs() < 0.0002);
         assert!(fit.residual_quantile(0.99) > 0.02);
+    }
+
+    #[test]
+    fn a_plane_separates_two_causes() {
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(4);
+        let points: Vec<(f64, f64, f64)> = (0..2000)
+            .map(|_| {
+                let (x1, x2) = (rng.random_range(2.0..20.0), rng.random_range(0.0..0.3));
+                (
+                    x1,
+                    x2,
+                    0.010 + 0.0005 * x1 + 0.02 * x2 + rng.random_range(-0.0002..0.0002),
+                )
+            })
+            .collect();
+        let fit = robust_plane(&points).unwrap();
+        assert!(
+            (fit.base - 0.010).abs() < 1e-4 && (fit.slope - 0.0005).abs() < 1e-5,
+            "{fit:?}"
+        );
+        assert!((fit.stall - 0.02).abs() < 5e-4 && fit.stall_error < 5e-4, "{fit:?}");
+        // The same x2 as x1 in other units: nothing tells them apart.
+        let collinear: Vec<_> = points.iter().map(|p| (p.0, 2.0 * p.0, p.2)).collect();
+        assert_eq!(robust_plane(&collinear), None);
     }
 
     #[test]

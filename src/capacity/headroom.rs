@@ -288,8 +288,10 @@ struct Scaling {
     rate: f64,
     /// Mean in flight now.
     in_flight: f64,
-    /// Seconds of e2e added per request in flight.
-    e2e_slope: f64,
+    /// The share of today's e2e that a request's e2e grows by, per unit of growth in the
+    /// load ratio: Little's law gives N = s × rate × e2e, and e2e grows along its line with the
+    /// load the requests met, which moves with the load ratio from what they meet today.
+    e2e_growth: f64,
     /// The share of the load's variance that Poisson arrivals explain (the rest scales with
     /// the load itself).
     poisson_share: f64,
@@ -306,43 +308,37 @@ impl Scaling {
         if recent.samples.len() < MIN_RECENT || !(rate > 0.0 && in_flight > 0.0) || !e2e_slope.is_finite() {
             return None;
         }
-        // Others in flight at arrival: Poisson arrivals see a Poisson count (variance = mean).
-        // More variance than that is put down to bursts only when it is clearly more: the count
-        // changes about once per request's lifetime, so the span holds few independent looks.
-        let others: Vec<f64> = recent
+        // Poisson arrivals keep a Poisson count in flight (variance = mean); a rate that varies
+        // adds the variance of rate × e2e, e2e being in flight / rate by Little's law.
+        let bursts = recent.traffic.rate_variance * (in_flight / rate).powi(2);
+        let poisson_share = in_flight / (in_flight + bursts);
+        // The others in flight the requests met over their lifetime: the mean in flight for
+        // steady arrivals, more when they come in bursts.
+        let met = recent
             .samples
             .iter()
-            .filter_map(|s| Latency::Ttft.load(s))
-            .map(|l| (l - 1.0).max(0.0))
-            .collect();
-        let m = mean(others.iter().copied());
-        let dispersion = mean(others.iter().map(|o| (o - m).powi(2))) / m;
-        let looks = recent.traffic.span.as_secs_f64() * rate / in_flight;
-        let noise = 3.0 * (2.0 / looks).sqrt();
-        let poisson_share = if m > 0.0 && dispersion > 1.0 + noise {
-            1.0 / dispersion
-        } else {
-            1.0
-        };
+            .filter_map(|s| Latency::E2e.load(s))
+            .map(|l| (l - 1.0).max(0.0));
+        let met = Some(mean(met)).filter(|m| m.is_finite()).unwrap_or(in_flight);
         Some(Self {
             rate,
             in_flight,
-            e2e_slope: e2e_slope.max(0.0),
+            e2e_growth: rate * e2e_slope.max(0.0) * met / in_flight,
             poisson_share,
         })
     }
 
-    /// Mean in flight at scale `s` over now: Little's law with e2e growing along its line;
+    /// Mean in flight at scale `s` over now (r = s (1 − x) / (1 − s x), x the e2e growth);
     /// `None` where e2e would grow faster than the requests leave (no steady state).
     fn load_ratio(&self, s: f64) -> Option<f64> {
-        let x = self.rate * self.e2e_slope;
+        let x = self.e2e_growth;
         let room = 1.0 - s * x;
         (room > 0.0 && x < 1.0).then(|| s * (1.0 - x) / room)
     }
 
     /// The scale at which the mean in flight is `ratio` times today's.
     fn scale_for(&self, ratio: f64) -> f64 {
-        let x = self.rate * self.e2e_slope;
+        let x = self.e2e_growth;
         ratio / (1.0 - x + ratio * x)
     }
 
@@ -360,6 +356,8 @@ struct Prediction<'a> {
     scaling: Scaling,
     /// Each recent request's others in flight, in the SLO's terms.
     others: Vec<f64>,
+    /// Each recent request's arrivals per second over its decode (0 where unknown).
+    rates: Vec<f64>,
     mean_others: f64,
 }
 
@@ -372,17 +370,23 @@ impl<'a> Prediction<'a> {
         kind: Latency,
         recent: &[Sample],
     ) -> Option<Self> {
-        let others: Vec<f64> = recent
+        let (others, rates): (Vec<f64>, Vec<f64>) = recent
             .iter()
-            .filter_map(|s| kind.load(s))
-            .map(|l| (l - 1.0).max(0.0))
-            .collect();
+            .filter_map(|s| {
+                let rate = f64::from(s.decode_arrivals);
+                Some((
+                    (kind.load(s)? - 1.0).max(0.0),
+                    if rate.is_finite() { rate } else { 0.0 },
+                ))
+            })
+            .unzip();
         (others.len() >= MIN_RECENT).then(|| Self {
             model,
             threshold,
             scaling: *scaling,
             mean_others: mean(others.iter().copied()),
             others,
+            rates,
         })
     }
 
@@ -395,9 +399,10 @@ impl<'a> Prediction<'a> {
         let total: f64 = self
             .others
             .iter()
-            .map(|o| {
+            .zip(&self.rates)
+            .map(|(o, rate)| {
                 let load = (1.0 + centre + spread * (o - self.mean_others)).max(1.0);
-                self.model.attainment_at(load, self.threshold)
+                self.model.attainment_at(load, s * rate, self.threshold)
             })
             .sum();
         total / self.others.len() as f64
@@ -445,24 +450,30 @@ mod tests {
                     arrival_load: load,
                     decode_load: load,
                     whole_load: load,
+                    decode_arrivals: 10.0,
                     ..window
                 }
             })
             .collect()
     }
 
-    /// 10 requests a second, 5 in flight.
+    /// 10 requests a second, 4 in flight (as many as the recent requests met besides themselves).
     fn traffic() -> Traffic {
         Traffic {
             arrival_rate: 10.0,
-            in_flight: 5.0,
+            in_flight: 4.0,
+            rate_variance: 0.0,
             span: Duration::from_secs(20),
         }
     }
 
     fn run(window: &[Sample], recent: &[Sample], slos: &str) -> Estimate {
+        run_in(traffic(), window, recent, slos)
+    }
+
+    fn run_in(traffic: Traffic, window: &[Sample], recent: &[Sample], slos: &str) -> Estimate {
         let recent = Recent {
-            traffic: traffic(),
+            traffic,
             samples: recent,
         };
         estimate(window, Some(recent), &set(slos), None)
@@ -479,7 +490,7 @@ mod tests {
         // Every recent request met 4 others: TPOT reaches 30 ms at 40 in flight, 1 + 4r = 40.
         let e = run(&samples(500, 4.0..20.0, |_| 0.0), &recent_with(|_| 4.0), TPOT_95);
         let (r, c) = (39.0 / 4.0, &e.capacities);
-        assert!((c.knee_concurrency - 5.0 * r).abs() < 1e-4, "{c:?}");
+        assert!((c.knee_concurrency - 4.0 * r).abs() < 1e-4, "{c:?}");
         assert!((c.knee_requests_per_second - 10.0 * scale_of(r)).abs() < 1e-4, "{c:?}");
         assert_eq!(c.slos[0].requests_per_second, c.knee_requests_per_second);
         assert_eq!(
@@ -504,20 +515,27 @@ mod tests {
         let e = run(&window, &recent_with(|i| draws[i]), TPOT_95);
         let root = (-4.0 + (16.0f64 + 16.0 * 38.0).sqrt()) / 8.0;
         assert!(
-            (e.capacities.knee_concurrency / 5.0 - root * root).abs() < 0.3,
+            (e.capacities.knee_concurrency / 4.0 - root * root).abs() < 0.3,
             "{:?}",
             e.capacities
         );
-        // On/off: half the requests met none, half met 8. Variance 16 over a mean of 4: a
-        // quarter of it is Poisson's, the rest grows with the load; the busy half must fit.
-        let bursty = run(&window, &recent_with(|i| if i % 2 == 0 { 0.0 } else { 8.0 }), TPOT_95);
+        // On/off: half the requests met none, half met 8, with an arrival rate varying by 75
+        // (req/s)²: 75 × (4 / 10)² = 12 of load variance from bursts beside Poisson's 4, so a
+        // quarter of the spread is Poisson's and the rest grows with the load; the busy half
+        // must fit.
+        let varying = Traffic {
+            rate_variance: 75.0,
+            ..traffic()
+        };
+        let on_off = recent_with(|i| if i % 2 == 0 { 0.0 } else { 8.0 });
+        let bursty = run_in(varying, &window, &on_off, TPOT_95);
         let fits = |r: f64| r + (0.25 * r + 0.75 * r * r).sqrt() <= 9.75;
         let mut r = 0.0;
         while fits(r + 1e-4) {
             r += 1e-4;
         }
         let c = &bursty.capacities;
-        assert!((c.knee_concurrency / 5.0 - r).abs() < 0.01, "{c:?} against {r}");
+        assert!((c.knee_concurrency / 4.0 - r).abs() < 0.01, "{c:?} against {r}");
         assert!((c.knee_requests_per_second - 10.0 * scale_of(r)).abs() < 0.05, "{c:?}");
     }
 
@@ -528,7 +546,7 @@ mod tests {
         let e = run(&window, &recent_with(|_| 4.0), TPOT_95);
         let r = ((0.030 / 1.19 - 0.010) / 0.0005 - 1.0) / 4.0;
         assert!(
-            (e.capacities.knee_concurrency / 5.0 - r).abs() < 0.15,
+            (e.capacities.knee_concurrency / 4.0 - r).abs() < 0.15,
             "{:?} against {r}",
             e.capacities
         );

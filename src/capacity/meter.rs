@@ -34,6 +34,38 @@ impl MeterState {
     /// Brings the integral up to `now` (never backwards: readings may come out of order) and
     /// keeps a reading for the history when a step has passed since the last one kept.
     fn advance(&mut self, now: Instant) {
+        // A reading for each step that passed without an event: nothing arrived or left then
+        // (after a spell longer than the history, only its end).
+        let horizon = HISTORY_STEP * HISTORY_LEN as u32;
+        let long_quiet = self
+            .history
+            .back()
+            .is_some_and(|kept| now.saturating_duration_since(kept.at) > horizon);
+        if long_quiet && now - horizon >= self.last {
+            let at = now - horizon;
+            let quiet = Reading {
+                at,
+                integral: self.integral + self.in_flight as f64 * (at - self.last).as_secs_f64(),
+                ..self.reading()
+            };
+            self.history.clear();
+            self.history.push_back(quiet);
+        }
+        while let Some(kept) = self.history.back() {
+            let at = kept.at + HISTORY_STEP;
+            if at >= now || at < self.last {
+                break;
+            }
+            let quiet = Reading {
+                at,
+                integral: self.integral + self.in_flight as f64 * (at - self.last).as_secs_f64(),
+                ..self.reading()
+            };
+            if self.history.len() == HISTORY_LEN {
+                self.history.pop_front();
+            }
+            self.history.push_back(quiet);
+        }
         if now > self.last {
             self.integral += self.in_flight as f64 * (now - self.last).as_secs_f64();
             self.last = now;
@@ -61,6 +93,27 @@ impl MeterState {
     }
 }
 
+/// How much the arrival rate varied from one reading to the next beyond what Poisson arrivals
+/// at `rate` would show ((requests per second)²; 0 unless clearly more, by three standard
+/// errors).
+fn rate_variance(readings: &[Reading], rate: f64) -> f64 {
+    let (mut squares, mut expected, mut noise, mut weight) = (0.0, 0.0, 0.0, 0.0);
+    for pair in readings.windows(2) {
+        let seconds = (pair[1].at - pair[0].at).as_secs_f64();
+        let mean = rate * seconds;
+        squares += ((pair[1].arrivals - pair[0].arrivals) as f64 - mean).powi(2);
+        expected += mean;
+        noise += 2.0 * mean * mean;
+        weight += seconds * seconds;
+    }
+    let excess = squares - expected;
+    if weight > 0.0 && excess > 3.0 * noise.sqrt() {
+        excess / weight
+    } else {
+        0.0
+    }
+}
+
 /// The engine's traffic over a recent span.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Traffic {
@@ -68,6 +121,9 @@ pub struct Traffic {
     pub arrival_rate: f64,
     /// Time-weighted mean of the generation requests in flight.
     pub in_flight: f64,
+    /// How much the arrival rate varied over the span beyond Poisson arrivals' chance
+    /// ((requests per second)²): bursts.
+    pub rate_variance: f64,
     /// The span actually covered (shorter at start, longer after a quiet spell).
     pub span: Duration,
 }
@@ -86,6 +142,13 @@ pub struct Reading {
 }
 
 impl Reading {
+    /// Requests arriving per second between `self` and a later reading; `None` when no time
+    /// passed.
+    pub fn arrivals_until(&self, later: &Reading) -> Option<f64> {
+        let span = later.at.checked_duration_since(self.at)?.as_secs_f64();
+        (span > 0.0).then(|| later.arrivals.saturating_sub(self.arrivals) as f64 / span)
+    }
+
     /// The time-weighted mean number in flight between `self` and a later reading; `None`
     /// when no time passed.
     pub fn mean_until(&self, later: &Reading) -> Option<f64> {
@@ -125,14 +188,17 @@ impl LoadMeter {
         let from = state
             .history
             .iter()
-            .find(|r| end.at.saturating_duration_since(r.at) <= span)
-            .filter(|r| r.at < end.at)
-            .or_else(|| state.history.iter().rev().find(|r| r.at < end.at))?;
-        let seconds = (end.at - from.at).as_secs_f64();
+            .position(|r| end.at.saturating_duration_since(r.at) <= span && r.at < end.at)
+            .or_else(|| state.history.iter().rposition(|r| r.at < end.at))?;
+        let readings: Vec<Reading> = state.history.range(from..).copied().chain([end]).collect();
+        let first = readings[0];
+        let seconds = (end.at - first.at).as_secs_f64();
+        let arrival_rate = (end.arrivals - first.arrivals) as f64 / seconds;
         Some(Traffic {
-            arrival_rate: (end.arrivals - from.arrivals) as f64 / seconds,
-            in_flight: (end.integral - from.integral) / seconds,
-            span: end.at - from.at,
+            arrival_rate,
+            in_flight: (end.integral - first.integral) / seconds,
+            rate_variance: rate_variance(&readings, arrival_rate),
+            span: end.at - first.at,
         })
     }
 
@@ -166,6 +232,9 @@ pub struct RequestLoad {
     pub decode: Option<f64>,
     /// Time-weighted mean in flight from its arrival to its end: the load its e2e met.
     pub whole: Option<f64>,
+    /// Requests that arrived per second from its first token to its end: the prefills its
+    /// decode shared steps with.
+    pub decode_arrivals: Option<f64>,
 }
 
 impl InFlight {
@@ -198,6 +267,7 @@ impl InFlight {
             arrival: self.arrival.in_flight as f64,
             decode: self.first_token.and_then(|first| first.mean_until(&end)),
             whole: self.arrival.mean_until(&end),
+            decode_arrivals: self.first_token.and_then(|first| first.arrivals_until(&end)),
         }
     }
 }
@@ -234,6 +304,11 @@ mod tests {
         assert_eq!(load.arrival, 1.0);
         assert!((load.decode.unwrap() - 1.5).abs() < 1e-9, "{load:?}");
         assert!((load.whole.unwrap() - (0.9 + 0.4) / 0.9).abs() < 1e-9, "{load:?}");
+        assert_eq!(
+            load.decode_arrivals,
+            Some(1.0 / 0.8),
+            "b arrived in a's 800 ms of decode"
+        );
         drop(a);
         assert_eq!(meter.read(Instant::now()).in_flight, 0);
     }
@@ -265,16 +340,37 @@ mod tests {
         assert_eq!(busy.span, SPAN);
         assert!((busy.arrival_rate - 10.0).abs() < 0.06, "{busy:?}");
         assert!((busy.in_flight - 5.0).abs() < 0.06, "{busy:?}");
+        assert_eq!(busy.rate_variance, 0.0, "an arrival every 100 ms is no burst");
         // The load stops: ten seconds later the span holds half of each.
         held.clear();
         tokio::time::advance(10 * SECOND).await;
         let falling = meter.traffic(Instant::now(), SPAN).unwrap();
         assert!((falling.arrival_rate - 5.0).abs() < 0.3, "{falling:?}");
-        // A quiet minute with nothing read: the span stretches back to the last reading.
-        tokio::time::advance(60 * SECOND).await;
-        let quiet = meter.traffic(Instant::now(), SPAN).unwrap();
-        assert_eq!((quiet.arrival_rate, quiet.in_flight), (0.0, 0.0));
-        assert_eq!(quiet.span, 60 * SECOND);
+        // A quiet minute, then a quiet day, with nothing read: the span is still the last 20 s.
+        for quiet in [60 * SECOND, 86_400 * SECOND] {
+            tokio::time::advance(quiet).await;
+            let quiet = meter.traffic(Instant::now(), SPAN).unwrap();
+            assert_eq!((quiet.arrival_rate, quiet.in_flight, quiet.span), (0.0, 0.0, SPAN));
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bursts_show_as_variance_in_the_arrival_rate() {
+        let meter = Arc::new(LoadMeter::default());
+        // 40 a second for one second in four, none in the other three: a mean of 10 a second.
+        for second in 0..20 {
+            for _ in 0..if second % 4 == 0 { 40 } else { 0 } {
+                drop(InFlight::arrive(meter.clone(), Instant::now()));
+                tokio::time::advance(25 * MS).await;
+            }
+            if second % 4 != 0 {
+                tokio::time::advance(SECOND).await;
+            }
+        }
+        let bursty = meter.traffic(Instant::now(), SPAN).unwrap();
+        assert!((bursty.arrival_rate - 10.0).abs() < 0.6, "{bursty:?}");
+        // The rate is 40 a quarter of the time and 0 otherwise: a variance of 300.
+        assert!((bursty.rate_variance - 300.0).abs() < 60.0, "{bursty:?}");
     }
 
     #[test]

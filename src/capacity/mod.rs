@@ -83,6 +83,7 @@ impl CapacityEngine {
             arrival_load: load.arrival as f32,
             decode_load: load.decode.map_or(f32::NAN, |l| l as f32),
             whole_load: load.whole.map_or(f32::NAN, |l| l as f32),
+            decode_arrivals: load.decode_arrivals.map_or(f32::NAN, |r| r as f32),
             ttft: secs(record.ttft),
             tpot: secs(record.tpot()),
             e2e: record.e2e.as_secs_f32(),

@@ -9,7 +9,7 @@
 //! rather than late. The spread is kept whole (not a quantile of it), so that what it
 //! predicts at another load is a distribution the SLO's objective can be read from.
 
-use super::fit::{robust_line, LineFit};
+use super::fit::{robust_line, robust_plane, LineFit};
 use super::window::Sample;
 use crate::quantile::nearest_rank;
 use crate::slo::spec::{Slo, SloKind, SloSet};
@@ -77,14 +77,24 @@ impl Latency {
 }
 
 /// One latency fitted against load, over the window's samples, with the spread of the
-/// requests around the line: relative to the line for TPOT and e2e (a noisy engine's spread
-/// grows with its step time), in log space for TTFT.
+/// requests around the fit: relative to it for TPOT and e2e (a noisy engine's spread grows
+/// with its step time), in log space for TTFT.
+///
+/// TPOT may also carry a stall: when prompts prefilled in the same steps slow the decode,
+/// TPOT = (base + per_request × load) / (1 − stall × arrivals per second), fitted as
+/// TPOT = base + per_request × load + stall × (arrivals per second × TPOT), and kept when the
+/// data shows it clearly (three standard errors above zero).
 #[derive(Debug, Clone)]
 pub struct LatencyModel {
     kind: Latency,
     fit: LineFit,
-    /// Each request's deviation from the line, sorted: `latency / line − 1`, or `ln latency −
-    /// line` for TTFT.
+    /// Seconds of each decode step lost per request arriving per second (0: none seen).
+    stall: f64,
+    /// The mean arrivals per second per request in flight: the arrival rate that goes with a
+    /// load, where only a load is given.
+    rate_per_load: f64,
+    /// Each request's deviation from the fit, sorted: `latency / fit − 1`, or `ln latency −
+    /// fit` for TTFT.
     spread: Vec<f64>,
     /// The 90th percentile of the load the samples met.
     load_p90: f64,
@@ -95,18 +105,18 @@ impl LatencyModel {
     /// [`MIN_SAMPLES`], load spread under [`MIN_LOAD_SPREAD`], or a slope that is not
     /// positive within [`MAX_SLOPE_ERROR`].
     pub fn fit(kind: Latency, samples: &[Sample]) -> Option<Self> {
-        let points: Vec<(f64, f64)> = samples
+        // (load, arrivals per second over the decode, latency in the fit's terms)
+        let points: Vec<(f64, f64, f64)> = samples
             .iter()
-            .filter_map(|s| kind.point(s))
-            .map(|(load, value)| {
-                (
-                    load,
-                    if kind.logarithmic() {
-                        value.max(1e-6).ln()
-                    } else {
-                        value
-                    },
-                )
+            .filter_map(|s| {
+                let (load, value) = kind.point(s)?;
+                let value = if kind.logarithmic() {
+                    value.max(1e-6).ln()
+                } else {
+                    value
+                };
+                let rate = f64::from(s.decode_arrivals);
+                Some((load, if rate.is_finite() { rate } else { 0.0 }, value))
             })
             .collect();
         if points.len() < MIN_SAMPLES {
@@ -118,32 +128,57 @@ impl LatencyModel {
         if p90 - p10 < MIN_LOAD_SPREAD {
             return None;
         }
-        let fit = robust_line(&points)?;
-        if !(fit.slope > 0.0 && fit.slope_error <= MAX_SLOPE_ERROR * fit.slope) {
+        let clear = |slope: f64, error: f64| slope > 0.0 && error <= MAX_SLOPE_ERROR * slope;
+        let line: Vec<(f64, f64)> = points.iter().map(|p| (p.0, p.2)).collect();
+        let mut fit = robust_line(&line)?;
+        if !clear(fit.slope, fit.slope_error) {
             return None;
         }
+        let mut stall = 0.0;
+        if kind == Latency::Tpot {
+            let plane: Vec<(f64, f64, f64)> = points.iter().map(|&(l, r, v)| (l, r * v, v)).collect();
+            if let Some(p) = robust_plane(&plane) {
+                if p.stall > 3.0 * p.stall_error && clear(p.slope, p.slope_error) {
+                    (fit.base, fit.slope, fit.slope_error, stall) = (p.base, p.slope, p.slope_error, p.stall);
+                }
+            }
+        }
+        let rate_per_load = points.iter().map(|p| p.1 / p.0.max(1.0)).sum::<f64>() / points.len() as f64;
+        let mut model = Self {
+            kind,
+            fit,
+            stall,
+            rate_per_load,
+            spread: Vec::new(),
+            load_p90: p90,
+        };
         let mut spread: Vec<f64> = points
             .iter()
-            .filter_map(|&(load, value)| match kind.logarithmic() {
-                true => Some(value - fit.at(load)),
-                false => (fit.at(load) > 0.0).then(|| value / fit.at(load) - 1.0),
+            .filter_map(|&(load, rate, value)| {
+                let fitted = model.fitted(load, rate);
+                match kind.logarithmic() {
+                    true => Some(value - fitted),
+                    false => (fitted > 0.0 && fitted.is_finite()).then(|| value / fitted - 1.0),
+                }
             })
             .collect();
         if spread.len() < MIN_SAMPLES {
             return None;
         }
         spread.sort_by(f64::total_cmp);
-        Some(Self {
-            kind,
-            fit,
-            spread,
-            load_p90: p90,
-        })
+        model.spread = spread;
+        Some(model)
     }
 
-    /// The fitted line (in log space for TTFT).
+    /// The fitted line in load (in log space for TTFT; for TPOT with a stall, the decode
+    /// without prefills beside it).
     pub fn line(&self) -> &LineFit {
         &self.fit
+    }
+
+    /// Seconds of each decode step lost per request arriving per second (0: none seen).
+    pub fn stall(&self) -> f64 {
+        self.stall
     }
 
     /// The 90th percentile of the load the window's requests met.
@@ -157,32 +192,45 @@ impl LatencyModel {
         self.spread.len() as f64 * (1.0 - objective) >= MIN_TAIL
     }
 
-    /// The latency at quantile `q` at concurrency `load`.
+    /// The latency at quantile `q` at concurrency `load`, with the arrival rate that goes with it.
     pub fn quantile_at(&self, load: f64, q: f64) -> f64 {
-        self.with_spread(load, nearest_rank(&self.spread, q))
+        self.with_spread(
+            self.fitted(load, load * self.rate_per_load),
+            nearest_rank(&self.spread, q),
+        )
     }
 
-    /// The typical (fitted) latency at concurrency `load`.
-    pub fn typical_at(&self, load: f64) -> f64 {
-        self.with_spread(load, 0.0)
-    }
-
-    /// The share of requests at concurrency `load` whose latency stays within `threshold`:
-    /// the window's spread around the line, moved to `load`.
-    pub fn attainment_at(&self, load: f64, threshold: f64) -> f64 {
-        let line = self.fit.at(load);
+    /// The share of requests at concurrency `load`, with `rate` arrivals per second, whose
+    /// latency stays within `threshold`: the window's spread around the fit, moved there.
+    pub fn attainment_at(&self, load: f64, rate: f64, threshold: f64) -> f64 {
+        let fitted = self.fitted(load, rate);
         let room = match self.kind.logarithmic() {
-            true => threshold.ln() - line,
-            false if line > 0.0 => threshold / line - 1.0,
+            true => threshold.ln() - fitted,
+            false if fitted > 0.0 => threshold / fitted - 1.0,
             false => return 1.0,
         };
         self.spread.partition_point(|v| *v <= room) as f64 / self.spread.len() as f64
     }
 
-    fn with_spread(&self, load: f64, deviation: f64) -> f64 {
+    /// The fit at `load` and `rate` (in log space for TTFT); +Inf where the stall would take
+    /// every step.
+    fn fitted(&self, load: f64, rate: f64) -> f64 {
+        let line = self.fit.at(load);
+        if self.stall == 0.0 {
+            return line;
+        }
+        let left = 1.0 - self.stall * rate;
+        if left > 0.0 {
+            line / left
+        } else {
+            f64::INFINITY
+        }
+    }
+
+    fn with_spread(&self, fitted: f64, deviation: f64) -> f64 {
         match self.kind.logarithmic() {
-            true => (self.fit.at(load) + deviation).exp(),
-            false => self.fit.at(load) * (1.0 + deviation),
+            true => (fitted + deviation).exp(),
+            false => fitted * (1.0 + deviation),
         }
     }
 }
@@ -284,6 +332,7 @@ pub(crate) mod tests {
                     arrival_load: load,
                     decode_load: load,
                     whole_load: load,
+                    decode_arrivals: f32::NAN,
                     ttft: 0.020 * (0.02 * load).exp(),
                     tpot,
                     e2e: 0.020 + 31.0 * tpot,
@@ -297,14 +346,15 @@ pub(crate) mod tests {
     fn an_exact_line_predicts_every_request_at_any_load() {
         let tpot = LatencyModel::fit(Latency::Tpot, &samples(500, 4.0..20.0, |_| 0.0)).unwrap();
         assert!((tpot.line().base - 0.010).abs() < 1e-8 && (tpot.line().slope - 0.0005).abs() < 1e-8);
-        assert!((tpot.typical_at(40.0) - 0.030).abs() < 1e-8);
-        assert_eq!(tpot.attainment_at(39.9, 0.030), 1.0);
-        assert_eq!(tpot.attainment_at(40.1, 0.030), 0.0);
+        assert!((tpot.quantile_at(40.0, 0.5) - 0.030).abs() < 1e-8);
+        assert_eq!(tpot.attainment_at(39.9, 0.0, 0.030), 1.0);
+        assert_eq!(tpot.attainment_at(40.1, 0.0, 0.030), 0.0);
+        assert_eq!(tpot.stall(), 0.0, "no arrival rate seen");
         // TTFT: 20 ms × e^(0.02 c) reaches 200 ms at c = ln(10) / 0.02 ≈ 115.
         let ttft = LatencyModel::fit(Latency::Ttft, &samples(500, 4.0..20.0, |_| 0.0)).unwrap();
-        assert!((ttft.typical_at(115.13) - 0.200).abs() < 1e-4);
-        assert_eq!(ttft.attainment_at(115.0, 0.200), 1.0);
-        assert_eq!(ttft.attainment_at(115.3, 0.200), 0.0);
+        assert!((ttft.quantile_at(115.13, 0.5) - 0.200).abs() < 1e-4);
+        assert_eq!(ttft.attainment_at(115.0, 0.0, 0.200), 1.0);
+        assert_eq!(ttft.attainment_at(115.3, 0.0, 0.200), 0.0);
     }
 
     #[test]
@@ -317,9 +367,37 @@ pub(crate) mod tests {
         .unwrap();
         let p95 = model.quantile_at(40.0, 0.95);
         assert!((p95 / 0.030 - 1.19).abs() < 0.02, "{p95}");
-        let half = model.attainment_at(40.0, 1.10 * 0.030);
+        let half = model.attainment_at(40.0, 0.0, 1.10 * 0.030);
         assert!((half - 0.5).abs() < 0.05, "{half}");
         assert!(model.sees_tail_of(0.99) && !model.sees_tail_of(0.9999));
+    }
+
+    #[test]
+    fn prefills_beside_the_decode_are_a_stall_in_the_arrival_rate() {
+        // Each arrival per step costs 9.6 ms of the step: TPOT = (10 ms + 0.5 ms × load) /
+        // (1 − 0.0096 × arrivals per second), with load and arrivals varying apart.
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(8);
+        let window: Vec<Sample> = samples(2000, 2.0..25.0, |_| 0.0)
+            .into_iter()
+            .map(|s| {
+                let rate: f32 = rng.random_range(2.0..25.0);
+                Sample {
+                    decode_arrivals: rate,
+                    tpot: (0.010 + 0.0005 * s.decode_load) / (1.0 - 0.0096 * rate),
+                    ..s
+                }
+            })
+            .collect();
+        let tpot = LatencyModel::fit(Latency::Tpot, &window).unwrap();
+        assert!((tpot.stall() - 0.0096).abs() < 1e-6, "{}", tpot.stall());
+        assert!((tpot.line().slope - 0.0005).abs() < 1e-8);
+        // At 40 in flight and 19 arrivals a second, TPOT is 30 ms / 0.8176.
+        let at_knee = 0.030 / (1.0 - 0.0096 * 19.0);
+        assert_eq!(tpot.attainment_at(40.0, 19.0, at_knee * 1.001), 1.0);
+        assert_eq!(tpot.attainment_at(40.0, 19.0, at_knee * 0.999), 0.0);
+        // Without an arrival rate varying apart from the load, no stall is claimed.
+        let plain = LatencyModel::fit(Latency::Tpot, &samples(2000, 2.0..25.0, |_| 0.0)).unwrap();
+        assert_eq!(plain.stall(), 0.0);
     }
 
     #[test]

@@ -23,6 +23,8 @@ pub struct Sample {
     pub decode_load: f32,
     /// Mean in flight over the whole request.
     pub whole_load: f32,
+    /// Requests arriving per second over its decode.
+    pub decode_arrivals: f32,
     /// Time to first token.
     pub ttft: f32,
     /// Time per output token (its slowest choice's).
@@ -108,6 +110,7 @@ mod tests {
             arrival_load: load,
             decode_load: load,
             whole_load: load,
+            decode_arrivals: 0.0,
             ttft: 0.1,
             tpot: 0.02,
             e2e: 1.0,
