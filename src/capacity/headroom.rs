@@ -98,6 +98,8 @@ pub struct Estimate {
     pub tpot_base: f64,
     /// TPOT's fitted cost per request in flight (seconds).
     pub tpot_per_request: f64,
+    /// Seconds of each decode step lost per request arriving per second (0: no stall seen).
+    pub tpot_stall: f64,
     /// TPOT's fit quality (0–1).
     pub fit_ratio: f64,
     /// Per latency SLO and concurrency band.
@@ -166,6 +168,7 @@ pub fn estimate(window: &[Sample], recent: Option<Recent>, set: &SloSet, previou
         load_concurrency: recent.map_or(0.0, |r| r.traffic.in_flight),
         tpot_base: line.map_or(f64::NAN, |l| l.base),
         tpot_per_request: line.map_or(f64::NAN, |l| l.slope),
+        tpot_stall: tpot.as_ref().map_or(f64::NAN, LatencyModel::stall),
         fit_ratio: line.map_or(f64::NAN, |l| l.fit_ratio),
         bands: bands(window, set, capacities.knee_concurrency, model_of),
         capacities,
@@ -503,6 +506,7 @@ mod tests {
         assert!((0.95..=1.0).contains(&good), "{c:?}");
         assert!((c.goodput_output_tokens_per_second - 32.0 * c.goodput_requests_per_second).abs() < 1e-6);
         assert!((e.tpot_base - 0.010).abs() < 1e-8 && (e.tpot_per_request - 0.0005).abs() < 1e-8);
+        assert_eq!(e.tpot_stall, 0.0, "the arrival rate never varied apart from the load");
     }
 
     #[test]

@@ -235,11 +235,17 @@ impl Collector for CapacityCollector {
         }
         let mut family = encoder.encode_descriptor(
             "llmslo_latency_model_tpot_seconds",
-            "The fitted TPOT line: TPOT = base + per_request x generation requests in flight on the engine",
+            "The fitted TPOT model: TPOT = (base + per_request x generation requests in flight on the engine) / \
+             (1 - stall x requests arriving per second); stall 0 when prefills beside the decode show no cost",
             None,
             gauge,
         )?;
-        for (term, value) in [("base", estimate.tpot_base), ("per_request", estimate.tpot_per_request)] {
+        let terms = [
+            ("base", estimate.tpot_base),
+            ("per_request", estimate.tpot_per_request),
+            ("stall", estimate.tpot_stall),
+        ];
+        for (term, value) in terms {
             ConstGauge::new(value).encode(family.encode_family(&TermLabels { term })?)?;
         }
         let mut family = encoder.encode_descriptor(
