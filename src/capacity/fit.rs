@@ -43,31 +43,16 @@ pub fn robust_line(points: &[(f64, f64)]) -> Option<LineFit> {
     if points.len() < 3 {
         return None;
     }
-    let mut weights = vec![1.0; points.len()];
-    let (mut base, mut slope) = weighted_line(points, &weights)?;
-    let mut scale = 0.0;
-    for _ in 0..MAX_ITERATIONS {
-        let residuals: Vec<f64> = points.iter().map(|&(x, y)| y - (base + slope * x)).collect();
-        scale = robust_scale(&residuals);
-        if scale == 0.0 {
-            break; // most points lie on the line already
-        }
-        for (w, r) in weights.iter_mut().zip(&residuals) {
-            let cut = HUBER_K * scale;
-            *w = if r.abs() <= cut { 1.0 } else { cut / r.abs() };
-        }
-        let (next_base, next_slope) = weighted_line(points, &weights)?;
-        let settled = (next_base - base).abs() <= 1e-12 * base.abs().max(1e-12)
-            && (next_slope - slope).abs() <= 1e-12 * slope.abs().max(1e-12);
-        (base, slope) = (next_base, next_slope);
-        if settled {
-            break;
-        }
-    }
+    let line_residuals = |[base, slope]: &[f64; 2]| points.iter().map(|&(x, y)| y - (base + slope * x)).collect();
+    let ([base, slope], weights, scale) = reweighted(
+        points.len(),
+        |weights| weighted_line(points, weights).map(|(base, slope)| [base, slope]),
+        line_residuals,
+    )?;
     let n = points.len() as f64;
     let mean_x = points.iter().map(|p| p.0).sum::<f64>() / n;
     let spread_x: f64 = points.iter().map(|p| (p.0 - mean_x).powi(2)).sum();
-    let mut residuals: Vec<f64> = points.iter().map(|&(x, y)| y - (base + slope * x)).collect();
+    let mut residuals: Vec<f64> = line_residuals(&[base, slope]);
     let fit_ratio = weighted_r2(points, &weights, &residuals);
     residuals.sort_by(f64::total_cmp);
     Some(LineFit {
@@ -100,35 +85,60 @@ pub fn robust_plane(points: &[(f64, f64, f64)]) -> Option<PlaneFit> {
     if points.len() < 4 {
         return None;
     }
-    let mut weights = vec![1.0; points.len()];
-    let mut fit = weighted_plane(points, &weights)?;
+    let (_, weights, scale) = reweighted(
+        points.len(),
+        |weights| weighted_plane(points, weights).map(|p| p.coefficients),
+        |[base, slope, stall]| {
+            points
+                .iter()
+                .map(|&(x1, x2, y)| y - (base + slope * x1 + stall * x2))
+                .collect()
+        },
+    )?;
+    // The same solve as the last iteration's: its weights are the final ones.
+    let plane = weighted_plane(points, &weights)?;
+    let [base, slope, stall] = plane.coefficients;
+    Some(PlaneFit {
+        base,
+        slope,
+        stall,
+        slope_error: scale * plane.inverse_spread[0].sqrt(),
+        stall_error: scale * plane.inverse_spread[1].sqrt(),
+    })
+}
+
+/// Huber's iteratively reweighted least squares: `solve` fits the coefficients under the
+/// weights, `residuals` gives each point's residual under the coefficients. Returns the
+/// coefficients, the final weights and the residuals' robust scale; `None` when a solve fails.
+fn reweighted<const K: usize>(
+    n: usize,
+    solve: impl Fn(&[f64]) -> Option<[f64; K]>,
+    residuals: impl Fn(&[f64; K]) -> Vec<f64>,
+) -> Option<([f64; K], Vec<f64>, f64)> {
+    let mut weights = vec![1.0; n];
+    let mut coefficients = solve(&weights)?;
     let mut scale = 0.0;
     for _ in 0..MAX_ITERATIONS {
-        let residuals: Vec<f64> = points.iter().map(|&p| p.2 - fit.at(p)).collect();
+        let residuals = residuals(&coefficients);
         scale = robust_scale(&residuals);
         if scale == 0.0 {
-            break;
+            break; // most points lie on the fit already
         }
         let cut = HUBER_K * scale;
         for (w, r) in weights.iter_mut().zip(&residuals) {
             *w = if r.abs() <= cut { 1.0 } else { cut / r.abs() };
         }
-        let next = weighted_plane(points, &weights)?;
-        let settled =
-            (next.coefficients.iter().zip(&fit.coefficients)).all(|(a, b)| (a - b).abs() <= 1e-12 * b.abs().max(1e-12));
-        fit = next;
+        let next = solve(&weights)?;
+        let settled = next
+            .iter()
+            .zip(&coefficients)
+            .all(|(a, b)| (a - b).abs() <= 1e-12 * b.abs().max(1e-12));
+        coefficients = next;
         if settled {
             break;
         }
     }
-    let [base, slope, stall] = fit.coefficients;
-    Some(PlaneFit {
-        base,
-        slope,
-        stall,
-        slope_error: scale * fit.inverse_spread[0].sqrt(),
-        stall_error: scale * fit.inverse_spread[1].sqrt(),
-    })
+    Some((coefficients, weights, scale))
 }
 
 struct Plane {
@@ -136,13 +146,6 @@ struct Plane {
     coefficients: [f64; 3],
     /// The diagonal of the inverse of the centred regressors' weighted spread matrix.
     inverse_spread: [f64; 2],
-}
-
-impl Plane {
-    fn at(&self, (x1, x2, _): (f64, f64, f64)) -> f64 {
-        let [base, slope, stall] = self.coefficients;
-        base + slope * x1 + stall * x2
-    }
 }
 
 /// Weighted least squares in two regressors; `None` when they do not vary apart.

@@ -34,40 +34,27 @@ impl MeterState {
     /// Brings the integral up to `now` (never backwards: readings may come out of order) and
     /// keeps a reading for the history when a step has passed since the last one kept.
     fn advance(&mut self, now: Instant) {
-        // A reading for each step that passed without an event: nothing arrived or left then
-        // (after a spell longer than the history, only its end).
+        // After a quiet spell longer than the history, only its end is kept.
         let horizon = HISTORY_STEP * HISTORY_LEN as u32;
         let long_quiet = self
             .history
             .back()
             .is_some_and(|kept| now.saturating_duration_since(kept.at) > horizon);
         if long_quiet && now - horizon >= self.last {
-            let at = now - horizon;
-            let quiet = Reading {
-                at,
-                integral: self.integral + self.in_flight as f64 * (at - self.last).as_secs_f64(),
-                ..self.reading()
-            };
             self.history.clear();
-            self.history.push_back(quiet);
+            self.keep(self.reading_at(now - horizon));
         }
-        while let Some(kept) = self.history.back() {
-            let at = kept.at + HISTORY_STEP;
-            if at >= now || at < self.last {
-                break;
-            }
-            let quiet = Reading {
-                at,
-                integral: self.integral + self.in_flight as f64 * (at - self.last).as_secs_f64(),
-                ..self.reading()
-            };
-            if self.history.len() == HISTORY_LEN {
-                self.history.pop_front();
-            }
-            self.history.push_back(quiet);
+        // A reading for each step that passed without an event: nothing arrived or left then.
+        while let Some(at) = self
+            .history
+            .back()
+            .map(|kept| kept.at + HISTORY_STEP)
+            .filter(|at| *at < now && *at >= self.last)
+        {
+            self.keep(self.reading_at(at));
         }
         if now > self.last {
-            self.integral += self.in_flight as f64 * (now - self.last).as_secs_f64();
+            self.integral = self.reading_at(now).integral;
             self.last = now;
         }
         let due = self
@@ -75,19 +62,29 @@ impl MeterState {
             .back()
             .is_none_or(|kept| self.last.saturating_duration_since(kept.at) >= HISTORY_STEP);
         if due {
-            if self.history.len() == HISTORY_LEN {
-                self.history.pop_front();
-            }
-            let reading = self.reading();
-            self.history.push_back(reading);
+            self.keep(self.reading());
         }
     }
 
+    /// Keeps `reading` in the history, dropping the oldest when it is full.
+    fn keep(&mut self, reading: Reading) {
+        if self.history.len() == HISTORY_LEN {
+            self.history.pop_front();
+        }
+        self.history.push_back(reading);
+    }
+
+    /// The meter as it reads at the last change.
     fn reading(&self) -> Reading {
+        self.reading_at(self.last)
+    }
+
+    /// The meter as it reads at `at` (not before the last change), nothing having changed since.
+    fn reading_at(&self, at: Instant) -> Reading {
         Reading {
-            at: self.last,
+            at,
             in_flight: self.in_flight,
-            integral: self.integral,
+            integral: self.integral + self.in_flight as f64 * at.saturating_duration_since(self.last).as_secs_f64(),
             arrivals: self.arrivals,
         }
     }

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 
 /// Slices per window.
 const SLICES: u32 = 30;
-/// Requests kept per slice: at most 7,680 per model over the whole window.
+/// Requests kept per slice: at most 7,680 over the whole window.
 const PER_SLICE: usize = 256;
 
 /// What one successful request tells the model (seconds and requests in flight; NaN when
@@ -42,7 +42,7 @@ struct Slice {
     samples: Vec<Sample>,
 }
 
-/// The recent samples of one model.
+/// The engine's recent samples.
 #[derive(Debug)]
 pub struct SampleWindow {
     length: Duration,
