@@ -181,6 +181,8 @@ struct Scrape {
     saturation: f64,
     knee_requests_per_second: f64,
     load_requests_per_second: f64,
+    /// The TPOT model's stall: seconds of each step lost per request arriving per second.
+    stall: f64,
 }
 
 /// The value of the series `name{labels}` (`name` alone when `labels` is empty) in the
@@ -217,6 +219,7 @@ async fn live(case: &Case, knee: f64) -> (Vec<Instant>, Vec<Scrape>) {
                     saturation: gauge(&text, "llmslo_slo_saturation_ratio", ""),
                     knee_requests_per_second: gauge(&text, "llmslo_capacity_knee_requests_per_second", ""),
                     load_requests_per_second: gauge(&text, "llmslo_capacity_load_requests_per_second", ""),
+                    stall: gauge(&text, "llmslo_latency_model_tpot_seconds", "term=\"stall\""),
                 });
             }
         }
@@ -300,7 +303,21 @@ async fn prove(name: &str, case: Case) {
             );
         }
     }
-    let report = format!("{name}: true knee {knee:.1} req/s\n  {}", table.join("\n  "));
+    // Each prompt admitted costs its prefill in the step: the stall per arrival per second.
+    // (A noisy engine's TPOT noise also sits in the fit's arrivals × TPOT term and reads as a
+    // small stall there: an early reading, not checked.)
+    let stall = scrapes.last().expect("scrapes").stall;
+    let true_stall = case.prefill_per_token.as_secs_f64() * f64::from(PROMPT_TOKENS);
+    if case.step_jitter == 0.0 && !near(stall, true_stall, 0.2 * true_stall) {
+        failures.push(format!(
+            "the fitted stall {stall} s against the engine's {true_stall} s"
+        ));
+    }
+    let report = format!(
+        "{name}: true knee {knee:.1} req/s, stall {:.1} ms\n  {}",
+        stall * 1e3,
+        table.join("\n  ")
+    );
     eprintln!("{report}");
     assert!(failures.is_empty(), "{report}\n{}", failures.join("\n"));
 }
