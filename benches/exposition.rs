@@ -48,6 +48,8 @@ fn busy_metrics() -> Metrics {
                     token_events: 50,
                     count_source: None,
                     load: None,
+                    engine: None,
+                    engine_context: None,
                     trace: None,
                 });
             }

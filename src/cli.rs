@@ -271,6 +271,10 @@ struct SimulateArgs {
     /// (1 - j + j x E), E exponential with mean 1 (a noisy engine: same mean, a tail at any load).
     #[arg(long, default_value_t = 0.0, value_parser = probability, requires = "batching")]
     step_jitter: f64,
+    /// State each request's own timing (queue, scheduling to first token, mean inter-token
+    /// latency) beside its usage, as vLLM does with --enable-per-request-metrics.
+    #[arg(long)]
+    per_request_metrics: bool,
 }
 
 #[derive(Debug, Args)]
@@ -482,6 +486,7 @@ impl Cli {
                         kv_tokens: args.kv_tokens,
                         step_jitter: args.step_jitter,
                     }),
+                    per_request_metrics: args.per_request_metrics,
                 });
                 tracing::info!(listen = %args.listen, "simulated engine serving");
                 let shutdown = CancellationToken::new();

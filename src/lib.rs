@@ -15,6 +15,7 @@
 pub mod capacity;
 pub mod cli;
 pub mod config;
+pub mod engine;
 pub mod flags;
 pub mod gpu;
 pub mod health;

@@ -1,7 +1,9 @@
 //! The running sidecar: the proxy port, the metrics port and the readiness probe, started
 //! together and stopped together.
 
-use crate::config::Config;
+use crate::config::{defaults, Config};
+use crate::engine::scrape::{scrape_engine, ScrapeSettings};
+use crate::engine::EngineMetricsMode;
 use crate::gpu::nvml::NvmlSource;
 use crate::gpu::simulated::SimulatedSource;
 use crate::gpu::{run_sampler, DeviceSource, GpuState};
@@ -62,6 +64,7 @@ impl Sidecar {
             buckets: config.buckets.clone(),
             slos: config.slos.clone(),
             capacity_window: config.capacity_window,
+            engine_metrics: config.engine_metrics,
         });
         let otel = config
             .otel_settings()
@@ -151,6 +154,19 @@ impl Sidecar {
                 ..ConnectionLimits::new(METRICS_MAX_CONNECTIONS)
             },
         ));
+        if config.engine_metrics != EngineMetricsMode::Off {
+            tasks.spawn(scrape_engine(
+                client.clone(),
+                metrics.engine_view().clone(),
+                ScrapeSettings {
+                    path: config.engine_metrics_path.clone(),
+                    interval: config.engine_metrics_interval,
+                    timeout: defaults::ENGINE_METRICS_TIMEOUT,
+                    max_bytes: defaults::ENGINE_METRICS_MAX_BYTES,
+                },
+                shutdown.clone(),
+            ));
+        }
         tasks.spawn(health::probe_upstream(
             client,
             health::Probe {

@@ -178,6 +178,44 @@ fn the_engines_own_view_of_the_same_request_agrees() {
     assert!((ours - 26.625).abs() / 26.625 <= 0.03, "{ours:.2}");
 }
 
+/// The engine's per-request metrics each capture states: (queue, scheduled to first token,
+/// mean inter-token latency), in ms, as the capture's own `metrics` object says.
+type Stated = Option<(f64, f64, f64)>;
+const ENGINE_STATED: [(&str, Stated); 5] = [
+    (
+        "chat-per-request-metrics",
+        Some((0.1416800000697549, 68.7657369999215, 27.792556935486164)),
+    ),
+    (
+        "completions-per-request-metrics",
+        Some((0.024275999749079347, 38.223643000037555, 25.909524935492126)),
+    ),
+    (
+        "responses-per-request-metrics",
+        Some((0.027891000172530767, 45.60035099984816, 26.625395096773225)),
+    ),
+    // vLLM states them only beside usage, and the Messages API has no place for them.
+    ("chat-per-request-metrics-nousage", None),
+    ("messages-per-request-metrics", None),
+];
+
+#[test]
+fn the_engines_per_request_phases_are_read_exactly_where_the_stream_states_them() {
+    for (name, stated) in ENGINE_STATED {
+        let engine = replay(name).0.engine;
+        let read = engine.map(|e| (e.queue.unwrap() * 1e3, e.prefill.unwrap() * 1e3, e.tpot.unwrap() * 1e3));
+        match (read, stated) {
+            (Some(read), Some(stated)) => {
+                for (a, b) in [(read.0, stated.0), (read.1, stated.1), (read.2, stated.2)] {
+                    assert!((a - b).abs() < 1e-9, "{name}: {a} against {b}");
+                }
+            }
+            (read, stated) => assert_eq!(read.is_some(), stated.is_some(), "{name}"),
+        }
+        assert_eq!(engine.and_then(|e| e.draft_acceptance), None, "{name}: no speculation");
+    }
+}
+
 #[test]
 fn near_the_context_limit_every_token_has_its_delta_and_tpot_is_exact() {
     // A 993-token prompt: every one of the 31 tokens has its own delta, so TPOT is the
@@ -341,6 +379,26 @@ async fn every_capture_passes_byte_for_byte_and_is_counted_right() {
         assert_eq!((ttft, answer), if streamed { (1.0, 1.0) } else { (0.0, 0.0) }, "{name}");
         let tpot = sample(&metrics, "gen_ai_server_time_per_output_token_seconds_count", &ops);
         assert_eq!(tpot, if streamed { 1.0 } else { 0.0 }, "{name}");
+        if let Some((_, Some((queue_ms, prefill_ms, _)))) = ENGINE_STATED.iter().find(|(n, _)| *n == name) {
+            let queue = sample(&metrics, "llmslo_engine_queue_time_seconds_sum", &ops);
+            assert!((queue - queue_ms / 1e3).abs() < 1e-12, "{name}: {queue}");
+            let engine_ttft = sample(&metrics, "llmslo_engine_time_to_first_token_seconds_sum", &ops);
+            assert!((engine_ttft - (queue_ms + prefill_ms) / 1e3).abs() < 1e-12, "{name}");
+            let ttft = sample(&metrics, "gen_ai_server_time_to_first_token_seconds_sum", &ops);
+            let outside = sample(&metrics, "llmslo_time_outside_engine_seconds_sum", &ops);
+            assert!(
+                (outside - (ttft - engine_ttft).max(0.0)).abs() < 1e-9,
+                "{name}: {outside}"
+            );
+            for family in [
+                "llmslo_engine_prefill_time_seconds_count",
+                "llmslo_engine_time_per_output_token_seconds_count",
+            ] {
+                assert_eq!(sample(&metrics, family, &ops), 1.0, "{name}: {family}");
+            }
+        } else {
+            assert!(!metrics.contains("llmslo_engine_queue_time_seconds_count{"), "{name}");
+        }
         let availability_bad = if outcome == "upstream_error" { 1.0 } else { 0.0 };
         let bad = sample(&metrics, "llmslo_slo_bad_events_total", &[("slo", "availability")]);
         assert_eq!(

@@ -172,7 +172,7 @@ async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
     };
     let (sidecar, config, _engine) = prometheus::failing_engine_and_sidecar(
         2,
-        "  - {name: tpot-50ms, objective: 99, tpot: 50ms}\n\
+        "  - {name: tpot-50ms, objective: 99, tpot: 50ms}\n  - {name: ttft-1ms, objective: 99, ttft: 1ms}\n\
          goodput: {require: [ttft-500ms, tpot-50ms]}\ngpu: {simulated: true, interval: 200ms}\n",
     )
     .await;
@@ -189,8 +189,19 @@ async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
     let text = sidecar.metrics.encode();
     let gpu: Vec<&str> = text.lines().filter(|l| l.contains("gpu")).collect();
     assert!(sampled(&text), "no GPU sample within 10 s: {gpu:?}");
-    // Every metric a query names is one the sidecar exports or a rule records.
-    let exported = sidecar.metrics.encode();
+    // Every metric a query names is one the sidecar exports (some only once a request has
+    // shown them: the engine's phases, the causes of bad events) or a rule records.
+    // (The engine fails 30 % of requests: send until a success has shown both.)
+    for _ in 0..100 {
+        post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(6, true, true)).await;
+        let text = settled(&sidecar).await;
+        if text.contains("llmslo_slo_bad_events_by_cause_total{")
+            && text.contains("llmslo_engine_queue_time_seconds_count{")
+        {
+            break;
+        }
+    }
+    let exported = settled(&sidecar).await;
     let mut known: BTreeSet<String> = ["ALERTS".to_string()].into();
     for line in exported.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
         let family = line.split(' ').next().unwrap();

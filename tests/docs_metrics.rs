@@ -48,7 +48,12 @@ fn exported_names(exposition: &str) -> BTreeSet<String> {
 
 #[tokio::test]
 async fn every_metric_the_docs_name_is_exported() {
-    let (engine, _stop) = start_engine(timed_engine(5, 1)).await;
+    let (engine, _stop) = start_engine(llmslo::tools::simulate::SimOptions {
+        per_request_metrics: true,
+        tokens_per_chunk: 2,
+        ..timed_engine(5, 1)
+    })
+    .await;
     let config = format!(
         "engine: vllm\nmin_events: 1\ngpu: {{simulated: true, processes: true, interval: 100ms}}\n{}",
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/llmslo.yaml"))
@@ -57,6 +62,8 @@ async fn every_metric_the_docs_name_is_exported() {
             .skip_while(|l| !l.starts_with("slos:"))
             .collect::<Vec<_>>()
             .join("\n")
+            // One SLO every request misses, so that its bad events have causes.
+            .replacen("slos:", "slos:\n  - {name: always-missed, objective: 99, ttft: 1ms}", 1)
     );
     let sidecar = start_sidecar(engine, &config).await;
     for (route, body) in [

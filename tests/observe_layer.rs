@@ -20,15 +20,16 @@ fn paced_capture() -> Script {
 
 /// The request families the sidecar records, as text (process-level ones left out).
 fn request_families(text: &str) -> Vec<String> {
-    // The process's own, and the engine's traffic rate and mean in flight (per second of
-    // each one's own clock since it started).
-    const PROCESS: [&str; 6] = [
+    // The process's own, the engine's traffic rate and mean in flight (per second of each
+    // one's own clock since it started), and the engine's page the sidecar reads.
+    const PROCESS: [&str; 7] = [
         "llmslo_build_info",
         "llmslo_config_",
         "llmslo_proxy_connections_open",
         "llmslo_upstream_",
         "llmslo_gpu_",
         "llmslo_capacity_load_",
+        "llmslo_engine_scrape_",
     ];
     text.lines()
         .filter(|line| line.starts_with("llmslo_") || line.starts_with("gen_ai_"))

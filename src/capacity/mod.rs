@@ -39,6 +39,8 @@ struct EngineState {
     /// The last capacities and when they were estimated: each new one is blended into them,
     /// and they stand while the traffic is too thin to scale.
     previous: Option<(Instant, Capacities)>,
+    /// The last fit's TPOT with one request in flight, when TPOT had a fit.
+    tpot_alone: Option<f64>,
 }
 
 /// The live capacity estimate of the engine.
@@ -61,6 +63,7 @@ impl CapacityEngine {
                 window: SampleWindow::new(window),
                 recent: VecDeque::new(),
                 previous: None,
+                tpot_alone: None,
             }),
         });
         registry.register_collector(Box::new(CapacityCollector(engine.clone())));
@@ -98,6 +101,11 @@ impl CapacityEngine {
         state.recent.push_back((now, sample));
     }
 
+    /// TPOT with one request in flight, as the last estimate's fit says (none before a fit).
+    pub fn tpot_alone(&self) -> Option<f64> {
+        self.state.lock().expect("capacity lock").tpot_alone
+    }
+
     /// The engine's estimate at `now` (the fit runs outside the lock).
     pub fn snapshot(&self, now: Instant) -> Estimate {
         let traffic = self.meter.traffic(now, LOAD_SPAN);
@@ -122,7 +130,11 @@ impl CapacityEngine {
             ago: now.saturating_duration_since(*at),
         });
         let estimate = headroom::estimate(&window, recent, &self.slo.set(), previous);
-        self.state.lock().expect("capacity lock").previous = Some((now, estimate.capacities.clone()));
+        let alone = estimate.tpot_base + estimate.tpot_per_request;
+        let mut state = self.state.lock().expect("capacity lock");
+        state.previous = Some((now, estimate.capacities.clone()));
+        state.tpot_alone = alone.is_finite().then_some(alone);
+        drop(state);
         estimate
     }
 }

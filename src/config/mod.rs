@@ -4,6 +4,7 @@
 mod locate;
 pub mod memory;
 
+use crate::engine::EngineMetricsMode;
 use crate::metrics::buckets::BucketOverrides;
 use crate::otel::settings::{OtelConfig, OtelSettings, SettingError};
 use crate::slo::spec::{GoodputEntry, SloEntry, SloFile, SloSet};
@@ -209,6 +210,10 @@ struct FileConfig {
     health_path: Option<String>,
     #[serde(default, with = "humantime_serde")]
     health_interval: Option<Duration>,
+    engine_metrics: Option<EngineMetricsMode>,
+    engine_metrics_path: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    engine_metrics_interval: Option<Duration>,
     tokenizer: Option<PathBuf>,
     buckets: Option<BucketOverrides>,
     service: Option<String>,
@@ -311,6 +316,12 @@ pub struct Config {
     pub health_path: String,
     /// How often the health path is probed.
     pub health_interval: Duration,
+    /// What llmslo does with the engine's `/metrics`: `off`, `map` or `merge`.
+    pub engine_metrics: EngineMetricsMode,
+    /// The engine's metrics path.
+    pub engine_metrics_path: String,
+    /// How often the engine's metrics are read.
+    pub engine_metrics_interval: Duration,
     /// The model's `tokenizer.json` (or its directory), to count tokens of streams that state none.
     pub tokenizer: Option<PathBuf>,
     /// Per-family histogram bucket overrides.
@@ -378,6 +389,14 @@ pub mod defaults {
     pub const HEALTH_PATH: &str = "/health";
     /// `health_interval`.
     pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+    /// `engine_metrics_path`.
+    pub const ENGINE_METRICS_PATH: &str = "/metrics";
+    /// `engine_metrics_interval`.
+    pub const ENGINE_METRICS_INTERVAL: Duration = Duration::from_secs(5);
+    /// The longest one read of the engine's metrics may take.
+    pub const ENGINE_METRICS_TIMEOUT: Duration = Duration::from_secs(2);
+    /// The largest engine metrics page read.
+    pub const ENGINE_METRICS_MAX_BYTES: usize = 8 << 20;
 }
 
 impl Config {
@@ -506,6 +525,11 @@ impl Config {
             drain_timeout: f.drain_timeout.unwrap_or(defaults::DRAIN_TIMEOUT),
             health_path: f.health_path.unwrap_or_else(|| defaults::HEALTH_PATH.to_string()),
             health_interval: f.health_interval.unwrap_or(defaults::HEALTH_INTERVAL),
+            engine_metrics: f.engine_metrics.unwrap_or_default(),
+            engine_metrics_path: f
+                .engine_metrics_path
+                .unwrap_or_else(|| defaults::ENGINE_METRICS_PATH.to_string()),
+            engine_metrics_interval: f.engine_metrics_interval.unwrap_or(defaults::ENGINE_METRICS_INTERVAL),
             tokenizer: f.tokenizer,
             buckets: f.buckets.unwrap_or_default(),
             slos,
@@ -639,6 +663,15 @@ impl Config {
         if !self.health_path.starts_with('/') {
             return Err(ConfigError::invalid("health_path", "must start with `/`"));
         }
+        if !self.engine_metrics_path.starts_with('/') {
+            return Err(ConfigError::invalid("engine_metrics_path", "must start with `/`"));
+        }
+        if !(Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&self.engine_metrics_interval) {
+            return Err(ConfigError::invalid(
+                "engine_metrics_interval",
+                "must be between 1s and 1h (each read costs the engine a page)",
+            ));
+        }
         self.buckets
             .validate()
             .map_err(|(key, message)| ConfigError::invalid(&key, message))
@@ -666,6 +699,15 @@ impl Config {
                     SloKind::Availability => ("availability", true.into()),
                 };
                 entry.insert(key.into(), value);
+                if let Some(max) = slo.prompt.max_prompt_tokens {
+                    entry.insert("max_prompt_tokens".into(), max.into());
+                }
+                if !slo.prompt.per_1k_prompt_tokens.is_zero() {
+                    entry.insert(
+                        "per_1k_prompt_tokens".into(),
+                        human(slo.prompt.per_1k_prompt_tokens).into(),
+                    );
+                }
                 if !slo.runbook_url.is_empty() {
                     entry.insert("runbook_url".into(), slo.runbook_url.clone().into());
                 }
@@ -707,6 +749,9 @@ impl Config {
             "drain_timeout": human(self.drain_timeout),
             "health_path": self.health_path,
             "health_interval": human(self.health_interval),
+            "engine_metrics": self.engine_metrics.as_str(),
+            "engine_metrics_path": self.engine_metrics_path,
+            "engine_metrics_interval": human(self.engine_metrics_interval),
             "tokenizer": self.tokenizer.as_ref().map(|p| p.display().to_string()),
             "service": self.slos.service,
             "period": human(self.slos.period),
@@ -1020,6 +1065,38 @@ mod tests {
         assert!(
             bare.contains("like `50ms` or `50s`") && bare.contains("line 2"),
             "{bare}"
+        );
+    }
+
+    #[test]
+    fn engine_metrics_settings_are_checked() {
+        let c = Config::from_yaml("upstream: http://x:1\n").unwrap();
+        assert_eq!(
+            (
+                c.engine_metrics,
+                c.engine_metrics_path.as_str(),
+                c.engine_metrics_interval
+            ),
+            (EngineMetricsMode::Map, "/metrics", Duration::from_secs(5))
+        );
+        let c = Config::from_yaml("upstream: http://x:1\nengine_metrics: merge\nengine_metrics_path: /m\n").unwrap();
+        assert_eq!(c.engine_metrics, EngineMetricsMode::Merge);
+        let bad = Config::from_yaml("upstream: http://x:1\nengine_metrics: sometimes\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            bad.contains("sometimes") && bad.contains("`merge`") && bad.contains("line 2"),
+            "{bad}"
+        );
+        assert_eq!(
+            key_of(Config::from_yaml("upstream: http://x:1\nengine_metrics_interval: 0s\n")),
+            "engine_metrics_interval"
+        );
+        assert_eq!(
+            key_of(Config::from_yaml(
+                "upstream: http://x:1\nengine_metrics_path: metrics\n"
+            )),
+            "engine_metrics_path"
         );
     }
 

@@ -5,11 +5,13 @@ pub mod config_status;
 pub mod labels;
 pub mod native;
 mod order;
+pub mod phases;
 pub mod server;
 
 use crate::capacity::meter::InFlight;
 use crate::capacity::CapacityEngine;
 use crate::config::Engine;
+use crate::engine::{EngineCollector, EngineMetricsMode, EngineView};
 use crate::gpu::{GpuCollector, GpuState};
 use crate::observe::record::{Outcome, RequestRecord};
 use crate::observe::route::Operation;
@@ -54,6 +56,8 @@ pub struct MetricsConfig {
     pub slos: SloSet,
     /// How far back the live capacity model looks (`capacity.window`).
     pub capacity_window: Duration,
+    /// What is done with the engine's own `/metrics` (`engine_metrics`).
+    pub engine_metrics: EngineMetricsMode,
 }
 
 impl Default for MetricsConfig {
@@ -65,6 +69,7 @@ impl Default for MetricsConfig {
             buckets: BucketOverrides::default(),
             slos: SloSet::default(),
             capacity_window: crate::capacity::DEFAULT_WINDOW,
+            engine_metrics: EngineMetricsMode::default(),
         }
     }
 }
@@ -87,6 +92,7 @@ pub struct Metrics {
     tokens_per_chunk: HistogramFamily<RequestLabels>,
     duration: ExemplarFamily<OutcomeLabels>,
     token_usage: HistogramFamily<TokenLabels>,
+    phases: phases::EnginePhases,
     requests: Family<OutcomeLabels, Counter>,
     output_tokens: Family<RequestLabels, Counter>,
     input_tokens: Family<RequestLabels, Counter>,
@@ -99,6 +105,8 @@ pub struct Metrics {
     config_status: config_status::ConfigStatus,
     slo: Arc<SloEngine>,
     capacity: Arc<CapacityEngine>,
+    /// The engine's own `/metrics`, as last read.
+    engine_view: Arc<EngineView>,
     /// The histograms' edges, for the OTLP instruments.
     boundaries: Boundaries,
     /// The same records as OTLP instruments, when metric export is on.
@@ -216,6 +224,8 @@ impl Metrics {
         let mut registry = Registry::default();
         let slo = SloEngine::new(slos.clone(), &mut registry);
         let capacity = CapacityEngine::new(config.capacity_window, slo.clone(), &mut registry);
+        let engine_view = EngineView::new(config.engine_metrics);
+        registry.register_collector(Box::new(EngineCollector(engine_view.clone())));
         let metrics = Self {
             registry,
             twins: Registry::default(),
@@ -240,6 +250,7 @@ impl Metrics {
                 buckets::TOKENS,
                 &[],
             ))),
+            phases: phases::EnginePhases::new(b),
             requests: Family::default(),
             output_tokens: Family::default(),
             input_tokens: Family::default(),
@@ -253,6 +264,7 @@ impl Metrics {
             config_status: config_status::ConfigStatus::new(true),
             slo,
             capacity,
+            engine_view,
             boundaries,
             otlp: None,
         };
@@ -361,6 +373,7 @@ impl Metrics {
             "Mean output tokens per token-carrying stream event, one observation per request",
             self.tokens_per_chunk.clone(),
         );
+        self.phases.register(r);
         r.register("llmslo_requests", "Measured requests by outcome", self.requests.clone());
         r.register(
             "llmslo_output_tokens",
@@ -555,6 +568,9 @@ impl Metrics {
             self.answer_ttft
                 .observe(&labels, answer.as_secs_f64(), exemplar.clone());
         }
+        if let Some(timing) = record.engine {
+            self.phases.observe(&labels, timing, record.ttft);
+        }
         if let Some(n) = record.reasoning_tokens {
             self.reasoning_tokens.get_or_create(&labels).inc_by(n);
         }
@@ -582,18 +598,33 @@ impl Metrics {
         let labels = self.outcome_labels(&labels, record.outcome);
         self.requests.get_or_create(&labels).inc();
         self.duration.observe(&labels, record.e2e.as_secs_f64(), exemplar);
-        self.slo.record(record);
+        self.slo.record(record, self.capacity.tpot_alone());
         self.capacity.record(record);
         if let Some(otlp) = &self.otlp {
             otlp.record(record, self.provider());
         }
     }
 
-    /// The whole registry in the OpenMetrics text format, each family's series in label order.
+    /// The engine's own `/metrics`, as last read (for the scraper and the requests).
+    pub fn engine_view(&self) -> &Arc<EngineView> {
+        &self.engine_view
+    }
+
+    /// The whole registry in the OpenMetrics text format, each family's series in label order;
+    /// with `engine_metrics: merge`, the engine's families follow llmslo's.
     pub fn encode(&self) -> String {
         let mut out = String::with_capacity(16 * 1024);
         prometheus_client::encoding::text::encode(&mut out, &self.registry).expect("writing to a String cannot fail");
-        order::sorted(&out)
+        let mut out = order::sorted(&out);
+        if self.engine_view.mode() == EngineMetricsMode::Merge {
+            let engine = self.engine_view.merged_families(&out);
+            if let Some(end) = out.strip_suffix("# EOF\n").map(str::len) {
+                out.truncate(end);
+                out.push_str(&engine);
+                out.push_str("# EOF\n");
+            }
+        }
+        out
     }
 
     /// The whole registry in Prometheus's protobuf exposition, every histogram with its native
@@ -682,6 +713,8 @@ mod tests {
             token_events: 7,
             count_source: None,
             load: None,
+            engine: None,
+            engine_context: None,
             trace: None,
         });
         drop(handles);
@@ -736,6 +769,8 @@ mod tests {
                 token_events: 40,
                 count_source: None,
                 load: None,
+                engine: None,
+                engine_context: None,
                 trace: Some(trace),
             });
         }

@@ -39,8 +39,67 @@ pub enum Fault {
     Engine,
 }
 
+/// The engine's own account of one request, where its answer states one (vLLM's per-request
+/// metrics: `metrics` in the usage chunk or in `response.completed`), in seconds.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineTiming {
+    /// Time in the engine's queue, from entering it to being scheduled (`queue_time_ms`).
+    pub queue: Option<f64>,
+    /// From being scheduled to the first token: prefill, and the steps it shared
+    /// (`time_to_first_token_ms`, which vLLM counts from scheduling).
+    pub prefill: Option<f64>,
+    /// Mean time between output tokens inside the engine (`mean_itl_ms`).
+    pub tpot: Option<f64>,
+    /// Share of draft tokens accepted by speculative decoding
+    /// (`speculative_decoding.draft_acceptance_rate`).
+    pub draft_acceptance: Option<f64>,
+}
+
+impl EngineTiming {
+    /// The engine's time to first token: its queue and its prefill, when it states both.
+    pub fn ttft(&self) -> Option<f64> {
+        Some(self.queue? + self.prefill?)
+    }
+}
+
+/// A `metrics` object as vLLM writes it (`PerRequestMetrics`); every field may be null.
+#[derive(Deserialize)]
+pub struct WireEngineMetrics {
+    #[serde(default)]
+    time_to_first_token_ms: Option<f64>,
+    #[serde(default)]
+    queue_time_ms: Option<f64>,
+    #[serde(default)]
+    mean_itl_ms: Option<f64>,
+    #[serde(default)]
+    speculative_decoding: Option<WireSpeculation>,
+}
+
+#[derive(Deserialize)]
+struct WireSpeculation {
+    #[serde(default)]
+    draft_acceptance_rate: Option<f64>,
+}
+
+impl WireEngineMetrics {
+    /// The timing it states, in seconds; a negative or non-finite figure is left out.
+    pub fn timing(self) -> Option<EngineTiming> {
+        let seconds = |ms: Option<f64>| ms.filter(|v| v.is_finite() && *v >= 0.0).map(|ms| ms / 1e3);
+        let timing = EngineTiming {
+            queue: seconds(self.queue_time_ms),
+            prefill: seconds(self.time_to_first_token_ms),
+            tpot: seconds(self.mean_itl_ms),
+            draft_acceptance: self
+                .speculative_decoding
+                .and_then(|s| s.draft_acceptance_rate)
+                .filter(|r| (0.0..=1.0).contains(r)),
+        };
+        (timing != EngineTiming::default()).then_some(timing)
+    }
+}
+
 /// What one stream event means for measurement.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct EventSummary {
     /// The event carries at least one generated token (possibly held-back, empty text).
     pub has_tokens: bool,
@@ -62,6 +121,8 @@ pub struct EventSummary {
     pub usage: Option<Usage>,
     /// The event is a usage-only chunk (`choices: []` with usage).
     pub usage_only: bool,
+    /// The engine's own timing of the request, where the event states it.
+    pub engine: Option<EngineTiming>,
     /// The event reports an error, and whose fault it is.
     pub error: Option<Fault>,
     /// The event ends the stream (`[DONE]`, TGI's final event, `response.completed`,

@@ -8,7 +8,7 @@
 //! token counts the event states, its usage and whether it is an error (and whose fault) or
 //! the `[DONE]` sentinel.
 
-use super::event::{fault_of, EventSummary, Usage};
+use super::event::{fault_of, EventSummary, Usage, WireEngineMetrics};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::fmt;
@@ -37,6 +37,7 @@ pub fn summarise(data: &[u8]) -> EventSummary {
                 explicit_tokens: choices.explicit_tokens,
                 usage_only: chunk.usage.is_some() && choices.count == 0,
                 usage: chunk.usage.map(WireUsage::usage),
+                engine: chunk.metrics.and_then(WireEngineMetrics::timing),
                 error: chunk.error.as_ref().map(fault_of),
                 finish_only: choices.token_choices > 0 && choices.finish_only == choices.token_choices,
                 ..EventSummary::default()
@@ -52,6 +53,9 @@ struct Chunk {
     choices: Option<ChoicesSummary>,
     #[serde(default)]
     usage: Option<WireUsage>,
+    /// vLLM's per-request metrics (`--enable-per-request-metrics`), beside the usage.
+    #[serde(default)]
+    metrics: Option<WireEngineMetrics>,
     /// Read in full (a rare event) to tell the client's fault from the engine's.
     #[serde(default)]
     error: Option<serde_json::Value>,

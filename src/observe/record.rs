@@ -1,9 +1,10 @@
 //! The per-request record: what one finished request measured, ready for metrics and SLOs.
 
-use super::event::Fault;
+use super::event::{EngineTiming, Fault};
 use super::route::Operation;
 use super::stream::{CountSource, StreamSummary};
 use crate::capacity::meter::RequestLoad;
+use crate::engine::EngineContext;
 use crate::otel::context::TraceRef;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -96,6 +97,10 @@ pub struct RequestRecord {
     pub count_source: Option<CountSource>,
     /// The load it ran under, when the sidecar metered it.
     pub load: Option<RequestLoad>,
+    /// The engine's own timing of it, where the answer stated one.
+    pub engine: Option<EngineTiming>,
+    /// What the engine's `/metrics` showed around it, when llmslo reads them.
+    pub engine_context: Option<EngineContext>,
     /// The sampled trace it belongs to (llmslo's span, or the client's): its exemplar.
     pub trace: Option<TraceRef>,
 }
@@ -117,6 +122,8 @@ impl RequestRecord {
             token_events: 0,
             count_source: None,
             load: None,
+            engine: None,
+            engine_context: None,
             trace: None,
         }
     }
@@ -137,6 +144,7 @@ impl RequestRecord {
         self.output_tokens = summary.output_tokens;
         self.input_tokens = summary.input_tokens;
         self.reasoning_tokens = summary.reasoning_tokens;
+        self.engine = summary.engine;
         self.token_events = summary.token_events;
         let cut_short = !summary.saw_done && !summary.gave_up;
         match summary.error {

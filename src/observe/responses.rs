@@ -10,7 +10,7 @@
 //! `response.incomplete`, `response.failed` or an `error` event. Usage is only in the
 //! terminal event's `response.usage`.
 
-use super::event::{event_name, fault_of, fault_of_event, EventSummary, Fault, TypedUsage};
+use super::event::{event_name, fault_of, fault_of_event, EventSummary, Fault, TypedUsage, WireEngineMetrics};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -56,6 +56,9 @@ struct ResponseObject {
     status: Option<String>,
     #[serde(default)]
     usage: Option<TypedUsage>,
+    /// vLLM's per-request metrics (`--enable-per-request-metrics`).
+    #[serde(default)]
+    metrics: Option<WireEngineMetrics>,
     #[serde(default)]
     error: Option<Value>,
 }
@@ -132,6 +135,7 @@ impl ResponseObject {
         };
         EventSummary {
             usage: self.usage.map(TypedUsage::usage),
+            engine: self.metrics.and_then(WireEngineMetrics::timing),
             error,
             ..EventSummary::default()
         }

@@ -1,6 +1,6 @@
 //! The streaming observer: SSE parsing plus interpretation plus timestamps for one response.
 
-use super::event::{EventSummary, Fault, Usage};
+use super::event::{EngineTiming, EventSummary, Fault, Usage};
 use super::repeat::RepeatSummariser;
 use super::route::Protocol;
 use super::sse::SseParser;
@@ -59,6 +59,7 @@ struct Facts {
     text_overflow: bool,
     text_bytes: usize,
     usage: Option<Usage>,
+    engine: Option<EngineTiming>,
     error: Option<Fault>,
     saw_done: bool,
 }
@@ -137,6 +138,8 @@ pub struct StreamSummary {
     pub input_tokens: Option<u64>,
     /// Output tokens spent on reasoning, from usage.
     pub reasoning_tokens: Option<u64>,
+    /// The engine's own timing of the request, where the stream stated it.
+    pub engine: Option<EngineTiming>,
     /// Events that carried tokens.
     pub token_events: u64,
     /// An error payload arrived, and whose fault it says it is (the engine's, when several
@@ -268,6 +271,7 @@ impl StreamObserver {
             count_source,
             input_tokens: usage.input_tokens,
             reasoning_tokens: usage.reasoning_tokens,
+            engine: facts.engine,
             token_events: facts.token_events,
             error: facts.error,
             saw_done: facts.saw_done,
@@ -392,6 +396,9 @@ impl Facts {
     fn observe(&mut self, summary: &EventSummary, now: Instant, on_gap: &mut impl FnMut(Duration)) {
         if let Some(usage) = summary.usage {
             self.usage = Some(self.usage.unwrap_or_default().merged(usage));
+        }
+        if summary.engine.is_some() {
+            self.engine = summary.engine;
         }
         if let Some(fault) = summary.error {
             self.error = Some(match self.error {

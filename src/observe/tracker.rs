@@ -10,6 +10,7 @@ use super::strip::UsageStripper;
 use super::tokens::TokenCounter;
 use super::{messages, openai, responses, tgi};
 use crate::config::Engine;
+use crate::engine::{EngineContext, EngineMetricsMode, EngineMoment};
 use crate::metrics::{GapRecorder, Metrics, RequestHandles, UnmeasuredReason};
 use crate::otel::context::TraceRef;
 use crate::otel::spans::RequestSpan;
@@ -48,6 +49,8 @@ pub struct RequestTracker {
     tokenizer: Option<Arc<TokenCounter>>,
     response: ResponseKind,
     finished: bool,
+    /// The engine as its `/metrics` showed it when the request arrived (when read).
+    engine_at_arrival: Option<EngineMoment>,
     /// The trace its observations point to.
     trace: Trace,
 }
@@ -138,7 +141,10 @@ impl RequestTracker {
         max_event_bytes: usize,
     ) -> Self {
         let handles = metrics.start_request(raw_model, operation, t0);
+        let engine_at_arrival =
+            (metrics.engine_view().mode() != EngineMetricsMode::Off).then(|| metrics.engine_view().moment());
         Self {
+            engine_at_arrival,
             metrics,
             handles,
             t0,
@@ -296,6 +302,9 @@ impl RequestTracker {
         }
         let mut record = RequestRecord::new(self.handles.model.clone(), self.handles.operation, now - self.t0);
         record.load = self.handles.load.as_ref().map(|load| load.load(now));
+        record.engine_context = self
+            .engine_at_arrival
+            .map(|arrival| EngineContext::between(arrival, self.metrics.engine_view().moment()));
         record.trace = match &self.trace {
             Trace::None => None,
             Trace::Span(span) => span.trace(),
@@ -341,6 +350,7 @@ impl RequestTracker {
                 record.output_tokens = usage.output_tokens;
                 record.input_tokens = usage.input_tokens;
                 record.reasoning_tokens = usage.reasoning_tokens;
+                record.engine = summary.engine;
                 summary.error.map(Outcome::of_fault)
             }
         };

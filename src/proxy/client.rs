@@ -82,12 +82,25 @@ impl UpstreamClient {
 
     /// GETs `path` on the upstream: its status and body (bounded to 1 MiB).
     pub async fn get(&self, path: &str) -> Result<(StatusCode, Bytes), Error> {
+        let (status, body) = self.get_bounded(path, "*/*", 1 << 20).await?;
+        Ok((status, body.unwrap_or_default()))
+    }
+
+    /// GETs `path` on the upstream asking for `accept`: its status, and its body unless it
+    /// was longer than `limit` bytes or broke off (`None`).
+    pub async fn get_bounded(
+        &self,
+        path: &str,
+        accept: &str,
+        limit: usize,
+    ) -> Result<(StatusCode, Option<Bytes>), Error> {
         let request = Request::get(self.uri_for(path))
+            .header(http::header::ACCEPT, accept)
             .body(Empty::<Bytes>::new().map_err(|never| match never {}).boxed_unsync())
-            .expect("a GET with a valid URI is a valid request");
+            .expect("a GET with a valid URI and a static header is a valid request");
         let response = self.send(request).await?;
         let status = response.status();
-        let body = Limited::new(response.into_body(), 1 << 20).collect().await;
-        Ok((status, body.map(|b| b.to_bytes()).unwrap_or_default()))
+        let body = Limited::new(response.into_body(), limit).collect().await;
+        Ok((status, body.ok().map(|b| b.to_bytes())))
     }
 }

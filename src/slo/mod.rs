@@ -3,6 +3,7 @@
 //! from those windows when Prometheus scrapes. `rules` turns the same SLO file into
 //! Prometheus recording and alerting rules.
 
+pub mod cause;
 pub mod rules;
 pub mod spec;
 pub mod window;
@@ -51,8 +52,11 @@ pub fn classify(slo: &Slo, record: &RequestRecord) -> Verdict {
             Outcome::UpstreamError | Outcome::Timeout | Outcome::ConnectError => Verdict::Bad,
             Outcome::ClientError | Outcome::ClientCancelled => Verdict::NotCounted,
         },
-        SloKind::Ttft(threshold) => within(record.ttft, threshold),
-        SloKind::AnswerTtft(threshold) => within(record.answer_ttft, threshold),
+        SloKind::Ttft(_) | SloKind::AnswerTtft(_) if !slo.prompt.judges(record.input_tokens) => Verdict::NotCounted,
+        SloKind::Ttft(threshold) => within(record.ttft, slo.prompt.threshold(threshold, record.input_tokens)),
+        SloKind::AnswerTtft(threshold) => {
+            within(record.answer_ttft, slo.prompt.threshold(threshold, record.input_tokens))
+        }
         SloKind::Tpot(threshold) => within(record.tpot(), threshold),
         SloKind::E2e(threshold) => within(Some(record.e2e), threshold),
     }
@@ -89,6 +93,22 @@ pub struct ServiceModelLabels {
     pub slo_service: String,
     /// Normalised model.
     pub model: String,
+}
+
+/// `slo_service`, `slo`, `model`, `cause`, `evidence`: a bad event's cause and what it was
+/// decided from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct CauseLabels {
+    /// The SLO file's `service`.
+    pub slo_service: String,
+    /// The SLO's name.
+    pub slo: String,
+    /// Normalised model.
+    pub model: String,
+    /// Why it was bad.
+    pub cause: &'static str,
+    /// What the cause was decided from.
+    pub evidence: &'static str,
 }
 
 #[derive(Debug, EncodeLabelSet)]
@@ -130,6 +150,7 @@ pub struct SloEngine {
     state: Mutex<State>,
     events: Family<SloLabels, Counter>,
     bad_events: Family<SloLabels, Counter>,
+    bad_events_by_cause: Family<CauseLabels, Counter>,
     goodput_judged: Family<ServiceModelLabels, Counter>,
     goodput_requests: Family<ServiceModelLabels, Counter>,
     goodput_tokens: Family<ServiceModelLabels, Counter>,
@@ -144,6 +165,7 @@ impl SloEngine {
             state: Mutex::new(State::default()),
             events: Family::default(),
             bad_events: Family::default(),
+            bad_events_by_cause: Family::default(),
             goodput_judged: Family::default(),
             goodput_requests: Family::default(),
             goodput_tokens: Family::default(),
@@ -157,6 +179,12 @@ impl SloEngine {
             "llmslo_slo_bad_events",
             "Requests that missed each SLO",
             engine.bad_events.clone(),
+        );
+        registry.register(
+            "llmslo_slo_bad_events_by_cause",
+            "Requests that missed each latency SLO, by cause (queueing, prefill, decode_contention, preemption, \
+             outside_engine, unknown) and the evidence it was decided from (request, engine_metrics, load, none)",
+            engine.bad_events_by_cause.clone(),
         );
         registry.register(
             "llmslo_goodput_judged_requests",
@@ -231,8 +259,10 @@ impl SloEngine {
             .or_insert_with(|| Windows::new(set.period, now));
     }
 
-    /// Judges a finished request against every SLO and goodput.
-    pub fn record(&self, record: &RequestRecord) {
+    /// Judges a finished request against every SLO and goodput, and finds the cause of each
+    /// latency SLO it missed; `tpot_alone` is the capacity model's TPOT with one request in
+    /// flight, when there is a model.
+    pub fn record(&self, record: &RequestRecord, tpot_alone: Option<f64>) {
         let set = self.set();
         let now = Instant::now();
         let verdicts: Vec<Verdict> = set.slos.iter().map(|slo| classify(slo, record)).collect();
@@ -252,6 +282,18 @@ impl SloEngine {
             let bad = u64::from(*verdict == Verdict::Bad);
             self.events.get_or_create(&labels).inc();
             self.bad_events.get_or_create(&labels).inc_by(bad);
+            if *verdict == Verdict::Bad && slo.kind != SloKind::Availability {
+                let diagnosis = cause::diagnose(slo.kind, record, tpot_alone);
+                self.bad_events_by_cause
+                    .get_or_create(&CauseLabels {
+                        slo_service: labels.slo_service.clone(),
+                        slo: labels.slo.clone(),
+                        model: labels.model.clone(),
+                        cause: diagnosis.cause.as_str(),
+                        evidence: diagnosis.evidence.as_str(),
+                    })
+                    .inc();
+            }
             let windows = state
                 .slos
                 .entry(labels)
@@ -477,13 +519,15 @@ mod tests {
             token_events: 10,
             count_source: None,
             load: None,
+            engine: None,
+            engine_context: None,
             trace: None,
         }
     }
 
     fn send(engine: &SloEngine, n: usize, record: &RequestRecord) {
         for _ in 0..n {
-            engine.record(record);
+            engine.record(record, None);
         }
     }
 
@@ -513,6 +557,32 @@ mod tests {
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn a_ttft_slo_judges_long_prompts_by_their_allowance_or_not_at_all() {
+        let file: SloFile = serde_yaml::from_str(
+            "slos:\n  - {name: short, objective: 99, ttft: 500ms, max_prompt_tokens: 4096}\n  \
+             - {name: scaled, objective: 99, ttft: 500ms, per_1k_prompt_tokens: 100ms}\n",
+        )
+        .unwrap();
+        let set = SloSet::validate(None, None, None, file).unwrap();
+        let [short, scaled] = [&set.slos[0], &set.slos[1]];
+        let prompt = |tokens: Option<u64>, ttft_ms: u64| {
+            let mut r = request(Outcome::Success, ttft_ms, 10);
+            r.input_tokens = tokens;
+            r
+        };
+        assert_eq!(classify(short, &prompt(Some(8000), 1400)), Verdict::NotCounted);
+        assert_eq!(classify(short, &prompt(Some(4096), 600)), Verdict::Bad);
+        assert_eq!(classify(short, &prompt(None, 600)), Verdict::Bad, "unknown: judged");
+        assert_eq!(
+            classify(scaled, &prompt(Some(8000), 1300)),
+            Verdict::Good,
+            "500 + 8 x 100 ms"
+        );
+        assert_eq!(classify(scaled, &prompt(Some(8000), 1301)), Verdict::Bad);
+        assert_eq!(classify(scaled, &prompt(None, 501)), Verdict::Bad);
     }
 
     #[test]
@@ -571,7 +641,7 @@ mod tests {
         assert!(ratio(&s, "avail", "5m").is_nan());
         assert!(burn(&s, "avail", "3d").is_nan());
         assert!(budget(&s, "avail") < 0.0, "the budget still counts every event");
-        engine.record(&request(Outcome::UpstreamError, 1, 1));
+        engine.record(&request(Outcome::UpstreamError, 1, 1), None);
         assert_eq!(ratio(&engine.snapshot(Instant::now()), "avail", "5m"), 1.0);
     }
 
@@ -695,7 +765,7 @@ mod tests {
         let mut renamed = engine.set().as_ref().clone();
         renamed.service = "search".into();
         engine.reload(renamed);
-        engine.record(&request(Outcome::Success, 100, 10));
+        engine.record(&request(Outcome::Success, 100, 10), None);
         let s = engine.snapshot(Instant::now());
         assert!(s.error_ratio.iter().all(|(l, _, _)| l.slo_service == "search"));
         assert!(

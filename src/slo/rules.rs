@@ -247,10 +247,23 @@ fn meta_group(set: &SloSet, slo: &Slo) -> Group {
 fn promise(slo: &Slo) -> String {
     let pct = slo.objective_percent();
     let ms = |d: Duration| format!("{} ms", d.as_secs_f64() * 1e3);
+    let allowance = if slo.prompt.per_1k_prompt_tokens.is_zero() {
+        String::new()
+    } else {
+        format!(" plus {} per 1000 prompt tokens", ms(slo.prompt.per_1k_prompt_tokens))
+    };
+    let scope = slo
+        .prompt
+        .max_prompt_tokens
+        .map_or(String::new(), |max| format!(" (prompts of at most {max} tokens)"));
     match slo.kind {
-        SloKind::Ttft(d) => format!("{pct}% of successful streamed requests have TTFT <= {}", ms(d)),
+        SloKind::Ttft(d) => format!(
+            "{pct}% of successful streamed requests{scope} have TTFT <= {}{allowance}",
+            ms(d)
+        ),
         SloKind::AnswerTtft(d) => format!(
-            "{pct}% of successful streamed requests have their first answer token (after reasoning) within {}",
+            "{pct}% of successful streamed requests{scope} have their first answer token (after reasoning) \
+             within {}{allowance}",
             ms(d)
         ),
         SloKind::Tpot(d) => format!("{pct}% of successful streamed requests have TPOT <= {}", ms(d)),

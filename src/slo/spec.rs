@@ -44,6 +44,14 @@ pub struct SloEntry {
     /// `availability: true`.
     #[serde(default)]
     pub availability: bool,
+    /// `max_prompt_tokens`: a TTFT SLO judges only requests with at most this many prompt
+    /// tokens (longer prompts are prefill, not a fault).
+    #[serde(default)]
+    pub max_prompt_tokens: Option<u64>,
+    /// `per_1k_prompt_tokens`: a TTFT SLO's threshold grows by this for every 1000 prompt
+    /// tokens.
+    #[serde(default, with = "humantime_serde")]
+    pub per_1k_prompt_tokens: Option<Duration>,
     /// `runbook_url`, carried into the alerts' annotations.
     #[serde(default)]
     pub runbook_url: Option<String>,
@@ -83,8 +91,41 @@ pub struct Slo {
     pub objective: f64,
     /// What it judges.
     pub kind: SloKind,
+    /// How a TTFT SLO accounts for prompt length (nothing for the other kinds).
+    pub prompt: PromptAllowance,
     /// Runbook link for its alerts.
     pub runbook_url: String,
+}
+
+/// How a TTFT SLO accounts for prompt length.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PromptAllowance {
+    /// Only requests with at most this many prompt tokens are judged.
+    pub max_prompt_tokens: Option<u64>,
+    /// Added to the threshold for every 1000 prompt tokens.
+    pub per_1k_prompt_tokens: Duration,
+}
+
+impl PromptAllowance {
+    /// Whether a request with `prompt_tokens` (unknown: judged) is judged at all.
+    pub fn judges(&self, prompt_tokens: Option<u64>) -> bool {
+        match (self.max_prompt_tokens, prompt_tokens) {
+            (Some(max), Some(n)) => n <= max,
+            _ => true,
+        }
+    }
+
+    /// The threshold for a request with `prompt_tokens` (unknown: no allowance).
+    pub fn threshold(&self, base: Duration, prompt_tokens: Option<u64>) -> Duration {
+        base + self
+            .per_1k_prompt_tokens
+            .mul_f64(prompt_tokens.unwrap_or(0) as f64 / 1000.0)
+    }
+
+    /// Whether it changes anything.
+    pub fn is_set(&self) -> bool {
+        self.max_prompt_tokens.is_some() || !self.per_1k_prompt_tokens.is_zero()
+    }
 }
 
 impl Slo {
@@ -222,10 +263,29 @@ impl SloSet {
                     return invalid(key(field), "must be longer than zero");
                 }
             }
+            let prompt = PromptAllowance {
+                max_prompt_tokens: entry.max_prompt_tokens,
+                per_1k_prompt_tokens: entry.per_1k_prompt_tokens.unwrap_or_default(),
+            };
+            if prompt.is_set() && !matches!(kind, SloKind::Ttft(_) | SloKind::AnswerTtft(_)) {
+                let field = if entry.max_prompt_tokens.is_some() {
+                    "max_prompt_tokens"
+                } else {
+                    "per_1k_prompt_tokens"
+                };
+                return invalid(
+                    key(field),
+                    "applies to ttft and answer_ttft SLOs only (prompt length is what prefill costs)",
+                );
+            }
+            if prompt.max_prompt_tokens == Some(0) {
+                return invalid(key("max_prompt_tokens"), "must be at least 1");
+            }
             slos.push(Slo {
                 name: entry.name,
                 objective: tidy(entry.objective / 100.0),
                 kind,
+                prompt,
                 runbook_url: entry.runbook_url.unwrap_or_default(),
             });
         }
@@ -268,6 +328,32 @@ fn is_label_safe(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     #[test]
+    fn prompt_length_conditions_only_ttft_slos() {
+        let validate = |yaml: &str| {
+            let file: SloFile = serde_yaml::from_str(yaml).unwrap();
+            SloSet::validate(None, None, None, file)
+        };
+        let set = validate(
+            "slos:\n  - {name: t, objective: 99, ttft: 500ms, max_prompt_tokens: 4096, per_1k_prompt_tokens: 100ms}\n",
+        )
+        .unwrap();
+        let prompt = set.slos[0].prompt;
+        assert!(prompt.judges(Some(4096)) && !prompt.judges(Some(4097)) && prompt.judges(None));
+        let base = Duration::from_millis(500);
+        assert_eq!(prompt.threshold(base, Some(2500)), Duration::from_millis(750));
+        assert_eq!(prompt.threshold(base, None), base, "unknown prompt: no allowance");
+        let (key, message) =
+            validate("slos:\n  - {name: t, objective: 99, tpot: 50ms, max_prompt_tokens: 10}\n").unwrap_err();
+        assert_eq!(key, "slos[0].max_prompt_tokens");
+        assert!(message.contains("ttft and answer_ttft SLOs only"), "{message}");
+        let (key, _) =
+            validate("slos:\n  - {name: t, objective: 99, e2e: 5s, per_1k_prompt_tokens: 1s}\n").unwrap_err();
+        assert_eq!(key, "slos[0].per_1k_prompt_tokens");
+        let (key, _) = validate("slos:\n  - {name: t, objective: 99, ttft: 1s, max_prompt_tokens: 0}\n").unwrap_err();
+        assert_eq!(key, "slos[0].max_prompt_tokens");
+    }
+
+    #[test]
     fn an_objective_must_be_a_percentage_whose_budget_a_page_can_burn() {
         let entry = |objective: f64| SloEntry {
             answer_ttft: None,
@@ -277,6 +363,8 @@ mod tests {
             tpot: None,
             e2e: None,
             availability: false,
+            max_prompt_tokens: None,
+            per_1k_prompt_tokens: None,
             runbook_url: None,
         };
         let check = |objective: f64| {

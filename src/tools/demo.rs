@@ -583,6 +583,8 @@ mod tests {
             token_events: 32,
             count_source: None,
             load: None,
+            engine: None,
+            engine_context: None,
             trace: None,
         }
     }

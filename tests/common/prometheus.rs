@@ -105,6 +105,7 @@ pub async fn failing_engine_and_sidecar(
 ) {
     let (engine, stop) = super::start_engine(llmslo::tools::simulate::SimOptions {
         error_rate: 0.3,
+        per_request_metrics: true,
         ..super::timed_engine(tpot_ms + 1, tpot_ms)
     })
     .await;

@@ -60,7 +60,29 @@ struct Sequence {
     /// KV tokens it holds while it runs.
     kv: u64,
     /// Each step's tokens (per choice) go here; closed when the request went away.
-    ticks: mpsc::UnboundedSender<u32>,
+    ticks: mpsc::UnboundedSender<Step>,
+    /// When the engine admitted it into the batch.
+    scheduled: Option<Instant>,
+}
+
+/// One step's output for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Step {
+    /// Tokens each of its choices generated.
+    pub tokens: u32,
+    /// When the engine admitted the request into the batch (its queue time ended).
+    pub scheduled: Instant,
+}
+
+/// What the engine loop holds now, for its `/metrics` page.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Occupancy {
+    /// Requests waiting for the batch.
+    pub waiting: usize,
+    /// Sequences running.
+    pub running: usize,
+    /// Share of the KV budget in use (0 without a budget).
+    pub kv_usage: f64,
 }
 
 /// The shared engine loop: requests are submitted, and receive their tokens step by step.
@@ -69,6 +91,7 @@ pub struct Batcher {
     queue: Arc<Mutex<VecDeque<Sequence>>>,
     arrived: Arc<Notify>,
     tokens_per_chunk: u32,
+    occupancy: Arc<Mutex<Occupancy>>,
 }
 
 impl std::fmt::Debug for Batcher {
@@ -84,6 +107,7 @@ impl Batcher {
             queue: Arc::default(),
             arrived: Arc::default(),
             tokens_per_chunk: tokens_per_chunk.max(1),
+            occupancy: Arc::default(),
         };
         tokio::spawn(batcher.clone().run(options, SmallRng::seed_from_u64(seed), shutdown));
         batcher
@@ -91,7 +115,7 @@ impl Batcher {
 
     /// Queues a request of `choices` sequences; the receiver gets, at the end of each step it
     /// runs in, the tokens each choice generated in that step, until `max_tokens`.
-    pub fn submit(&self, prompt_tokens: u64, max_tokens: u32, choices: u32) -> mpsc::UnboundedReceiver<u32> {
+    pub fn submit(&self, prompt_tokens: u64, max_tokens: u32, choices: u32) -> mpsc::UnboundedReceiver<Step> {
         let (ticks, rx) = mpsc::unbounded_channel();
         let width = choices.max(1) as usize;
         self.queue.lock().expect("batch queue lock").push_back(Sequence {
@@ -100,9 +124,16 @@ impl Batcher {
             remaining: max_tokens,
             kv: (prompt_tokens + u64::from(max_tokens)) * width as u64,
             ticks,
+            scheduled: None,
         });
+        self.occupancy.lock().expect("occupancy lock").waiting += 1;
         self.arrived.notify_one();
         rx
+    }
+
+    /// What the loop holds now.
+    pub fn occupancy(&self) -> Occupancy {
+        *self.occupancy.lock().expect("occupancy lock")
     }
 
     async fn run(self, options: BatchingOptions, mut rng: SmallRng, shutdown: CancellationToken) {
@@ -142,8 +173,10 @@ impl Batcher {
             running.retain_mut(|sequence| {
                 let tokens = self.tokens_per_chunk.min(sequence.remaining);
                 sequence.remaining -= tokens;
-                sequence.ticks.send(tokens).is_ok() && sequence.remaining > 0
+                let scheduled = sequence.scheduled.unwrap_or(step_end);
+                sequence.ticks.send(Step { tokens, scheduled }).is_ok() && sequence.remaining > 0
             });
+            self.occupied(&options, &running);
         }
     }
 
@@ -164,13 +197,27 @@ impl Batcher {
             if !(fits_batch && fits_kv) {
                 break;
             }
-            let next = queue.pop_front().expect("checked above");
+            let mut next = queue.pop_front().expect("checked above");
+            next.scheduled = Some(Instant::now());
             width += next.width;
             kv += next.kv;
             prompt += next.prompt_tokens;
             running.push(next);
         }
+        drop(queue);
+        self.occupied(options, running);
         prompt
+    }
+
+    /// Notes what the loop holds after a change.
+    fn occupied(&self, options: &BatchingOptions, running: &[Sequence]) {
+        let waiting = self.queue.lock().expect("batch queue lock").len();
+        let kv: u64 = running.iter().map(|s| s.kv).sum();
+        *self.occupancy.lock().expect("occupancy lock") = Occupancy {
+            waiting,
+            running: running.iter().map(|s| s.width).sum(),
+            kv_usage: options.kv_tokens.map_or(0.0, |budget| kv as f64 / budget as f64),
+        };
     }
 }
 
@@ -196,9 +243,9 @@ mod tests {
         let mut a = batcher.submit(100, 3, 1);
         let mut b = batcher.submit(100, 3, 1);
         // First step: two running, 200 prompt tokens: 10 + 2 + 20 ms.
-        assert_eq!(a.recv().await, Some(1));
+        assert_eq!(a.recv().await.map(|s| s.tokens), Some(1));
         assert_eq!(start.elapsed(), Duration::from_millis(32));
-        assert_eq!(b.recv().await, Some(1));
+        assert_eq!(b.recv().await.map(|s| s.tokens), Some(1));
         // Then decode only: 12 ms a step.
         a.recv().await;
         assert_eq!(start.elapsed(), Duration::from_millis(44));
@@ -212,15 +259,22 @@ mod tests {
         let start = Instant::now();
         let mut first = batcher.submit(0, 4, 1);
         let mut second = batcher.submit(0, 2, 1);
-        assert_eq!(first.recv().await, Some(2));
-        assert_eq!(first.recv().await, Some(2), "two tokens a chunk");
+        assert_eq!(first.recv().await.map(|s| s.tokens), Some(2));
+        assert_eq!(first.recv().await.map(|s| s.tokens), Some(2), "two tokens a chunk");
         assert_eq!(start.elapsed(), Duration::from_millis(22));
-        assert_eq!(second.recv().await, Some(2));
+        let step = second.recv().await.unwrap();
+        assert_eq!(step.tokens, 2);
         assert_eq!(
             start.elapsed(),
             Duration::from_millis(33),
             "its first token waited for the batch"
         );
+        assert_eq!(
+            step.scheduled - start,
+            Duration::from_millis(22),
+            "its queue time ended there"
+        );
+        assert_eq!(batcher.occupancy().waiting, 0);
     }
 
     #[tokio::test(start_paused = true)]

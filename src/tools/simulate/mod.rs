@@ -6,11 +6,12 @@
 
 pub mod batching;
 pub mod delay;
+pub mod exposition;
 pub mod shape;
 pub mod typed;
 
 use crate::observe::route::Operation;
-use batching::{Batcher, BatchingOptions};
+use batching::{Batcher, BatchingOptions, Occupancy, Step};
 use bytes::Bytes;
 use delay::Delay;
 use http::{header, Method, Request, Response, StatusCode};
@@ -81,6 +82,10 @@ pub struct SimOptions {
     /// Continuous batching instead of the fixed delays: every request shares one loop of
     /// decode steps, so latency depends on load (`ttft` and `tpot` are then unused).
     pub batching: Option<BatchingOptions>,
+    /// State each request's own timing beside its usage, as vLLM does with
+    /// `--enable-per-request-metrics` (queue, scheduling to first token, mean inter-token
+    /// latency).
+    pub per_request_metrics: bool,
 }
 
 impl Default for SimOptions {
@@ -98,6 +103,7 @@ impl Default for SimOptions {
             abort_rate: 0.0,
             seed: 0,
             batching: None,
+            per_request_metrics: false,
         }
     }
 }
@@ -109,6 +115,10 @@ pub struct SimEngine {
     requests: AtomicU64,
     /// The engine loop, in batching mode, started with the server.
     batcher: OnceLock<Batcher>,
+    /// Streams being generated (outside batching mode, where the loop counts them).
+    streaming: Arc<AtomicU64>,
+    /// Prompt tokens of every generation request so far.
+    prompt_tokens: AtomicU64,
 }
 
 /// The fields of a generation request the simulator honours.
@@ -167,6 +177,8 @@ impl SimEngine {
             options,
             requests: AtomicU64::new(0),
             batcher: OnceLock::new(),
+            streaming: Arc::default(),
+            prompt_tokens: AtomicU64::new(0),
         })
     }
 
@@ -197,6 +209,7 @@ impl SimEngine {
         let tgi = self.options.flavor == Flavor::Tgi;
         let mut response = match (request.method().clone(), path.as_str()) {
             (Method::GET, "/health") => json_response(StatusCode::OK, String::new()),
+            (Method::GET, "/metrics") => self.metrics_page(),
             (Method::GET, "/v1/models") => self.models(),
             (Method::GET, "/info") if tgi => self.info(),
             (Method::POST, "/generate_stream" | "/generate") if !tgi => not_found(),
@@ -215,6 +228,27 @@ impl SimEngine {
                 .insert("x-compute-type", http::HeaderValue::from_static("gpu+optimized"));
         }
         Ok(response)
+    }
+
+    /// The engine's `/metrics` page in its own format: queue, batch, KV cache.
+    fn metrics_page(&self) -> Response<SimBody> {
+        let occupancy = match self.batcher.get() {
+            Some(batcher) => batcher.occupancy(),
+            None => Occupancy {
+                running: self.streaming.load(Ordering::Relaxed) as usize,
+                ..Occupancy::default()
+            },
+        };
+        let prompt_tokens = self.prompt_tokens.load(Ordering::Relaxed);
+        let page = exposition::page(self.options.flavor, &self.options.models[0], occupancy, prompt_tokens);
+        Response::builder()
+            .header(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")
+            .body(
+                Full::new(Bytes::from(page))
+                    .map_err(|never| match never {})
+                    .boxed_unsync(),
+            )
+            .expect("static response parts are valid")
     }
 
     fn info(&self) -> Response<SimBody> {
@@ -299,6 +333,7 @@ impl SimEngine {
             prompt_tokens: prompt_tokens(&parsed),
             reasons_first: self.options.reasoning_tokens > 0 && operation != Operation::TextCompletion,
         };
+        self.prompt_tokens.fetch_add(prompt_tokens(&parsed), Ordering::Relaxed);
         let plan = Plan {
             prompt_tokens: prompt_tokens(&parsed),
             max_tokens,
@@ -345,7 +380,10 @@ impl SimEngine {
         let (tx, rx) = mpsc::channel(16);
         let options = self.options.clone();
         let mut pacer = self.pacer(&plan, &mut rng);
+        let mut clock = EngineClock::start();
+        let streaming = StreamingGuard::new(self.streaming.clone());
         tokio::spawn(async move {
+            let _streaming = streaming;
             let send = |event: String| tx.send(Ok(Frame::data(Bytes::from(event))));
             for event in shape.opening(plan.choices) {
                 if send(event).await.is_err() {
@@ -358,9 +396,10 @@ impl SimEngine {
             let mut block: Option<(bool, String)> = None;
             let mut sent = 0;
             while sent < plan.max_tokens {
-                let Some(n) = pacer.next(plan.max_tokens - sent, &mut rng).await else {
+                let Some((n, scheduled)) = pacer.next(plan.max_tokens - sent, &mut rng).await else {
                     return; // the engine loop stopped
                 };
+                clock.step(scheduled);
                 if plan.fault != Fault::None && sent >= fault_at.max(1) {
                     if plan.fault == Fault::MidstreamError {
                         let _ = send(shape.error()).await;
@@ -404,12 +443,16 @@ impl SimEngine {
                 u64::from(options.reasoning_tokens.min(plan.max_tokens)) * u64::from(shape.reasons_first);
             let (last_kind, last_text) = block.unwrap_or_default();
             let answer = texts.first().map_or("", String::as_str);
+            let metrics = options
+                .per_request_metrics
+                .then(|| clock.metrics(plan.max_tokens, options.tokens_per_chunk));
             let closing = shape.closing(
                 plan.include_usage,
                 completion_tokens,
                 reasoning_tokens,
                 (last_kind, &last_text),
                 answer,
+                metrics.as_ref(),
             );
             for event in closing {
                 if send(event).await.is_err() {
@@ -464,7 +507,7 @@ impl SimEngine {
         let mut generated = 0;
         while generated < plan.max_tokens {
             match pacer.next(plan.max_tokens - generated, &mut rng).await {
-                Some(n) => generated += n,
+                Some((n, _)) => generated += n,
                 None => break,
             }
         }
@@ -493,22 +536,92 @@ enum Pacer {
     /// Fixed (or sampled) delays: the first chunk at `due`, then a TPOT per token.
     Delays { due: Instant, tpot: Delay, per_chunk: u32 },
     /// The batching loop's steps.
-    Batch(mpsc::UnboundedReceiver<u32>),
+    Batch(mpsc::UnboundedReceiver<Step>),
 }
 
 impl Pacer {
-    /// Waits for the next chunk; its tokens (at most `remaining`), or `None` when the engine stopped.
-    async fn next(&mut self, remaining: u32, rng: &mut SmallRng) -> Option<u32> {
+    /// Waits for the next chunk: its tokens (at most `remaining`) and when the request was
+    /// scheduled (`None` outside batching: never queued), or `None` when the engine stopped.
+    async fn next(&mut self, remaining: u32, rng: &mut SmallRng) -> Option<(u32, Option<Instant>)> {
         match self {
             Pacer::Delays { due, tpot, per_chunk } => {
                 sleep_until(*due).await;
                 for _ in 0..*per_chunk {
                     *due += tpot.sample(rng);
                 }
-                Some((*per_chunk).min(remaining))
+                Some(((*per_chunk).min(remaining), None))
             }
-            Pacer::Batch(ticks) => ticks.recv().await,
+            Pacer::Batch(ticks) => ticks.recv().await.map(|step| (step.tokens, Some(step.scheduled))),
         }
+    }
+}
+
+/// The engine's own timing of one request, as vLLM's per-request metrics state it.
+#[derive(Debug, Clone, Copy)]
+struct EngineClock {
+    queued: Instant,
+    scheduled: Option<Instant>,
+    first_token: Option<Instant>,
+    last_token: Option<Instant>,
+}
+
+impl EngineClock {
+    fn start() -> Self {
+        Self {
+            queued: Instant::now(),
+            scheduled: None,
+            first_token: None,
+            last_token: None,
+        }
+    }
+
+    /// Notes a step that arrived now, of a request scheduled at `scheduled`.
+    fn step(&mut self, scheduled: Option<Instant>) {
+        let now = Instant::now();
+        self.scheduled.get_or_insert(scheduled.unwrap_or(self.queued));
+        self.first_token.get_or_insert(now);
+        self.last_token = Some(now);
+    }
+
+    /// The `metrics` object of a request that generated `tokens` per choice, `per_step` at a
+    /// time (more than one: speculative decoding, stated as `per_step` draft tokens a step of
+    /// which all but the bonus token were accepted).
+    fn metrics(&self, tokens: u32, per_step: u32) -> serde_json::Value {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        let scheduled = self.scheduled.unwrap_or(self.queued);
+        let first = self.first_token.unwrap_or(scheduled);
+        let last = self.last_token.unwrap_or(first);
+        let mean_itl = (tokens > 1).then(|| ms(last - first) / f64::from(tokens - 1));
+        let speculation = (per_step > 1).then(|| {
+            serde_json::json!({
+                "mean_acceptance_length": per_step,
+                "draft_acceptance_rate": f64::from(per_step - 1) / f64::from(per_step),
+            })
+        });
+        serde_json::json!({
+            "time_to_first_token_ms": ms(first - scheduled),
+            "generation_time_ms": ms(last - first),
+            "queue_time_ms": ms(scheduled - self.queued),
+            "mean_itl_ms": mean_itl,
+            "tokens_per_second": null,
+            "speculative_decoding": speculation,
+        })
+    }
+}
+
+/// Counts one stream being generated for as long as it lives.
+struct StreamingGuard(Arc<AtomicU64>);
+
+impl StreamingGuard {
+    fn new(count: Arc<AtomicU64>) -> Self {
+        count.fetch_add(1, Ordering::Relaxed);
+        Self(count)
+    }
+}
+
+impl Drop for StreamingGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

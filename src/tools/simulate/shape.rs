@@ -160,13 +160,17 @@ impl Shape {
         self.event(&value)
     }
 
-    /// The usage-only chunk, where this engine sends one.
-    pub fn usage(&self, prompt_tokens: u64, completion_tokens: u64) -> Option<String> {
+    /// The usage-only chunk, where this engine sends one, with the request's own `metrics`
+    /// when the engine states them.
+    pub fn usage(&self, prompt_tokens: u64, completion_tokens: u64, metrics: Option<&Value>) -> Option<String> {
         if !self.flavor.sends_usage() || !matches!(self.operation, Operation::Chat | Operation::TextCompletion) {
             return None;
         }
         let mut chunk = self.chunk(json!([]));
         chunk["usage"] = usage(prompt_tokens, completion_tokens);
+        if let Some(metrics) = metrics {
+            chunk["metrics"] = metrics.clone();
+        }
         Some(self.event(&chunk))
     }
 
@@ -185,17 +189,18 @@ impl Shape {
         reasoning_tokens: u64,
         last_block: (bool, &str),
         answer: &str,
+        metrics: Option<&Value>,
     ) -> Vec<String> {
         let close = self.close_block(last_block.0, last_block.1);
         match self.operation {
             Operation::Responses => {
                 let usage = responses::usage(self.prompt_tokens, output_tokens, reasoning_tokens);
-                vec![close + &responses::completed(self, answer, usage)]
+                vec![close + &responses::completed(self, answer, usage, metrics)]
             }
             Operation::Messages => vec![close + &messages::end(self.prompt_tokens, output_tokens)],
             _ => [
                 include_usage
-                    .then(|| self.usage(self.prompt_tokens, output_tokens))
+                    .then(|| self.usage(self.prompt_tokens, output_tokens, metrics))
                     .flatten(),
                 self.done(),
             ]
@@ -346,7 +351,7 @@ mod tests {
         let last = s.token(0, 3, " c", false, Some((" a b c", 3)));
         assert!(last.starts_with("data:{"));
         assert!(last.contains(r#""generated_tokens":3"#));
-        assert!(s.done().is_none() && s.usage(1, 3).is_none());
+        assert!(s.done().is_none() && s.usage(1, 3, None).is_none());
         assert!(s.error().contains("incomplete_generation_stream"));
     }
 

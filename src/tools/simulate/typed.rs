@@ -119,12 +119,13 @@ pub mod responses {
     }
 
     /// `response.completed`, cut at the token limit as vLLM reports it (status `incomplete`).
-    pub fn completed(shape: &Shape, text: &str, usage: Value) -> String {
+    pub fn completed(shape: &Shape, text: &str, usage: Value, metrics: Option<&Value>) -> String {
         let output = json!([item(false, "completed", text)]);
-        event(
-            "response.completed",
-            json!({"response": object(shape, "incomplete", output, usage)}),
-        )
+        let mut response = object(shape, "incomplete", output, usage);
+        if let Some(metrics) = metrics {
+            response["metrics"] = metrics.clone();
+        }
+        event("response.completed", json!({"response": response}))
     }
 
     /// `response.failed`: the engine broke down mid-stream.

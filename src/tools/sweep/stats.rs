@@ -355,6 +355,8 @@ mod tests {
             tpot: tpot.map(Duration::from_millis),
             e2e: None,
             availability: false,
+            max_prompt_tokens: None,
+            per_1k_prompt_tokens: None,
             runbook_url: None,
         };
         let file = SloFile {
@@ -383,6 +385,8 @@ mod tests {
                 token_events: tokens,
                 count_source: None,
                 load: None,
+                engine: None,
+                engine_context: None,
                 trace: None,
             },
             gaps: vec![Duration::from_millis(tpot_ms); tokens as usize - 1],

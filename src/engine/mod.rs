@@ -1,0 +1,266 @@
+//! The engine's own view: its `/metrics` read in the background and mapped to engine-neutral
+//! gauges (and, when asked, re-exported whole on llmslo's `/metrics`), and the engine's
+//! per-request phases where its answers state them.
+
+pub mod exposition;
+pub mod scrape;
+pub mod signals;
+
+use exposition::Family;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::MetricType;
+use serde::Deserialize;
+use signals::Signals;
+use std::collections::HashSet;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+/// `engine_metrics`: what llmslo does with the engine's `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineMetricsMode {
+    /// Not read at all.
+    Off,
+    /// Read, and its few signals exported as `llmslo_engine_*` gauges (the default).
+    #[default]
+    Map,
+    /// As `map`, and the whole page re-exported on llmslo's `/metrics`: one scrape target.
+    Merge,
+}
+
+impl EngineMetricsMode {
+    /// The value as written in the config file.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineMetricsMode::Off => "off",
+            EngineMetricsMode::Map => "map",
+            EngineMetricsMode::Merge => "merge",
+        }
+    }
+}
+
+/// What the engine looked like at one moment, for a request's diagnosis.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineMoment {
+    /// Requests waiting in its queue.
+    pub waiting: Option<f64>,
+    /// Preemptions since it started.
+    pub preemptions: Option<f64>,
+}
+
+/// What the engine's pages showed around one request: the last page before it arrived, and
+/// the last before it ended.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EngineContext {
+    /// Requests waiting in the engine's queue when it arrived.
+    pub waiting_at_arrival: Option<f64>,
+    /// The engine preempted requests while it ran (engine-wide: not necessarily this one).
+    pub preemptions_during: bool,
+}
+
+impl EngineContext {
+    /// The context of a request that arrived at `arrival` and ended at `end`.
+    pub fn between(arrival: EngineMoment, end: EngineMoment) -> Self {
+        Self {
+            waiting_at_arrival: arrival.waiting,
+            preemptions_during: matches!((arrival.preemptions, end.preemptions), (Some(a), Some(b)) if b > a),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct ViewState {
+    /// Whether the last scrape succeeded; `None` before the first.
+    up: Option<bool>,
+    /// How long the last scrape took, in seconds.
+    duration: f64,
+    /// The last good page's signals, and the prefix-cache hit ratio since the one before.
+    signals: Option<Signals>,
+    prefix_cache_hit_ratio: Option<f64>,
+    /// The last good page, kept for `merge`.
+    page: Option<Arc<Vec<Family>>>,
+}
+
+/// The engine's `/metrics` as last read, shared by the scraper, the exposition and requests.
+#[derive(Debug, Default)]
+pub struct EngineView {
+    mode: EngineMetricsMode,
+    state: RwLock<ViewState>,
+}
+
+impl EngineView {
+    /// A view that reads the engine as `mode` says.
+    pub fn new(mode: EngineMetricsMode) -> Arc<Self> {
+        Arc::new(Self {
+            mode,
+            state: RwLock::default(),
+        })
+    }
+
+    /// What llmslo does with the engine's `/metrics`.
+    pub fn mode(&self) -> EngineMetricsMode {
+        self.mode
+    }
+
+    /// Takes a page read in `took`.
+    pub fn update(&self, families: Vec<Family>, took: Duration) {
+        let signals = Signals::read(&families);
+        let mut state = self.state.write().expect("engine view lock");
+        state.prefix_cache_hit_ratio = signals.prefix_cache_hit_ratio_since(state.signals.as_ref());
+        state.signals = Some(signals);
+        state.page = (self.mode == EngineMetricsMode::Merge).then(|| Arc::new(families));
+        state.up = Some(true);
+        state.duration = took.as_secs_f64();
+    }
+
+    /// Notes a scrape that failed after `took`: nothing the engine said before is exported
+    /// until a scrape succeeds again.
+    pub fn failed(&self, took: Duration) {
+        let mut state = self.state.write().expect("engine view lock");
+        *state = ViewState {
+            up: Some(false),
+            duration: took.as_secs_f64(),
+            ..ViewState::default()
+        };
+    }
+
+    /// The engine now, as its last good page showed it.
+    pub fn moment(&self) -> EngineMoment {
+        let state = self.state.read().expect("engine view lock");
+        state.signals.map_or_else(EngineMoment::default, |s| EngineMoment {
+            waiting: s.waiting,
+            preemptions: s.preemptions,
+        })
+    }
+
+    /// The last good page as OpenMetrics families, without those whose names `own` (llmslo's
+    /// exposition) already has; empty unless `merge` is on.
+    pub fn merged_families(&self, own: &str) -> String {
+        let page = self.state.read().expect("engine view lock").page.clone();
+        let Some(page) = page else {
+            return String::new();
+        };
+        let taken: HashSet<String> = own
+            .lines()
+            .filter_map(|line| line.strip_prefix("# TYPE "))
+            .filter_map(|rest| rest.split(' ').next())
+            .map(str::to_string)
+            .collect();
+        let mut out = String::new();
+        exposition::write_openmetrics(&page, &taken, &mut out);
+        out
+    }
+}
+
+/// Exports the view's scrape status and mapped signals.
+#[derive(Debug)]
+pub struct EngineCollector(pub Arc<EngineView>);
+
+impl Collector for EngineCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        if self.0.mode == EngineMetricsMode::Off {
+            return Ok(());
+        }
+        let state = self.0.state.read().expect("engine view lock");
+        let Some(up) = state.up else {
+            return Ok(());
+        };
+        let gauge = |encoder: &mut DescriptorEncoder, name: &str, help: &str, value: f64| {
+            let family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+            ConstGauge::new(value).encode(family)
+        };
+        gauge(
+            &mut encoder,
+            "llmslo_engine_scrape_up",
+            "Whether the last read of the engine's /metrics succeeded (1) or not (0); the llmslo_engine_* \
+             signals are absent while it is 0",
+            f64::from(u8::from(up)),
+        )?;
+        gauge(
+            &mut encoder,
+            "llmslo_engine_scrape_duration_seconds",
+            "How long the last read of the engine's /metrics took",
+            state.duration,
+        )?;
+        let Some(signals) = state.signals else {
+            return Ok(());
+        };
+        let mapped: [(&str, &str, Option<f64>); 4] = [
+            (
+                "llmslo_engine_requests_waiting",
+                "Requests waiting in the engine's queue, as the engine's /metrics states it",
+                signals.waiting,
+            ),
+            (
+                "llmslo_engine_requests_running",
+                "Requests the engine is running (its batch), as its /metrics states it",
+                signals.running,
+            ),
+            (
+                "llmslo_engine_kv_cache_usage_ratio",
+                "Share of the engine's KV cache in use (0 to 1), as its /metrics states it",
+                signals.kv_cache_usage,
+            ),
+            (
+                "llmslo_engine_prefix_cache_hit_ratio",
+                "Share of prefix-cache lookups that hit, between the engine's last two pages (or as the engine \
+                 states it)",
+                state.prefix_cache_hit_ratio,
+            ),
+        ];
+        for (name, help, value) in mapped {
+            if let Some(value) = value {
+                gauge(&mut encoder, name, help, value)?;
+            }
+        }
+        if let Some(preemptions) = signals.preemptions {
+            let family = encoder.encode_descriptor(
+                "llmslo_engine_preemptions",
+                "Requests the engine preempted (KV cache full) since it started, as its /metrics states it",
+                None,
+                MetricType::Counter,
+            )?;
+            ConstCounter::new(preemptions).encode(family)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(waiting: u32, preemptions: u32) -> Vec<Family> {
+        exposition::parse(&format!(
+            "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting {waiting}\n\
+             # TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total {preemptions}\n"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_request_sees_the_queue_at_arrival_and_preemptions_while_it_ran() {
+        let view = EngineView::new(EngineMetricsMode::Map);
+        assert_eq!(view.moment(), EngineMoment::default(), "nothing before the first page");
+        view.update(page(4, 1), Duration::from_millis(3));
+        let arrival = view.moment();
+        view.update(page(0, 2), Duration::from_millis(3));
+        let context = EngineContext::between(arrival, view.moment());
+        assert_eq!(context.waiting_at_arrival, Some(4.0));
+        assert!(context.preemptions_during);
+        assert!(!EngineContext::between(view.moment(), view.moment()).preemptions_during);
+    }
+
+    #[test]
+    fn a_failed_scrape_forgets_the_engine_until_the_next_good_one() {
+        let view = EngineView::new(EngineMetricsMode::Merge);
+        view.update(page(4, 1), Duration::from_millis(3));
+        assert!(view.merged_families("").contains("vllm:num_requests_waiting 4.0"));
+        view.failed(Duration::from_secs(2));
+        assert_eq!(view.moment(), EngineMoment::default());
+        assert_eq!(view.merged_families(""), "");
+    }
+}

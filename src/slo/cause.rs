@@ -1,0 +1,305 @@
+//! Why a request failed a latency SLO: one cause from a small fixed set, decided from the
+//! engine's own account of the request (where its answer states one), the engine's
+//! `/metrics` around it, and the load llmslo metered.
+//!
+//! TTFT (and time to first answer token), where the engine states its queue and prefill
+//! times: llmslo's TTFT splits into the engine's queue, its prefill (scheduling to first
+//! token) and the time outside the engine (the rest); the largest part is the cause:
+//! `queueing`, `prefill` or `outside_engine`. Reasoning before the answer, when it is the
+//! largest part of an answer TTFT, is `unknown`. Without the engine's account: `queueing` when
+//! the engine's queue held requests as it arrived, else `unknown`.
+//!
+//! TPOT: `outside_engine` when the engine states a TPOT of its own within the threshold (the
+//! tokens were made in time and slowed on their way); else `preemption` when the engine
+//! preempted requests while it ran; else `decode_contention` when it shared the decode with at
+//! least one other request on average and the fitted model says it would have met the
+//! threshold alone (or there is no model yet); else `unknown`.
+//!
+//! End to end: whichever of the wait for the first token and the decode after it was longer
+//! is judged by the rule of that phase.
+
+use super::spec::SloKind;
+use crate::metrics::phases::outside;
+use crate::observe::record::RequestRecord;
+use std::time::Duration;
+
+/// Why a request failed a latency SLO.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Cause {
+    /// It waited in the engine's queue: add replicas.
+    Queueing,
+    /// Its prefill was long (a long prompt, or prefill sharing steps): chunked prefill, a TTFT
+    /// SLO per prompt length, disaggregation.
+    Prefill,
+    /// Its decode shared the engine with too many others: past the knee; cap the batch.
+    DecodeContention,
+    /// The engine preempted requests while it ran: the KV cache is too small.
+    Preemption,
+    /// The time went outside the engine: network, HTTP, tokenisation, a slow client.
+    OutsideEngine,
+    /// The evidence does not say.
+    Unknown,
+}
+
+impl Cause {
+    /// Every cause, in label order.
+    pub const ALL: [Cause; 6] = [
+        Cause::Queueing,
+        Cause::Prefill,
+        Cause::DecodeContention,
+        Cause::Preemption,
+        Cause::OutsideEngine,
+        Cause::Unknown,
+    ];
+
+    /// The `cause` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Cause::Queueing => "queueing",
+            Cause::Prefill => "prefill",
+            Cause::DecodeContention => "decode_contention",
+            Cause::Preemption => "preemption",
+            Cause::OutsideEngine => "outside_engine",
+            Cause::Unknown => "unknown",
+        }
+    }
+}
+
+/// What a cause was decided from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Evidence {
+    /// The engine's own account of this request (vLLM's per-request metrics).
+    Request,
+    /// The engine's `/metrics` around the request (engine-wide).
+    EngineMetrics,
+    /// The load llmslo metered and its fitted model.
+    Load,
+    /// Nothing to decide from.
+    None,
+}
+
+impl Evidence {
+    /// The `evidence` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Evidence::Request => "request",
+            Evidence::EngineMetrics => "engine_metrics",
+            Evidence::Load => "load",
+            Evidence::None => "none",
+        }
+    }
+}
+
+/// A cause and what it was decided from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Diagnosis {
+    /// The cause.
+    pub cause: Cause,
+    /// Its evidence.
+    pub evidence: Evidence,
+}
+
+const fn diagnosis(cause: Cause, evidence: Evidence) -> Diagnosis {
+    Diagnosis { cause, evidence }
+}
+
+/// Mean requests in flight over a decode from which it counts as shared.
+const SHARED_DECODE: f64 = 1.5;
+
+/// Why `record` failed the latency SLO of `kind`; `tpot_alone` is the fitted model's TPOT
+/// with one request in flight, when there is a model.
+pub fn diagnose(kind: SloKind, record: &RequestRecord, tpot_alone: Option<f64>) -> Diagnosis {
+    match kind {
+        SloKind::Ttft(_) => first_token(record, record.ttft),
+        SloKind::AnswerTtft(_) => first_token(record, record.answer_ttft),
+        SloKind::Tpot(threshold) => decode(record, Some(threshold), tpot_alone),
+        SloKind::E2e(_) => {
+            let wait = record.ttft.unwrap_or(record.e2e);
+            if wait >= record.e2e.saturating_sub(wait) {
+                first_token(record, Some(wait))
+            } else {
+                decode(record, None, tpot_alone)
+            }
+        }
+        SloKind::Availability => diagnosis(Cause::Unknown, Evidence::None),
+    }
+}
+
+/// The wait for the first token (or the first answer token) that took `waited`.
+fn first_token(record: &RequestRecord, waited: Option<Duration>) -> Diagnosis {
+    let stated = record
+        .engine
+        .and_then(|e| Some((e.queue?, e.prefill?, outside(e, record.ttft)?)));
+    if let (Some((queue, prefill, outside)), Some(waited)) = (stated, waited) {
+        let reasoning = waited.saturating_sub(record.ttft.unwrap_or(waited)).as_secs_f64();
+        let parts = [
+            (queue, Cause::Queueing),
+            (prefill, Cause::Prefill),
+            (outside, Cause::OutsideEngine),
+            (reasoning, Cause::Unknown),
+        ];
+        let largest = parts
+            .into_iter()
+            .max_by(|a, b| a.0.total_cmp(&b.0))
+            .map_or(Cause::Unknown, |(_, cause)| cause);
+        return diagnosis(largest, Evidence::Request);
+    }
+    match record.engine_context.and_then(|c| c.waiting_at_arrival) {
+        Some(waiting) if waiting > 0.0 => diagnosis(Cause::Queueing, Evidence::EngineMetrics),
+        Some(_) => diagnosis(Cause::Unknown, Evidence::EngineMetrics),
+        None => diagnosis(Cause::Unknown, Evidence::None),
+    }
+}
+
+/// The decode, judged against a TPOT `threshold` when the SLO has one.
+fn decode(record: &RequestRecord, threshold: Option<Duration>, tpot_alone: Option<f64>) -> Diagnosis {
+    let engine_tpot = record.engine.and_then(|e| e.tpot);
+    let made_in_time = match (engine_tpot, threshold, record.tpot()) {
+        (Some(engine), Some(threshold), _) => engine <= threshold.as_secs_f64(),
+        // End to end: the engine made the tokens in under half the time llmslo saw them take.
+        (Some(engine), None, Some(seen)) => engine < 0.5 * seen.as_secs_f64(),
+        _ => false,
+    };
+    if made_in_time {
+        return diagnosis(Cause::OutsideEngine, Evidence::Request);
+    }
+    if record.engine_context.is_some_and(|c| c.preemptions_during) {
+        return diagnosis(Cause::Preemption, Evidence::EngineMetrics);
+    }
+    let shared = record.load.and_then(|l| l.decode).is_some_and(|l| l >= SHARED_DECODE);
+    let alone_in_time = match (tpot_alone, threshold) {
+        (Some(alone), Some(threshold)) => alone <= threshold.as_secs_f64(),
+        _ => true,
+    };
+    if shared && alone_in_time {
+        return diagnosis(Cause::DecodeContention, Evidence::Load);
+    }
+    let evidence = match (engine_tpot, record.load) {
+        (Some(_), _) => Evidence::Request,
+        (None, Some(_)) => Evidence::Load,
+        (None, None) => Evidence::None,
+    };
+    diagnosis(Cause::Unknown, evidence)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::capacity::meter::RequestLoad;
+    use crate::engine::EngineContext;
+    use crate::observe::event::EngineTiming;
+    use crate::observe::route::Operation;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    fn record(ttft: u64, tpot: u64, e2e: u64) -> RequestRecord {
+        let mut r = RequestRecord::new("m".into(), Operation::Chat, ms(e2e));
+        r.ttft = Some(ms(ttft));
+        r.tpot_per_choice = vec![ms(tpot)];
+        r
+    }
+
+    fn timing(queue: f64, prefill: f64, tpot: f64) -> Option<EngineTiming> {
+        Some(EngineTiming {
+            queue: Some(queue),
+            prefill: Some(prefill),
+            tpot: Some(tpot),
+            draft_acceptance: None,
+        })
+    }
+
+    fn load(decode: f64) -> Option<RequestLoad> {
+        Some(RequestLoad {
+            arrival: decode,
+            decode: Some(decode),
+            whole: Some(decode),
+            decode_arrivals: Some(1.0),
+        })
+    }
+
+    const TTFT: SloKind = SloKind::Ttft(Duration::from_millis(500));
+    const TPOT: SloKind = SloKind::Tpot(Duration::from_millis(50));
+
+    #[test]
+    fn the_largest_part_of_a_stated_ttft_is_its_cause() {
+        let mut r = record(900, 20, 2000);
+        r.engine = timing(0.7, 0.15, 0.02);
+        assert_eq!(diagnose(TTFT, &r, None), diagnosis(Cause::Queueing, Evidence::Request));
+        r.engine = timing(0.01, 0.8, 0.02);
+        assert_eq!(diagnose(TTFT, &r, None).cause, Cause::Prefill);
+        r.engine = timing(0.01, 0.1, 0.02);
+        assert_eq!(diagnose(TTFT, &r, None).cause, Cause::OutsideEngine, "790 ms outside");
+        r.answer_ttft = Some(ms(5000));
+        assert_eq!(
+            diagnose(SloKind::AnswerTtft(ms(1000)), &r, None).cause,
+            Cause::Unknown,
+            "reasoning"
+        );
+    }
+
+    #[test]
+    fn without_the_engines_account_the_queue_at_arrival_decides() {
+        let mut r = record(900, 20, 2000);
+        assert_eq!(diagnose(TTFT, &r, None), diagnosis(Cause::Unknown, Evidence::None));
+        r.engine_context = Some(EngineContext {
+            waiting_at_arrival: Some(3.0),
+            preemptions_during: false,
+        });
+        assert_eq!(
+            diagnose(TTFT, &r, None),
+            diagnosis(Cause::Queueing, Evidence::EngineMetrics)
+        );
+        r.engine_context = Some(EngineContext::default());
+        assert_eq!(diagnose(TTFT, &r, None), diagnosis(Cause::Unknown, Evidence::None));
+    }
+
+    #[test]
+    fn a_slow_decode_is_outside_preempted_contended_or_unknown() {
+        let mut r = record(100, 80, 2000);
+        r.engine = timing(0.0, 0.05, 0.03);
+        assert_eq!(
+            diagnose(TPOT, &r, None),
+            diagnosis(Cause::OutsideEngine, Evidence::Request)
+        );
+        r.engine = timing(0.0, 0.05, 0.08);
+        r.load = load(30.0);
+        r.engine_context = Some(EngineContext {
+            waiting_at_arrival: Some(0.0),
+            preemptions_during: true,
+        });
+        assert_eq!(diagnose(TPOT, &r, Some(0.02)).cause, Cause::Preemption);
+        r.engine_context = None;
+        assert_eq!(
+            diagnose(TPOT, &r, Some(0.02)),
+            diagnosis(Cause::DecodeContention, Evidence::Load)
+        );
+        assert_eq!(
+            diagnose(TPOT, &r, Some(0.07)).cause,
+            Cause::Unknown,
+            "too slow even alone"
+        );
+        r.load = load(1.0);
+        assert_eq!(
+            diagnose(TPOT, &r, Some(0.02)).cause,
+            Cause::Unknown,
+            "it had the engine to itself"
+        );
+    }
+
+    #[test]
+    fn end_to_end_is_judged_by_its_longer_phase() {
+        let mut r = record(1500, 20, 2000);
+        r.engine = timing(1.4, 0.05, 0.02);
+        assert_eq!(diagnose(SloKind::E2e(ms(1000)), &r, None).cause, Cause::Queueing);
+        let mut r = record(100, 60, 6000);
+        r.load = load(20.0);
+        assert_eq!(
+            diagnose(SloKind::E2e(ms(1000)), &r, None).cause,
+            Cause::DecodeContention
+        );
+        r.engine = timing(0.0, 0.05, 0.01);
+        assert_eq!(diagnose(SloKind::E2e(ms(1000)), &r, None).cause, Cause::OutsideEngine);
+    }
+}
