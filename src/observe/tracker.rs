@@ -377,6 +377,10 @@ impl RequestTracker {
             token_count_source = record.count_source.map(CountSource::as_str),
             load_arrival = record.load.map(|l| l.arrival),
             load_decode = record.load.and_then(|l| l.decode),
+            engine_queue_ms = record.engine.and_then(|e| e.queue).map(|s| s * 1e3),
+            engine_prefill_ms = record.engine.and_then(|e| e.prefill).map(|s| s * 1e3),
+            engine_tpot_ms = record.engine.and_then(|e| e.tpot).map(|s| s * 1e3),
+            engine_waiting_at_arrival = record.engine_context.and_then(|c| c.waiting_at_arrival),
             "request finished"
         );
         if let Trace::Span(span) = std::mem::take(&mut self.trace) {

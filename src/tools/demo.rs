@@ -90,6 +90,8 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
         midstream_error_rate: 0.0005,
         batching: Some(DEMO_BATCHING),
         reasoning_tokens: REASONING_TOKENS,
+        // Each request's own timing, as vLLM states it with --enable-per-request-metrics.
+        per_request_metrics: true,
         ..SimOptions::default()
     });
     let engine_task = tokio::spawn(engine.serve(engine_listener, shutdown.clone()));
@@ -168,12 +170,13 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
                 let clients = active.load(Ordering::Relaxed);
                 let exact = std::mem::take(&mut *view_exact.lock().expect("demo records lock"));
                 let view = format!(
-                    "{:.0?} in, {clients} of {} clients streaming\n\n{}{}{}",
+                    "{:.0?} in, {clients} of {} clients streaming\n\n{}{}{}{}",
                     started.elapsed(),
                     options.concurrency,
                     render_table(&text, &mut previous, &exact),
                     render_apis(&text, &exact),
                     render_slos(&text, share_of(started.elapsed(), period)),
+                    render_causes(&text),
                 );
                 if redraw {
                     print!("\x1b[2J\x1b[H{view}");
@@ -422,6 +425,43 @@ fn render_apis(text: &str, exact: &Exact) -> String {
 /// sidecar's budget-remaining gauge judges the budget over the uptime (a young process that
 /// saw 5 bad requests in 10 s reads -3700 %), which is right for alerting and unreadable here.
 /// `period_share` is the uptime over the period.
+/// Why each SLO burned so far (every bad event's cause, all models), and the engine's own
+/// queue and batch as its `/metrics` states them.
+fn render_causes(text: &str) -> String {
+    let exposition = Exposition::parse(text);
+    let mut by_slo: BTreeMap<&str, BTreeMap<&str, f64>> = BTreeMap::new();
+    for (name, labels, value) in &exposition.samples {
+        if *name != "llmslo_slo_bad_events_by_cause_total" {
+            continue;
+        }
+        if let (Some(slo), Some(cause)) = (Exposition::label(labels, "slo"), Exposition::label(labels, "cause")) {
+            *by_slo.entry(slo).or_default().entry(cause).or_default() += value;
+        }
+    }
+    let mut out = String::new();
+    for (slo, causes) in by_slo {
+        let total: f64 = causes.values().sum();
+        let mut shares: Vec<(&str, f64)> = causes.into_iter().filter(|(_, n)| *n > 0.0).collect();
+        shares.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let shares: Vec<String> = shares
+            .iter()
+            .map(|(cause, n)| format!("{cause} {:.0}%", n / total * 100.0))
+            .collect();
+        out += &format!("why {slo:<12} {total:.0} bad events: {}\n", shares.join(", "));
+    }
+    let gauge = |name: &str| {
+        exposition
+            .gauge(name, &[], None)
+            .map_or("-".to_string(), |v| format!("{v:.0}"))
+    };
+    out += &format!(
+        "engine           {} waiting, {} running (its own /metrics)\n",
+        gauge("llmslo_engine_requests_waiting"),
+        gauge("llmslo_engine_requests_running"),
+    );
+    out
+}
+
 fn render_slos(text: &str, period_share: f64) -> String {
     let exposition = Exposition::parse(text);
     let mut slos: Vec<&str> = exposition
