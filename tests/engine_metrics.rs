@@ -5,6 +5,7 @@
 
 mod common;
 
+use common::prometheus;
 use common::*;
 use llmslo::sidecar::Sidecar;
 use std::collections::HashSet;
@@ -243,4 +244,64 @@ async fn get(addr: std::net::SocketAddr, path: &str) -> (u16, bytes::Bytes) {
         .unwrap()
         .to_bytes();
     (status, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs prometheus (apt-get install prometheus); run with cargo test -- --include-ignored"]
+async fn a_real_prometheus_ingests_the_merged_page_as_text_and_as_protobuf() {
+    let Some(binary) = prometheus::binary() else {
+        return; // only outside CI, which installs it (.ci/run)
+    };
+    let engine = engine_with_page(text_page(&busy_vllm_page())).await;
+    let sidecar = start_sidecar(engine, "engine_metrics: merge\nengine_metrics_interval: 1s\n").await;
+    scrape_up(&sidecar, 1.0).await;
+    let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(8, true, false)).await;
+    assert_eq!(status, 200);
+    let dir = std::env::temp_dir().join(format!("llmslo-merge-{}", std::process::id()));
+    let rules = "groups: []\n";
+    let text = prometheus::start(&binary, &dir.join("text"), sidecar.metrics_addr, rules, "pod: vllm-0");
+    let protobuf = prometheus::start_with_flags(
+        &binary,
+        &dir.join("protobuf"),
+        sidecar.metrics_addr,
+        rules,
+        "pod: vllm-0",
+        &["--enable-feature=native-histograms"],
+    );
+    // (query, the value it must read) on both servers: the engine's own series, llmslo's
+    // mapping of them, a classic engine histogram, and llmslo's own TTFT.
+    let checks = [
+        ("up", 1.0),
+        ("vllm:num_requests_waiting", 7.0),
+        ("vllm:num_preemptions_total", 3.0),
+        ("llmslo_engine_requests_waiting", 7.0),
+        ("sum(vllm:time_to_first_token_seconds_count)", 2.0),
+        (
+            "sum(gen_ai_server_time_to_first_token_seconds_count{operation=\"chat\"}) or sum(histogram_count(gen_ai_server_time_to_first_token_seconds{operation=\"chat\"}))",
+            1.0,
+        ),
+    ];
+    for (name, server) in [("text", &text), ("protobuf", &protobuf)] {
+        let mut pending: Vec<(&str, f64)> = checks.to_vec();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !pending.is_empty() && Instant::now() < deadline {
+            let mut still = Vec::new();
+            for (query, want) in pending {
+                let result = server.query(query).await;
+                let got = result
+                    .first()
+                    .and_then(|r| r["value"][1].as_str())
+                    .and_then(|v| v.parse::<f64>().ok());
+                if got != Some(want) {
+                    still.push((query, want));
+                }
+            }
+            pending = still;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        assert!(pending.is_empty(), "{name}: never read {pending:?}");
+    }
+    drop((text, protobuf));
+    std::fs::remove_dir_all(dir).unwrap();
+    sidecar.shutdown().await;
 }

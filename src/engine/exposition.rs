@@ -189,14 +189,7 @@ pub fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
 /// `*_created` gauges the Python client writes beside its counters and histograms
 /// (OpenMetrics carries those inside the family). Returns the names left out for a clash.
 pub fn write_openmetrics(families: &[Family], taken: &HashSet<String>, out: &mut String) -> Vec<String> {
-    let typed: HashSet<&str> = families
-        .iter()
-        .filter_map(|f| match f.kind.as_str() {
-            "counter" => Some(f.name.strip_suffix("_total").unwrap_or(&f.name)),
-            "histogram" | "summary" => Some(f.name.as_str()),
-            _ => None,
-        })
-        .collect();
+    let typed = typed_names(families);
     let mut written: HashSet<String> = HashSet::new();
     let mut clashes = Vec::new();
     for family in families {
@@ -229,6 +222,33 @@ pub fn write_openmetrics(families: &[Family], taken: &HashSet<String>, out: &mut
         }
     }
     clashes
+}
+
+/// The names a `*_created` gauge of the Python client may belong to: counters without
+/// `_total`, histograms and summaries.
+fn typed_names(families: &[Family]) -> HashSet<&str> {
+    families
+        .iter()
+        .filter_map(|f| match f.kind.as_str() {
+            "counter" => Some(f.name.strip_suffix("_total").unwrap_or(&f.name)),
+            "histogram" | "summary" => Some(f.name.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn is_created_gauge_of(family: &Family, typed: &HashSet<&str>) -> bool {
+    family.kind == "gauge"
+        && family
+            .name
+            .strip_suffix("_created")
+            .is_some_and(|of| typed.contains(of))
+}
+
+/// Whether `family` is a `*_created` gauge the Python client writes beside a counter,
+/// histogram or summary of `page` (OpenMetrics and protobuf carry that time in the family).
+pub fn is_created_gauge(family: &Family, page: &[Family]) -> bool {
+    is_created_gauge_of(family, &typed_names(page))
 }
 
 /// A family's OpenMetrics name and type: a counter is named without `_total` (its samples

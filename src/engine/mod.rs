@@ -3,6 +3,7 @@
 //! per-request phases where its answers state them.
 
 pub mod exposition;
+pub mod protobuf;
 pub mod scrape;
 pub mod signals;
 
@@ -152,6 +153,13 @@ impl EngineView {
         let mut out = String::new();
         exposition::write_openmetrics(&page, &taken, &mut out);
         out
+    }
+
+    /// The last good page as protobuf families, without those whose names are in `own`;
+    /// empty unless `merge` is on.
+    pub fn merged_protobuf(&self, own: &HashSet<String>) -> Vec<crate::metrics::native::proto::MetricFamily> {
+        let page = self.state.read().expect("engine view lock").page.clone();
+        page.map_or_else(Vec::new, |page| protobuf::families(&page, own))
     }
 }
 

@@ -628,9 +628,10 @@ impl Metrics {
     }
 
     /// The whole registry in Prometheus's protobuf exposition, every histogram with its native
-    /// buckets as well as its classic ones.
+    /// buckets as well as its classic ones; with `engine_metrics: merge`, the engine's families
+    /// follow llmslo's.
     pub fn encode_protobuf(&self) -> Vec<u8> {
-        native::encode_protobuf(&self.registry, &self.twins)
+        native::encode_protobuf(&self.registry, &self.twins, |own| self.engine_view.merged_protobuf(own))
     }
 
     fn request_labels(&self, model: &str, operation: Operation) -> RequestLabels {

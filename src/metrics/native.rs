@@ -23,7 +23,7 @@ use prometheus_client::metrics::family::{Family, MetricConstructor};
 use prometheus_client::metrics::histogram::{Histogram, NativeHistogramConfig};
 use prometheus_client::registry::{Registry, Unit};
 use prost::Message;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 
 /// The content type of the protobuf exposition (Prometheus's `io.prometheus.client` messages,
@@ -103,11 +103,17 @@ where
 }
 
 /// `registry` in the Prometheus protobuf exposition, each histogram of `twins`' families
-/// given its native buckets.
-pub fn encode_protobuf(registry: &Registry, twins: &Registry) -> Vec<u8> {
+/// given its native buckets, followed by the families `more` gives for the names taken.
+pub fn encode_protobuf(
+    registry: &Registry,
+    twins: &Registry,
+    more: impl FnOnce(&HashSet<String>) -> Vec<proto::MetricFamily>,
+) -> Vec<u8> {
     let mut families = prometheus_protobuf::encode(registry).expect("encoding into memory cannot fail");
     let twins = prometheus_protobuf::encode(twins).expect("encoding into memory cannot fail");
     add_native_buckets(&mut families, twins);
+    let own: HashSet<String> = families.iter().map(|f| f.name.clone()).collect();
+    families.extend(more(&own));
     let mut out = Vec::with_capacity(64 * 1024);
     for family in &families {
         family.encode_length_delimited(&mut out).expect("a Vec grows as needed");

@@ -1,0 +1,216 @@
+//! The engine's page as Prometheus's protobuf messages, for `engine_metrics: merge` when the
+//! scraper asks for the protobuf exposition (native histograms): the same families the
+//! OpenMetrics merge writes, each sample's labels parsed into pairs.
+
+use super::exposition::{is_created_gauge, Family, Sample};
+use crate::metrics::native::proto;
+use std::collections::HashSet;
+
+/// `page`'s families as protobuf messages, leaving out those whose names are in `taken`
+/// (llmslo's own) and the Python client's `*_created` gauges.
+pub fn families(page: &[Family], taken: &HashSet<String>) -> Vec<proto::MetricFamily> {
+    let mut written: HashSet<&str> = HashSet::new();
+    page.iter()
+        .filter(|f| !f.samples.is_empty() && !is_created_gauge(f, page))
+        .filter(|f| !taken.contains(&f.name) && written.insert(&f.name))
+        .map(family)
+        .collect()
+}
+
+fn family(f: &Family) -> proto::MetricFamily {
+    let (kind, metric) = match f.kind.as_str() {
+        "counter" => (proto::MetricType::Counter, plain(f, counter)),
+        "gauge" => (proto::MetricType::Gauge, plain(f, gauge)),
+        "histogram" => (proto::MetricType::Histogram, histograms(f)),
+        "summary" => (proto::MetricType::Summary, summaries(f)),
+        _ => (proto::MetricType::Untyped, plain(f, untyped)),
+    };
+    proto::MetricFamily {
+        name: f.name.clone(),
+        help: f.help.clone().unwrap_or_default(),
+        r#type: kind as i32,
+        metric,
+        unit: String::new(),
+    }
+}
+
+fn counter(value: f64) -> proto::Metric {
+    proto::Metric {
+        counter: Some(proto::Counter {
+            value,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn gauge(value: f64) -> proto::Metric {
+    proto::Metric {
+        gauge: Some(proto::Gauge { value }),
+        ..Default::default()
+    }
+}
+
+fn untyped(value: f64) -> proto::Metric {
+    proto::Metric {
+        untyped: Some(proto::Untyped { value }),
+        ..Default::default()
+    }
+}
+
+/// One metric per sample.
+fn plain(f: &Family, make: impl Fn(f64) -> proto::Metric) -> Vec<proto::Metric> {
+    f.samples
+        .iter()
+        .map(|s| proto::Metric {
+            label: pairs(&s.labels, None),
+            ..make(s.value)
+        })
+        .collect()
+}
+
+/// The metric of `series` (labels without `le`/`quantile`), created on first sight.
+fn series(metrics: &mut Vec<proto::Metric>, labels: Vec<proto::LabelPair>) -> &mut proto::Metric {
+    let at = match metrics.iter().position(|m| m.label == labels) {
+        Some(at) => at,
+        None => {
+            metrics.push(proto::Metric {
+                label: labels,
+                ..Default::default()
+            });
+            metrics.len() - 1
+        }
+    };
+    &mut metrics[at]
+}
+
+fn histograms(f: &Family) -> Vec<proto::Metric> {
+    let mut metrics = Vec::new();
+    for s in &f.samples {
+        let metric = series(&mut metrics, pairs(&s.labels, Some("le")));
+        let histogram = metric.histogram.get_or_insert_with(Default::default);
+        match suffix(s, f) {
+            "_bucket" => {
+                if let Some(upper_bound) = bound(&s.labels, "le") {
+                    histogram.bucket.push(proto::Bucket {
+                        cumulative_count: s.value as u64,
+                        upper_bound,
+                        ..Default::default()
+                    });
+                }
+            }
+            "_sum" => histogram.sample_sum = s.value,
+            "_count" => histogram.sample_count = s.value as u64,
+            _ => {}
+        }
+    }
+    metrics
+}
+
+fn summaries(f: &Family) -> Vec<proto::Metric> {
+    let mut metrics = Vec::new();
+    for s in &f.samples {
+        let metric = series(&mut metrics, pairs(&s.labels, Some("quantile")));
+        let summary = metric.summary.get_or_insert_with(Default::default);
+        match suffix(s, f) {
+            "" => {
+                if let Some(quantile) = bound(&s.labels, "quantile") {
+                    summary.quantile.push(proto::Quantile {
+                        quantile,
+                        value: s.value,
+                    });
+                }
+            }
+            "_sum" => summary.sample_sum = s.value,
+            "_count" => summary.sample_count = s.value as u64,
+            _ => {}
+        }
+    }
+    metrics
+}
+
+fn suffix<'a>(s: &'a Sample, f: &Family) -> &'a str {
+    s.name.strip_prefix(f.name.as_str()).unwrap_or("")
+}
+
+/// A bucket's `le` or a summary's `quantile`.
+fn bound(labels: &str, key: &str) -> Option<f64> {
+    let pairs = pairs(labels, None);
+    let value = &pairs.iter().find(|p| p.name == key)?.value;
+    match value.as_str() {
+        "+Inf" | "Inf" => Some(f64::INFINITY),
+        v => v.parse().ok(),
+    }
+}
+
+/// The label pairs of a sample's label text, unescaped, without `skip`.
+fn pairs(labels: &str, skip: Option<&str>) -> Vec<proto::LabelPair> {
+    let mut out = Vec::new();
+    let mut rest = labels;
+    while let Some(eq) = rest.find("=\"") {
+        let name = rest[..eq].trim_start_matches([',', ' ']).trim();
+        let mut value = String::new();
+        let mut chars = rest[eq + 2..].char_indices();
+        let mut end = None;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, other)) => value.push(other),
+                    None => break,
+                },
+                '"' => {
+                    end = Some(eq + 2 + i);
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        let Some(end) = end else { break };
+        if Some(name) != skip {
+            out.push(proto::LabelPair {
+                name: name.to_string(),
+                value,
+            });
+        }
+        rest = &rest[end + 1..];
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::engine::exposition::parse;
+
+    #[test]
+    fn a_real_vllm_page_becomes_valid_protobuf_families() {
+        let page = parse(include_str!("../../tests/fixtures/vllm-0.32-metrics.txt")).unwrap();
+        let taken: HashSet<String> = ["process_cpu_seconds_total".to_string()].into();
+        let out = families(&page, &taken);
+        let find = |name: &str| out.iter().find(|f| f.name == name);
+        assert!(find("process_cpu_seconds_total").is_none(), "llmslo's name wins");
+        assert!(find("vllm:num_preemptions_created").is_none());
+        let preemptions = find("vllm:num_preemptions_total").unwrap();
+        assert_eq!(preemptions.r#type, proto::MetricType::Counter as i32);
+        let labels = &preemptions.metric[0].label;
+        assert_eq!((labels[0].name.as_str(), labels[0].value.as_str()), ("engine", "0"));
+        let ttft = find("vllm:time_to_first_token_seconds").unwrap();
+        let h = ttft.metric[0].histogram.as_ref().unwrap();
+        assert!(ttft.metric[0].label.iter().all(|l| l.name != "le"));
+        assert!(h.bucket.windows(2).all(|w| w[0].upper_bound < w[1].upper_bound));
+        assert_eq!(h.bucket.last().unwrap().upper_bound, f64::INFINITY);
+        assert_eq!(h.bucket.last().unwrap().cumulative_count, h.sample_count);
+        let names: HashSet<&str> = out.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names.len(), out.len(), "no family twice");
+    }
+
+    #[test]
+    fn escaped_label_values_are_unescaped() {
+        let page = parse("# TYPE x gauge\nx{a=\"q\\\"u\\\\o\\nte\",b=\"2\"} 1\n").unwrap();
+        let out = families(&page, &HashSet::new());
+        let labels = &out[0].metric[0].label;
+        assert_eq!(labels[0].value, "q\"u\\o\nte");
+        assert_eq!(labels[1].value, "2");
+    }
+}
