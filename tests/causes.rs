@@ -80,8 +80,12 @@ const SLOS: &str = "engine_metrics_interval: 1s\nslos:\n  - {name: ttft, objecti
                     - {name: tpot, objective: 99, tpot: 30ms}\n";
 
 async fn run(options: SimOptions, clients: usize, rounds: usize, body: String) -> String {
+    run_with(SLOS, options, clients, rounds, body).await
+}
+
+async fn run_with(slos: &str, options: SimOptions, clients: usize, rounds: usize, body: String) -> String {
     let (upstream, stop) = start_engine(options).await;
-    let sidecar = start_sidecar(upstream, SLOS).await;
+    let sidecar = start_sidecar(upstream, slos).await;
     load(sidecar.proxy_addr, clients, rounds, body).await;
     let text = settled(&sidecar).await;
     sidecar.shutdown().await;
@@ -105,10 +109,24 @@ async fn requests_waiting_for_a_full_batch_burn_ttft_by_queueing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn long_prompts_burn_ttft_by_prefill() {
     // 4000 prompt tokens at 100 us each: 400 ms of prefill, alone on the engine.
-    let text = run(engine(256, Duration::from_micros(100)), 1, 8, request(16_000, 4)).await;
+    // Two more TTFT SLOs account for prompt length: one judges only prompts up to 2000
+    // tokens, one allows 100 ms per 1000 prompt tokens (600 ms here).
+    let slos = format!(
+        "{SLOS}  - {{name: ttft-short, objective: 99, ttft: 200ms, max_prompt_tokens: 2000}}\n  \
+         - {{name: ttft-scaled, objective: 99, ttft: 200ms, per_1k_prompt_tokens: 100ms}}\n"
+    );
+    let text = run_with(&slos, engine(256, Duration::from_micros(100)), 1, 8, request(16_000, 4)).await;
     let (prefill, bad) = share(&text, "ttft", "prefill");
     assert_eq!(bad, 8.0);
     assert!(prefill >= 0.9, "prefill {prefill}\n{text}");
+    let events = |slo: &str| sample(&text, "llmslo_slo_events_total", &[("slo", slo)]);
+    assert_eq!(events("ttft-short"), 0.0, "long prompts are not its events");
+    assert_eq!(events("ttft-scaled"), 8.0);
+    assert_eq!(
+        sample(&text, "llmslo_slo_bad_events_total", &[("slo", "ttft-scaled")]),
+        0.0,
+        "about 410 ms against 200 + 4 x 100 ms"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
