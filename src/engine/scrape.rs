@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 /// Where and how often the engine's page is read.
 #[derive(Debug, Clone)]
@@ -35,7 +35,8 @@ pub async fn scrape_engine(
     settings: ScrapeSettings,
     shutdown: CancellationToken,
 ) {
-    let mut failing: Option<String> = None;
+    let mut failing = false;
+    let mut ever_read = false;
     loop {
         let started = Instant::now();
         let result = read_page(&client, &settings).await;
@@ -43,17 +44,23 @@ pub async fn scrape_engine(
         match result {
             Ok(families) => {
                 view.update(families, took);
-                if failing.take().is_some() {
+                if std::mem::take(&mut failing) {
                     info!(path = %settings.path, "the engine's metrics can be read again");
                 }
+                ever_read = true;
             }
-            Err(reason) => {
+            Err(failure) => {
                 view.failed(took);
-                if failing.is_none() {
-                    warn!(path = %settings.path, %reason, "cannot read the engine's metrics: llmslo_engine_scrape_up is 0 \
-                          and the engine's signals are left out until it can (traffic is not affected)");
+                // An engine still loading its model answers nothing yet: not worth a warning
+                // until it has answered once (readiness says when it is up).
+                if !failing && (ever_read || failure.answered) {
+                    warn!(path = %settings.path, reason = %failure.reason, "cannot read the engine's metrics: \
+                          llmslo_engine_scrape_up is 0 and the engine's signals are left out until it can (traffic \
+                          is not affected); set engine_metrics_path, or engine_metrics: off for an engine that has none");
+                    failing = true;
+                } else {
+                    debug!(path = %settings.path, reason = %failure.reason, "cannot read the engine's metrics");
                 }
-                failing = Some(reason);
             }
         }
         tokio::select! {
@@ -63,21 +70,41 @@ pub async fn scrape_engine(
     }
 }
 
-/// One bounded read and parse of the page; the error says why it failed, in a bounded line.
-async fn read_page(client: &UpstreamClient, settings: &ScrapeSettings) -> Result<Vec<exposition::Family>, String> {
+/// Why a read failed, in a bounded line.
+struct Failure {
+    reason: String,
+    /// The engine answered (a wrong status or page), rather than not at all.
+    answered: bool,
+}
+
+/// One bounded read and parse of the page.
+async fn read_page(client: &UpstreamClient, settings: &ScrapeSettings) -> Result<Vec<exposition::Family>, Failure> {
+    let silent = |reason: String| Failure {
+        reason,
+        answered: false,
+    };
+    let answered = |reason: String| Failure { reason, answered: true };
     let answer = tokio::time::timeout(
         settings.timeout,
         client.get_bounded(&settings.path, ACCEPT, settings.max_bytes),
     )
     .await
-    .map_err(|_| format!("no answer within {}", humantime::format_duration(settings.timeout)))?
-    .map_err(|error| innermost_cause(&error).to_string())?;
+    .map_err(|_| {
+        silent(format!(
+            "no answer within {}",
+            humantime::format_duration(settings.timeout)
+        ))
+    })?
+    .map_err(|error| silent(innermost_cause(&error)))?;
     match answer {
-        (status, _) if !status.is_success() => Err(format!("answered {status}")),
-        (_, None) => Err(format!("the page is over {} bytes, or broke off", settings.max_bytes)),
+        (status, _) if !status.is_success() => Err(answered(format!("answered {status}"))),
+        (_, None) => Err(answered(format!(
+            "the page is over {} bytes, or broke off",
+            settings.max_bytes
+        ))),
         (_, Some(body)) => {
-            let text = std::str::from_utf8(&body).map_err(|_| "the page is not UTF-8".to_string())?;
-            exposition::parse(text).map_err(|error| format!("not the Prometheus text format: {error}"))
+            let text = std::str::from_utf8(&body).map_err(|_| answered("the page is not UTF-8".to_string()))?;
+            exposition::parse(text).map_err(|error| answered(format!("not the Prometheus text format: {error}")))
         }
     }
 }
