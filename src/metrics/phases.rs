@@ -90,7 +90,7 @@ impl EnginePhases {
             (&self.ttft, timing.ttft()),
             (&self.tpot, timing.tpot),
             (&self.acceptance, timing.draft_acceptance),
-            (&self.outside, outside(timing, ttft)),
+            (&self.outside, timing.outside(ttft)),
         ];
         for (family, value) in pairs {
             if let Some(value) = value {
@@ -98,9 +98,4 @@ impl EnginePhases {
             }
         }
     }
-}
-
-/// llmslo's TTFT minus the engine's, in seconds (never below 0), when both are known.
-pub fn outside(timing: EngineTiming, ttft: Option<Duration>) -> Option<f64> {
-    Some((ttft?.as_secs_f64() - timing.ttft()?).max(0.0))
 }

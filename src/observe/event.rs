@@ -60,6 +60,12 @@ impl EngineTiming {
     pub fn ttft(&self) -> Option<f64> {
         Some(self.queue? + self.prefill?)
     }
+
+    /// The time outside the engine, in seconds, of a request llmslo saw take `ttft` to its
+    /// first token: llmslo's TTFT minus the engine's (never below 0), when both are known.
+    pub fn outside(&self, ttft: Option<std::time::Duration>) -> Option<f64> {
+        Some((ttft?.as_secs_f64() - self.ttft()?).max(0.0))
+    }
 }
 
 /// A `metrics` object as vLLM writes it (`PerRequestMetrics`); every field may be null.

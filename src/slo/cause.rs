@@ -19,7 +19,6 @@
 //! is judged by the rule of that phase.
 
 use super::spec::SloKind;
-use crate::metrics::phases::outside;
 use crate::observe::record::RequestRecord;
 use std::time::Duration;
 
@@ -129,7 +128,7 @@ pub fn diagnose(kind: SloKind, record: &RequestRecord, tpot_alone: Option<f64>) 
 fn first_token(record: &RequestRecord, waited: Option<Duration>) -> Diagnosis {
     let stated = record
         .engine
-        .and_then(|e| Some((e.queue?, e.prefill?, outside(e, record.ttft)?)));
+        .and_then(|e| Some((e.queue?, e.prefill?, e.outside(record.ttft)?)));
     if let (Some((queue, prefill, outside)), Some(waited)) = (stated, waited) {
         let reasoning = waited.saturating_sub(record.ttft.unwrap_or(waited)).as_secs_f64();
         let parts = [
