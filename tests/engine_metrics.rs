@@ -104,6 +104,19 @@ async fn each_engines_page_maps_to_the_same_gauges_exactly() {
             "map mode re-exports nothing of the engine's own"
         );
         assert!(sample(&text, "llmslo_engine_scrape_duration_seconds", &[]) < 2.0);
+        // A request meets the queue the page showed as it arrived.
+        let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(8, true, false)).await;
+        assert_eq!(status, 200);
+        let text = settled(&sidecar).await;
+        let chat = [("operation", "chat")];
+        assert_eq!(
+            sample(&text, "llmslo_engine_requests_waiting_at_arrival_count", &chat),
+            1.0
+        );
+        assert_eq!(
+            sample(&text, "llmslo_engine_requests_waiting_at_arrival_sum", &chat),
+            waiting
+        );
         sidecar.shutdown().await;
     }
 }

@@ -571,6 +571,9 @@ impl Metrics {
         if let Some(timing) = record.engine {
             self.phases.observe(&labels, timing, record.ttft);
         }
+        if let Some(waiting) = record.engine_context.and_then(|c| c.waiting_at_arrival) {
+            self.phases.observe_waiting(&labels, waiting);
+        }
         if let Some(n) = record.reasoning_tokens {
             self.reasoning_tokens.get_or_create(&labels).inc_by(n);
         }

@@ -14,6 +14,9 @@ use std::time::Duration;
 /// Draft acceptance edges: tenths, and finer near the top where good speculation lives.
 const ACCEPTANCE: &[f64] = &[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95, 1.0];
 
+/// Queue depth edges, requests: none waiting, then doublings.
+const WAITING: &[f64] = &[0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
+
 type Phase = Family<RequestLabels, Histogram, ClassicAndNative>;
 
 /// The phase histograms, by model, operation and provider.
@@ -25,6 +28,7 @@ pub struct EnginePhases {
     outside: Phase,
     tpot: Phase,
     acceptance: Phase,
+    waiting: Phase,
 }
 
 impl EnginePhases {
@@ -38,6 +42,7 @@ impl EnginePhases {
             outside: ttft(),
             tpot: Family::new_with_constructor(ClassicAndNative(Buckets::new(b.tpot.as_ref(), buckets::TPOT, &[]))),
             acceptance: Family::new_with_constructor(ClassicAndNative(Buckets::new(None, ACCEPTANCE, &[]))),
+            waiting: Family::new_with_constructor(ClassicAndNative(Buckets::new(None, WAITING, &[]))),
         }
     }
 
@@ -80,6 +85,17 @@ impl EnginePhases {
             "Share of speculative decoding's draft tokens the engine accepted, per request",
             self.acceptance.clone(),
         );
+        r.register(
+            "llmslo_engine_requests_waiting_at_arrival",
+            "Requests waiting in the engine's queue as each request arrived, from the engine's last /metrics \
+             page before it (llmslo's estimate where the engine states no per-request queue time)",
+            self.waiting.clone(),
+        );
+    }
+
+    /// Records the engine's queue depth as a request arrived.
+    pub fn observe_waiting(&self, labels: &RequestLabels, waiting: f64) {
+        self.waiting.get_or_create(labels).observe(waiting);
     }
 
     /// Records one request's phases; `ttft` is llmslo's own.
