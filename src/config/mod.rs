@@ -396,7 +396,7 @@ pub mod defaults {
     /// The longest one read of the engine's metrics may take.
     pub const ENGINE_METRICS_TIMEOUT: Duration = Duration::from_secs(2);
     /// The largest engine metrics page read.
-    pub const ENGINE_METRICS_MAX_BYTES: usize = 8 << 20;
+    pub const ENGINE_METRICS_MAX_BYTES: usize = 4 << 20;
 }
 
 impl Config {
