@@ -161,37 +161,43 @@ fn closing_brace(text: &str) -> Option<usize> {
     None
 }
 
-/// The value of one label in a sample's label text, if it has it.
-pub fn label<'a>(labels: &'a str, key: &str) -> Option<&'a str> {
+/// The (name, value) pairs of a sample's label text, values unescaped.
+pub fn label_pairs(labels: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
     let mut rest = labels;
     while let Some(eq) = rest.find("=\"") {
-        let name = rest[..eq].trim_start_matches([',', ' ']);
-        let value_start = eq + 2;
-        let end = rest[value_start..]
-            .char_indices()
-            .scan(false, |escaped, (i, c)| {
-                let closes = c == '"' && !*escaped;
-                *escaped = c == '\\' && !*escaped;
-                Some((i, closes))
-            })
-            .find(|(_, closes)| *closes)
-            .map(|(i, _)| value_start + i)?;
-        if name == key {
-            return Some(&rest[value_start..end]);
+        let name = rest[..eq].trim_start_matches([',', ' ']).trim();
+        let mut value = String::new();
+        let mut chars = rest[eq + 2..].char_indices();
+        let mut end = None;
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some((_, 'n')) => value.push('\n'),
+                    Some((_, other)) => value.push(other),
+                    None => break,
+                },
+                '"' => {
+                    end = Some(eq + 2 + i);
+                    break;
+                }
+                c => value.push(c),
+            }
         }
+        let Some(end) = end else { break };
+        out.push((name.to_string(), value));
         rest = &rest[end + 1..];
     }
-    None
+    out
 }
 
 /// Writes `families` as OpenMetrics families (without `# EOF`), leaving out every family
 /// whose OpenMetrics name is in `taken` (llmslo's own keep their names) and the
 /// `*_created` gauges the Python client writes beside its counters and histograms
-/// (OpenMetrics carries those inside the family). Returns the names left out for a clash.
-pub fn write_openmetrics(families: &[Family], taken: &HashSet<String>, out: &mut String) -> Vec<String> {
+/// (OpenMetrics carries those inside the family).
+pub fn write_openmetrics(families: &[Family], taken: &HashSet<String>, out: &mut String) {
     let typed = typed_names(families);
     let mut written: HashSet<String> = HashSet::new();
-    let mut clashes = Vec::new();
     for family in families {
         if family.samples.is_empty() {
             continue;
@@ -206,7 +212,6 @@ pub fn write_openmetrics(families: &[Family], taken: &HashSet<String>, out: &mut
         }
         let (name, kind) = openmetrics_name(family);
         if taken.contains(&name) || !written.insert(name.clone()) {
-            clashes.push(name);
             continue;
         }
         if let Some(help) = &family.help {
@@ -221,7 +226,6 @@ pub fn write_openmetrics(families: &[Family], taken: &HashSet<String>, out: &mut
             let _ = writeln!(out, " {}", openmetrics_value(sample.value));
         }
     }
-    clashes
 }
 
 /// The names a `*_created` gauge of the Python client may belong to: counters without
@@ -291,7 +295,7 @@ mod tests {
         let waiting = find("vllm:num_requests_waiting");
         assert_eq!(waiting.kind, "gauge");
         assert_eq!(waiting.samples.len(), 1);
-        assert_eq!(label(&waiting.samples[0].labels, "model_name"), Some("tiny"));
+        assert!(label_pairs(&waiting.samples[0].labels).contains(&("model_name".into(), "tiny".into())));
         let ttft = find("vllm:time_to_first_token_seconds");
         assert_eq!(ttft.kind, "histogram");
         assert!(ttft.samples.iter().any(|s| s.name.ends_with("_bucket")));
@@ -307,8 +311,11 @@ mod tests {
         let page = "# TYPE x gauge\nx{a=\"}{ \\\" \",b=\"2\"} 3 1700000000000\ny 1e3\n";
         let families = parse(page).unwrap();
         assert_eq!(families[0].samples[0].value, 3.0);
-        assert_eq!(label(&families[0].samples[0].labels, "b"), Some("2"));
-        assert_eq!(label(&families[0].samples[0].labels, "a"), Some("}{ \\\" "));
+        let pairs = label_pairs(&families[0].samples[0].labels);
+        assert_eq!(
+            pairs,
+            [("a".to_string(), "}{ \" ".to_string()), ("b".into(), "2".into())]
+        );
         assert_eq!((families[1].name.as_str(), families[1].kind.as_str()), ("y", "untyped"));
         assert_eq!(families[1].samples[0].value, 1000.0);
     }
@@ -329,8 +336,7 @@ mod tests {
         let families = parse(VLLM).unwrap();
         let mut out = String::new();
         let taken: HashSet<String> = ["process_cpu_seconds".to_string()].into();
-        let clashes = write_openmetrics(&families, &taken, &mut out);
-        assert_eq!(clashes, ["process_cpu_seconds"]);
+        write_openmetrics(&families, &taken, &mut out);
         assert!(out.contains("# TYPE vllm:num_preemptions counter\n"));
         assert!(out.contains("\nvllm:num_preemptions_total{engine=\"0\",model_name=\"tiny\"} 0.0\n"));
         assert!(!out.contains("vllm:num_preemptions_created"));

@@ -2,7 +2,7 @@
 //! scraper asks for the protobuf exposition (native histograms): the same families the
 //! OpenMetrics merge writes, each sample's labels parsed into pairs.
 
-use super::exposition::{is_created_gauge, Family, Sample};
+use super::exposition::{is_created_gauge, label_pairs, Family, Sample};
 use crate::metrics::native::proto;
 use std::collections::HashSet;
 
@@ -143,39 +143,13 @@ fn bound(labels: &str, key: &str) -> Option<f64> {
     }
 }
 
-/// The label pairs of a sample's label text, unescaped, without `skip`.
+/// The label pairs of a sample's label text, without `skip`.
 fn pairs(labels: &str, skip: Option<&str>) -> Vec<proto::LabelPair> {
-    let mut out = Vec::new();
-    let mut rest = labels;
-    while let Some(eq) = rest.find("=\"") {
-        let name = rest[..eq].trim_start_matches([',', ' ']).trim();
-        let mut value = String::new();
-        let mut chars = rest[eq + 2..].char_indices();
-        let mut end = None;
-        while let Some((i, c)) = chars.next() {
-            match c {
-                '\\' => match chars.next() {
-                    Some((_, 'n')) => value.push('\n'),
-                    Some((_, other)) => value.push(other),
-                    None => break,
-                },
-                '"' => {
-                    end = Some(eq + 2 + i);
-                    break;
-                }
-                c => value.push(c),
-            }
-        }
-        let Some(end) = end else { break };
-        if Some(name) != skip {
-            out.push(proto::LabelPair {
-                name: name.to_string(),
-                value,
-            });
-        }
-        rest = &rest[end + 1..];
-    }
-    out
+    label_pairs(labels)
+        .into_iter()
+        .filter(|(name, _)| Some(name.as_str()) != skip)
+        .map(|(name, value)| proto::LabelPair { name, value })
+        .collect()
 }
 
 #[cfg(test)]
