@@ -11,6 +11,7 @@
 #
 #   scripts/phases-vs-vllm.sh
 #   COUNT=50 CLIENTS=8 LOAD=90s scripts/phases-vs-vllm.sh
+#   VLLM_ARGS="--max-num-seqs 4" scripts/phases-vs-vllm.sh     a batch of 4: the rest queue
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PORT=${PORT:-18000}          # vLLM; the sidecar takes PORT+1 (proxy) and PORT+2 (metrics)
@@ -18,7 +19,7 @@ COUNT=${COUNT:-30}
 CLIENTS=${CLIENTS:-8}
 LOAD=${LOAD:-60s}
 WORK=$(mktemp -d)
-export VLLM_EXTRA_ARGS="--enable-per-request-metrics"
+export VLLM_EXTRA_ARGS="--enable-per-request-metrics ${VLLM_ARGS:-}"
 . "$ROOT/scripts/vllm-engine.sh"
 
 require_free_ports "$PORT" "$((PORT + 1))" "$((PORT + 2))"
