@@ -426,6 +426,40 @@ async fn otlp_grpc_export_carries_spans_and_metrics() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engines_own_phases_are_exported_too() {
+    // The real vLLM capture that states its own per-request metrics beside its usage.
+    let text = String::from_utf8(fixture("apis/chat-per-request-metrics.sse")).unwrap();
+    let pieces = text
+        .split_inclusive("\n\n")
+        .map(|event| (Duration::from_millis(2), event.as_bytes().to_vec()))
+        .collect();
+    let (receiver, received) = http_receiver().await;
+    let (upstream, _) = scripted_upstream(Script::sse(pieces)).await;
+    let otel = format!(
+        "otel: {{metrics_exporter: otlp, metric_export_interval: 200, exporter_otlp_endpoint: 'http://{receiver}'}}\n"
+    );
+    let sidecar = start_sidecar(upstream, &otel).await;
+    assert_eq!(chat(sidecar.proxy_addr, None).await, 200);
+    settle(&sidecar).await;
+    sidecar.shutdown().await;
+    let metrics = received.metrics.lock().unwrap().clone();
+    for name in [
+        "llmslo.engine.queue_time",
+        "llmslo.engine.prefill_time",
+        "llmslo.engine.time_to_first_token",
+        "llmslo.time_outside_engine",
+        "llmslo.engine.time_per_output_token",
+    ] {
+        assert_eq!(histogram_count(&metrics, name), 1, "{name}");
+    }
+    assert_eq!(
+        histogram_count(&metrics, "llmslo.engine.draft_acceptance_ratio"),
+        0,
+        "the capture states no speculation"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exponential_histograms_on_request_carry_every_observation() {
     let (sidecar, received, _) = exporting_sidecar(
         "metrics_exporter: otlp, metric_export_interval: 200, \

@@ -220,6 +220,8 @@ impl Metrics {
             tokens_per_chunk: Buckets::new(b.tokens_per_chunk.as_ref(), buckets::TOKENS_PER_CHUNK, &[])
                 .edges()
                 .to_vec(),
+            phases: Buckets::new(b.ttft.as_ref(), buckets::TTFT, &[]).edges().to_vec(),
+            engine_tpot: Buckets::new(b.tpot.as_ref(), buckets::TPOT, &[]).edges().to_vec(),
         };
         let mut registry = Registry::default();
         let slo = SloEngine::new(slos.clone(), &mut registry);

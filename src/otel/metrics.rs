@@ -25,6 +25,11 @@ pub struct Boundaries {
     pub inter_chunk: Vec<f64>,
     /// Tokens per chunk.
     pub tokens_per_chunk: Vec<f64>,
+    /// The engine's per-request phases (queue, prefill, its TTFT, the time outside it),
+    /// seconds.
+    pub phases: Vec<f64>,
+    /// The engine's per-request TPOT, seconds.
+    pub engine_tpot: Vec<f64>,
 }
 
 /// The instruments one meter records requests into.
@@ -41,6 +46,90 @@ pub struct OtelMetrics {
     output_tokens: Counter<u64>,
     input_tokens: Counter<u64>,
     reasoning_tokens: Counter<u64>,
+    engine: EnginePhaseInstruments,
+}
+
+/// The engine's per-request phases, where its answers state them.
+#[derive(Debug, Clone)]
+struct EnginePhaseInstruments {
+    queue: Histogram<f64>,
+    prefill: Histogram<f64>,
+    ttft: Histogram<f64>,
+    outside: Histogram<f64>,
+    tpot: Histogram<f64>,
+    draft_acceptance: Histogram<f64>,
+    waiting_at_arrival: Histogram<f64>,
+}
+
+impl EnginePhaseInstruments {
+    fn new(meter: &Meter, phases: &[f64], tpot: Vec<f64>) -> Self {
+        let seconds = |name: &'static str, description: &'static str, boundaries: Vec<f64>| {
+            meter
+                .f64_histogram(name)
+                .with_unit("s")
+                .with_description(description)
+                .with_boundaries(boundaries)
+                .build()
+        };
+        Self {
+            queue: seconds(
+                "llmslo.engine.queue_time",
+                "Time in the engine's queue, as the engine states it per request",
+                phases.to_vec(),
+            ),
+            prefill: seconds(
+                "llmslo.engine.prefill_time",
+                "From the engine scheduling the request to its first token, as the engine states it",
+                phases.to_vec(),
+            ),
+            ttft: seconds(
+                "llmslo.engine.time_to_first_token",
+                "The engine's own time to first token: its queue plus its prefill",
+                phases.to_vec(),
+            ),
+            outside: seconds(
+                "llmslo.time_outside_engine",
+                "llmslo's time to first token minus the engine's",
+                phases.to_vec(),
+            ),
+            tpot: seconds(
+                "llmslo.engine.time_per_output_token",
+                "Mean time between output tokens inside the engine",
+                tpot,
+            ),
+            draft_acceptance: meter
+                .f64_histogram("llmslo.engine.draft_acceptance_ratio")
+                .with_unit("1")
+                .with_description("Share of speculative decoding's draft tokens the engine accepted")
+                .build(),
+            waiting_at_arrival: meter
+                .f64_histogram("llmslo.engine.requests_waiting_at_arrival")
+                .with_unit("{request}")
+                .with_description("Requests waiting in the engine's queue as the request arrived")
+                .build(),
+        }
+    }
+
+    fn record(&self, record: &RequestRecord, attributes: &[KeyValue]) {
+        if let Some(timing) = record.engine {
+            let values = [
+                (&self.queue, timing.queue),
+                (&self.prefill, timing.prefill),
+                (&self.ttft, timing.ttft()),
+                (&self.outside, timing.outside(record.ttft)),
+                (&self.tpot, timing.tpot),
+                (&self.draft_acceptance, timing.draft_acceptance),
+            ];
+            for (histogram, value) in values {
+                if let Some(value) = value {
+                    histogram.record(value, attributes);
+                }
+            }
+        }
+        if let Some(waiting) = record.engine_context.and_then(|c| c.waiting_at_arrival) {
+            self.waiting_at_arrival.record(waiting, attributes);
+        }
+    }
 }
 
 impl OtelMetrics {
@@ -109,6 +198,7 @@ impl OtelMetrics {
                 .with_unit("{token}")
                 .with_description("Output tokens spent on reasoning, where the usage reports them")
                 .build(),
+            engine: EnginePhaseInstruments::new(meter, &boundaries.phases, boundaries.engine_tpot),
         }
     }
 
@@ -138,6 +228,7 @@ impl OtelMetrics {
         for tpot in &record.tpot_per_choice {
             self.tpot.record(tpot.as_secs_f64(), &common);
         }
+        self.engine.record(record, &common);
         let mut with_outcome = common.to_vec();
         with_outcome.push(KeyValue::new("llmslo.outcome", record.outcome.as_str()));
         if record.outcome != Outcome::Success {
