@@ -84,12 +84,21 @@ fn series(metrics: &mut Vec<proto::Metric>, labels: Vec<proto::LabelPair>) -> &m
     &mut metrics[at]
 }
 
-fn histograms(f: &Family) -> Vec<proto::Metric> {
+/// One metric per series: the samples whose labels but `per_series` agree, each given to `add`
+/// with its name's suffix.
+fn grouped(f: &Family, per_series: &str, mut add: impl FnMut(&mut proto::Metric, &str, &Sample)) -> Vec<proto::Metric> {
     let mut metrics = Vec::new();
-    for s in &f.samples {
-        let metric = series(&mut metrics, pairs(&s.labels, Some("le")));
+    for sample in &f.samples {
+        let metric = series(&mut metrics, pairs(&sample.labels, Some(per_series)));
+        add(metric, suffix(sample, f), sample);
+    }
+    metrics
+}
+
+fn histograms(f: &Family) -> Vec<proto::Metric> {
+    grouped(f, "le", |metric, suffix, s| {
         let histogram = metric.histogram.get_or_insert_with(Default::default);
-        match suffix(s, f) {
+        match suffix {
             "_bucket" => {
                 if let Some(upper_bound) = bound(&s.labels, "le") {
                     histogram.bucket.push(proto::Bucket {
@@ -103,16 +112,13 @@ fn histograms(f: &Family) -> Vec<proto::Metric> {
             "_count" => histogram.sample_count = s.value as u64,
             _ => {}
         }
-    }
-    metrics
+    })
 }
 
 fn summaries(f: &Family) -> Vec<proto::Metric> {
-    let mut metrics = Vec::new();
-    for s in &f.samples {
-        let metric = series(&mut metrics, pairs(&s.labels, Some("quantile")));
+    grouped(f, "quantile", |metric, suffix, s| {
         let summary = metric.summary.get_or_insert_with(Default::default);
-        match suffix(s, f) {
+        match suffix {
             "" => {
                 if let Some(quantile) = bound(&s.labels, "quantile") {
                     summary.quantile.push(proto::Quantile {
@@ -125,8 +131,7 @@ fn summaries(f: &Family) -> Vec<proto::Metric> {
             "_count" => summary.sample_count = s.value as u64,
             _ => {}
         }
-    }
-    metrics
+    })
 }
 
 fn suffix<'a>(s: &'a Sample, f: &Family) -> &'a str {
@@ -177,6 +182,25 @@ mod tests {
         assert_eq!(h.bucket.last().unwrap().cumulative_count, h.sample_count);
         let names: HashSet<&str> = out.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(names.len(), out.len(), "no family twice");
+        let sizes = find("http_request_size_bytes").unwrap();
+        assert_eq!(sizes.metric.len(), 2, "one series per handler");
+        let chat = sizes.metric[1].summary.as_ref().unwrap();
+        assert_eq!((chat.sample_count, chat.sample_sum), (1, 173.0));
+    }
+
+    #[test]
+    fn a_summarys_quantiles_stay_with_their_series() {
+        let page = parse(
+            "# TYPE s summary\ns{h=\"a\",quantile=\"0.5\"} 2\ns{h=\"a\",quantile=\"0.99\"} 9\ns_sum{h=\"a\"} 30\n\
+             s_count{h=\"a\"} 10\n",
+        )
+        .unwrap();
+        let out = families(&page, &HashSet::new());
+        let summary = out[0].metric[0].summary.as_ref().unwrap();
+        assert_eq!(out[0].metric.len(), 1);
+        assert_eq!(summary.quantile.len(), 2);
+        assert_eq!((summary.quantile[1].quantile, summary.quantile[1].value), (0.99, 9.0));
+        assert_eq!((summary.sample_count, summary.sample_sum), (10, 30.0));
     }
 
     #[test]
