@@ -23,11 +23,7 @@ trap 'kill ${ENGINE_PID:-} ${SIDECAR_PID:-} ${SCRAPER_PID:-} 2>/dev/null || true
 start_vllm
 
 write_prompts "$WORK/prompts.jsonl" 400 32
-cat >"$WORK/llmslo.yaml" <<YAML
-upstream: http://127.0.0.1:$PORT
-listen: 127.0.0.1:$((PORT + 1))
-metrics_listen: 127.0.0.1:$((PORT + 2))
-engine: vllm
+write_sidecar_config <<YAML
 slos:
   - {name: tpot, objective: 95, tpot: $TPOT}
 goodput:
@@ -53,9 +49,7 @@ print(f"{rates[miss - 1] + (rates[miss] - rates[miss - 1]) * above / (above - be
 PY
 )
 echo "true knee: $knee req/s; the sidecar in front of vLLM, Poisson traffic at 20, 40 and 60 % of it ..."
-"${PIN_CLIENT[@]}" "$ROOT/target/release/llmslo" run --config "$WORK/llmslo.yaml" >"$WORK/sidecar.log" 2>&1 &
-SIDECAR_PID=$!
-for _ in $(seq 1 50); do curl -sf "http://127.0.0.1:$((PORT + 2))/metrics" >/dev/null && break; sleep 0.2; done
+start_sidecar sidecar.log
 # Every 5 s: the time and the three gauges.
 (while true; do
     sleep 5

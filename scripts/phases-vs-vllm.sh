@@ -27,11 +27,7 @@ trap 'kill ${ENGINE_PID:-} ${SIDECAR_PID:-} 2>/dev/null || true' EXIT
 start_vllm
 
 write_prompts "$WORK/prompts.jsonl" 400 32
-cat >"$WORK/llmslo.yaml" <<YAML
-upstream: http://127.0.0.1:$PORT
-listen: 127.0.0.1:$((PORT + 1))
-metrics_listen: 127.0.0.1:$((PORT + 2))
-engine: vllm
+write_sidecar_config <<YAML
 engine_metrics_interval: 1s
 log: info,llmslo=debug
 log_format: json
@@ -39,9 +35,7 @@ slos:
   - {name: ttft, objective: 99, ttft: 300ms}
   - {name: tpot, objective: 95, tpot: 100ms}
 YAML
-"${PIN_CLIENT[@]}" "$ROOT/target/release/llmslo" run --config "$WORK/llmslo.yaml" >"$WORK/llmslo.log" 2>&1 &
-SIDECAR_PID=$!
-for _ in $(seq 1 50); do curl -sf "http://127.0.0.1:$((PORT + 2))/readyz" >/dev/null && break; sleep 0.2; done
+start_sidecar llmslo.log
 
 sweep() {  # CONCURRENCY DURATION
     "${PIN_CLIENT[@]}" "$ROOT/target/release/llmslo" sweep --target "http://127.0.0.1:$((PORT + 1))" --model small \

