@@ -260,12 +260,22 @@ impl SloEngine {
     }
 
     /// Judges a finished request against every SLO and goodput, and finds the cause of each
-    /// latency SLO it missed; `tpot_alone` is the capacity model's TPOT with one request in
+    /// latency SLO it missed; `tpot_alone` gives the capacity model's TPOT with one request in
     /// flight, when there is a model.
-    pub fn record(&self, record: &RequestRecord, tpot_alone: Option<f64>) {
+    pub fn record(&self, record: &RequestRecord, tpot_alone: impl FnOnce() -> Option<f64>) {
         let set = self.set();
         let now = Instant::now();
         let verdicts: Vec<Verdict> = set.slos.iter().map(|slo| classify(slo, record)).collect();
+        let missed_latency =
+            |(slo, verdict): (&spec::Slo, &Verdict)| *verdict == Verdict::Bad && slo.kind != SloKind::Availability;
+        // Asked only when a cause is to be found, and before the state lock is taken.
+        let tpot_alone = set
+            .slos
+            .iter()
+            .zip(&verdicts)
+            .any(missed_latency)
+            .then(tpot_alone)
+            .flatten();
         let good = is_goodput(&set, record, &verdicts);
         let tokens = if good { record.output_tokens.unwrap_or(0) } else { 0 };
 
@@ -282,7 +292,7 @@ impl SloEngine {
             let bad = u64::from(*verdict == Verdict::Bad);
             self.events.get_or_create(&labels).inc();
             self.bad_events.get_or_create(&labels).inc_by(bad);
-            if *verdict == Verdict::Bad && slo.kind != SloKind::Availability {
+            if missed_latency((slo, verdict)) {
                 let diagnosis = cause::diagnose(slo.kind, record, tpot_alone);
                 self.bad_events_by_cause
                     .get_or_create(&CauseLabels {
@@ -527,7 +537,7 @@ mod tests {
 
     fn send(engine: &SloEngine, n: usize, record: &RequestRecord) {
         for _ in 0..n {
-            engine.record(record, None);
+            engine.record(record, || None);
         }
     }
 
@@ -641,7 +651,7 @@ mod tests {
         assert!(ratio(&s, "avail", "5m").is_nan());
         assert!(burn(&s, "avail", "3d").is_nan());
         assert!(budget(&s, "avail") < 0.0, "the budget still counts every event");
-        engine.record(&request(Outcome::UpstreamError, 1, 1), None);
+        engine.record(&request(Outcome::UpstreamError, 1, 1), || None);
         assert_eq!(ratio(&engine.snapshot(Instant::now()), "avail", "5m"), 1.0);
     }
 
@@ -765,7 +775,7 @@ mod tests {
         let mut renamed = engine.set().as_ref().clone();
         renamed.service = "search".into();
         engine.reload(renamed);
-        engine.record(&request(Outcome::Success, 100, 10), None);
+        engine.record(&request(Outcome::Success, 100, 10), || None);
         let s = engine.snapshot(Instant::now());
         assert!(s.error_ratio.iter().all(|(l, _, _)| l.slo_service == "search"));
         assert!(
