@@ -123,6 +123,48 @@ async fn models_health_and_errors() {
     assert_eq!(status, 400);
 }
 
+#[tokio::test]
+async fn the_metrics_page_counts_the_streams_being_generated() {
+    let (engine, _stop) = start_engine(timed_engine(5, 100)).await;
+    let running = || async move {
+        let request = Request::get(format!("http://{engine}/metrics"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let page = client()
+            .request(request)
+            .await
+            .unwrap()
+            .into_body()
+            .collect()
+            .await
+            .unwrap();
+        let page = String::from_utf8(page.to_bytes().to_vec()).unwrap();
+        assert!(
+            page.contains("vllm:num_requests_waiting{model_name=\"sim\"} 0.0"),
+            "{page}"
+        );
+        sample(&page, "vllm:num_requests_running", &[])
+    };
+    assert_eq!(running().await, 0.0);
+    let stream = client()
+        .request(
+            Request::post(format!("http://{engine}/v1/chat/completions"))
+                .body(Full::new(Bytes::from(chat_body(50, true, false))))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(running().await, 1.0, "one stream is being generated");
+    drop(stream);
+    for _ in 0..100 {
+        if running().await == 0.0 {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the stream never ended on the page");
+}
+
 /// The stamps of the token-carrying events of one streamed request, as a client sees them.
 async fn token_stamps(engine: std::net::SocketAddr, tokens: u32) -> Vec<tokio::time::Instant> {
     let response = post(engine, "/v1/chat/completions", chat_body(tokens, true, false)).await;

@@ -86,7 +86,7 @@ struct ViewState {
 }
 
 /// The engine's `/metrics` as last read, shared by the scraper, the exposition and requests.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct EngineView {
     mode: EngineMetricsMode,
     state: RwLock<ViewState>,

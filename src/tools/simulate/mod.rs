@@ -10,6 +10,7 @@ pub mod exposition;
 pub mod shape;
 pub mod typed;
 
+use crate::metrics::GaugeGuard;
 use crate::observe::route::Operation;
 use batching::{Batcher, BatchingOptions, Occupancy, Step};
 use bytes::Bytes;
@@ -17,6 +18,7 @@ use delay::Delay;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming};
+use prometheus_client::metrics::gauge::Gauge;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
@@ -116,7 +118,7 @@ pub struct SimEngine {
     /// The engine loop, in batching mode, started with the server.
     batcher: OnceLock<Batcher>,
     /// Streams being generated (outside batching mode, where the loop counts them).
-    streaming: Arc<AtomicU64>,
+    streaming: Gauge,
     /// Prompt tokens of every generation request so far.
     prompt_tokens: AtomicU64,
 }
@@ -177,7 +179,7 @@ impl SimEngine {
             options,
             requests: AtomicU64::new(0),
             batcher: OnceLock::new(),
-            streaming: Arc::default(),
+            streaming: Gauge::default(),
             prompt_tokens: AtomicU64::new(0),
         })
     }
@@ -235,7 +237,7 @@ impl SimEngine {
         let occupancy = match self.batcher.get() {
             Some(batcher) => batcher.occupancy(),
             None => Occupancy {
-                running: self.streaming.load(Ordering::Relaxed) as usize,
+                running: usize::try_from(self.streaming.get()).unwrap_or(0),
                 ..Occupancy::default()
             },
         };
@@ -381,7 +383,7 @@ impl SimEngine {
         let options = self.options.clone();
         let mut pacer = self.pacer(&plan, &mut rng);
         let mut clock = EngineClock::start();
-        let streaming = StreamingGuard::new(self.streaming.clone());
+        let streaming = GaugeGuard::new(self.streaming.clone());
         tokio::spawn(async move {
             let _streaming = streaming;
             let send = |event: String| tx.send(Ok(Frame::data(Bytes::from(event))));
@@ -606,22 +608,6 @@ impl EngineClock {
             "tokens_per_second": null,
             "speculative_decoding": speculation,
         })
-    }
-}
-
-/// Counts one stream being generated for as long as it lives.
-struct StreamingGuard(Arc<AtomicU64>);
-
-impl StreamingGuard {
-    fn new(count: Arc<AtomicU64>) -> Self {
-        count.fetch_add(1, Ordering::Relaxed);
-        Self(count)
-    }
-}
-
-impl Drop for StreamingGuard {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
