@@ -1,6 +1,7 @@
 //! The cost of a scrape: `/metrics` encoded for 16 models, each with every generation API
 //! measured, as the OpenMetrics text a text-only scraper gets and as the protobuf (classic and
-//! native buckets) a Prometheus with native histograms gets. Prints both sizes once.
+//! native buckets) a Prometheus with native histograms gets. Prints both sizes once. And the
+//! cost of the engine's page: a real vLLM page and the largest page the bounds allow, read.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use llmslo::config::Engine;
@@ -71,5 +72,34 @@ fn exposition(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, exposition);
+/// A histogram page of 1,600 series of 12 samples with 150-byte label values: 3.6 MiB and
+/// 19,200 samples, near both of the read's bounds.
+fn largest_page() -> String {
+    let pad = "p".repeat(150);
+    let mut page = String::from("# TYPE vllm:worst histogram\n");
+    for i in 0..1_600 {
+        for le in ["0.01", "0.02", "0.05", "0.1", "0.2", "0.5", "1", "2", "5", "+Inf"] {
+            page.push_str(&format!("vllm:worst_bucket{{s=\"{pad}-{i}\",le=\"{le}\"}} {i}\n"));
+        }
+        page.push_str(&format!(
+            "vllm:worst_sum{{s=\"{pad}-{i}\"}} 1.5\nvllm:worst_count{{s=\"{pad}-{i}\"}} {i}\n"
+        ));
+    }
+    page
+}
+
+fn engine_page(c: &mut Criterion) {
+    use llmslo::engine::exposition::parse;
+    let vllm = include_str!("../tests/fixtures/vllm-0.32-metrics.txt");
+    let largest = largest_page();
+    eprintln!("largest allowed engine page: {} bytes", largest.len());
+    c.bench_function("engine_page_vllm", |b| {
+        b.iter(|| black_box(parse(vllm, 20_000).unwrap()))
+    });
+    c.bench_function("engine_page_largest_allowed", |b| {
+        b.iter(|| black_box(parse(&largest, 20_000).unwrap()))
+    });
+}
+
+criterion_group!(benches, exposition, engine_page);
 criterion_main!(benches);

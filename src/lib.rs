@@ -1,3 +1,4 @@
+#![recursion_limit = "256"]
 //! llmslo: a sidecar in front of LLM inference engines that measures what users feel
 //! (TTFT, TPOT, inter-chunk latency, tokens) from the streamed responses and exports it to
 //! Prometheus. `main.rs` is a thin CLI over this library so tests drive the whole app.

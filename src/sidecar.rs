@@ -14,7 +14,7 @@ use crate::otel::export::Telemetry;
 use crate::proxy::client::UpstreamClient;
 use crate::proxy::observe::ObserveSettings;
 use crate::proxy::{Proxy, ProxySettings};
-use crate::serve::{serve, ConnectionLimits};
+use crate::serve::{serve, ConnectionLimits, KeepAlive};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +27,9 @@ use tracing::{error, info, warn};
 const METRICS_MAX_CONNECTIONS: usize = 256;
 /// Longest a scrape may wait for its reader: a client that never reads frees its slot.
 const METRICS_SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// A metrics-port connection with no scrape for this long is closed: longer than a 60 s scrape
+/// interval, so a scraper keeps its connection.
+const METRICS_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// Concurrent streams one HTTP/2 connection may open on the metrics port.
 const METRICS_MAX_STREAMS: u32 = 8;
 
@@ -46,6 +49,8 @@ pub struct Sidecar {
     shutdown: CancellationToken,
     tasks: JoinSet<()>,
     telemetry: Telemetry,
+    /// How long `/metrics` waits for a scrape of the final counts after the drain.
+    final_scrape_grace: Duration,
 }
 
 impl Sidecar {
@@ -106,6 +111,7 @@ impl Sidecar {
                 max_body_bytes: config.max_body_bytes,
                 request_body_timeout: config.request_body_timeout,
                 request_body_total_timeout: config.request_body_total_timeout,
+                request_body_min_rate: config.request_body_min_rate,
                 max_in_flight_requests: config.max_in_flight_requests,
                 upstream_timeout: config.upstream_timeout,
                 stream_idle_timeout: config.stream_idle_timeout,
@@ -137,6 +143,11 @@ impl Sidecar {
                 max_connections: config.max_connections,
                 metrics: Some(metrics.clone()),
                 send_timeout: Some(config.send_timeout),
+                idle_timeout: Some(config.connection_idle_timeout),
+                keep_alive: Some(KeepAlive {
+                    interval: config.http2_keep_alive_interval,
+                    timeout: config.http2_keep_alive_timeout,
+                }),
                 max_streams_per_connection: config.max_streams_per_connection,
                 live_when_full: false,
             },
@@ -149,6 +160,11 @@ impl Sidecar {
             config.drain_timeout,
             ConnectionLimits {
                 send_timeout: Some(METRICS_SEND_TIMEOUT),
+                idle_timeout: Some(METRICS_IDLE_TIMEOUT),
+                keep_alive: Some(KeepAlive {
+                    interval: config.http2_keep_alive_interval,
+                    timeout: config.http2_keep_alive_timeout,
+                }),
                 max_streams_per_connection: METRICS_MAX_STREAMS,
                 live_when_full: true,
                 ..ConnectionLimits::new(METRICS_MAX_CONNECTIONS)
@@ -163,6 +179,7 @@ impl Sidecar {
                     interval: config.engine_metrics_interval,
                     timeout: defaults::ENGINE_METRICS_TIMEOUT,
                     max_bytes: defaults::ENGINE_METRICS_MAX_BYTES,
+                    max_samples: config.engine_metrics_max_samples,
                 },
                 shutdown.clone(),
             ));
@@ -211,18 +228,42 @@ impl Sidecar {
             shutdown,
             tasks,
             telemetry,
+            final_scrape_grace: config.final_scrape_grace,
         })
     }
 
     /// Stops accepting, lets in-flight responses finish (up to the drain deadline) while
-    /// `/metrics` still answers, then stops the rest and returns.
+    /// `/metrics` still answers, keeps `/metrics` up for one more scrape of the final counts
+    /// (up to `final_scrape_grace`, where anyone scrapes it), then stops the rest and returns.
     pub async fn shutdown(mut self) {
+        info!("stopping: new connections are refused, in-flight responses finish (drain_timeout)");
         self.stop_proxy.cancel();
-        let _ = self.proxy_task.await;
+        let _ = (&mut self.proxy_task).await;
+        self.await_final_scrape().await;
         self.shutdown.cancel();
         while self.tasks.join_next().await.is_some() {}
         self.telemetry.shutdown().await;
         info!("llmslo sidecar stopped");
+    }
+}
+
+impl Sidecar {
+    /// Waits for a scrape that begins after the drain, so the last streams' outcomes are read;
+    /// not at all where nothing has ever scraped `/metrics`.
+    async fn await_final_scrape(&self) {
+        let mut scrapes = self.metrics.scrapes();
+        let before = *scrapes.borrow_and_update();
+        if before == 0 || self.final_scrape_grace.is_zero() {
+            return;
+        }
+        info!(
+            grace_secs = self.final_scrape_grace.as_secs_f64(),
+            "drained: /metrics stays up for one more scrape of the final counts (final_scrape_grace)"
+        );
+        let scraped = tokio::time::timeout(self.final_scrape_grace, scrapes.wait_for(|n| *n > before)).await;
+        if scraped.is_err() {
+            warn!("no scrape came within final_scrape_grace: the last streams' counts may not have been read");
+        }
     }
 }
 

@@ -225,7 +225,7 @@ async fn upload_time_is_the_clients_not_the_engines() {
     use tokio::io::AsyncWriteExt;
     let upstream = body_reading_upstream().await;
     // A body over max_peek_bytes streams to the engine as it arrives.
-    let config = "upstream_timeout: 1s\nrequest_body_timeout: 2s\nmax_peek_bytes: 16\n";
+    let config = "upstream_timeout: 1s\nrequest_body_timeout: 2s\nrequest_body_min_rate: 1\nmax_peek_bytes: 16\n";
     let sidecar = start_sidecar(upstream, config).await;
     // A 3 s upload, steady, against a 1 s response deadline: the engine answers at once after it.
     let body = format!("{{\"model\":\"m\",\"pad\":\"{}\"}}", " ".repeat(28));
@@ -326,7 +326,7 @@ async fn slow_uploads_that_declare_the_whole_budget_lock_out_no_one() {
 async fn an_upload_that_trickles_is_cut_off_at_the_total_body_timeout() {
     use tokio::io::AsyncWriteExt;
     let upstream = body_reading_upstream().await;
-    let config = "request_body_timeout: 30s\nrequest_body_total_timeout: 2m\n";
+    let config = "request_body_timeout: 30s\nrequest_body_total_timeout: 2m\nrequest_body_min_rate: 0\n";
     let sidecar = start_sidecar(upstream, config).await;
     let mut stream = slow_upload(sidecar.proxy_addr, 4_000, 1).await;
     // One byte every 20 s never trips the 30 s gap, but the whole body is due within 2 min.
@@ -723,4 +723,479 @@ async fn many_small_bodies_of_unknown_length_hold_only_their_bytes_of_the_budget
     let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(1, false, false)).await;
     assert_eq!(status, 200);
     sidecar.shutdown().await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Slots held without progress: each is released by a deadline that only progress renews.
+// ---------------------------------------------------------------------------------------------
+
+/// Posts a short chat request on a fresh connection until one is answered 200; returns how
+/// long that took.
+async fn served_within(addr: std::net::SocketAddr, limit: std::time::Duration) -> std::time::Duration {
+    let start = std::time::Instant::now();
+    let body = chat_body(1, false, false);
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    loop {
+        let answer = raw_exchange(addr, request.as_bytes(), std::time::Duration::from_secs(2)).await;
+        if answer.starts_with("HTTP/1.1 200") {
+            return start.elapsed();
+        }
+        let status = answer.lines().next().unwrap_or("").to_string();
+        assert!(start.elapsed() < limit, "no 200 within {limit:?} (last: {status})");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_streams_whose_window_stays_shut_are_released_at_the_send_timeout() {
+    use llmslo::tools::bench::attacks::zero_window;
+    use std::time::Duration;
+    let (upstream, _) = start_engine(timed_engine(10, 100)).await;
+    let sidecar = start_sidecar(upstream, "max_in_flight_requests: 8\nsend_timeout: 2s\n").await;
+    // One connection, eight streaming requests, every stream's window shut for 10 s.
+    let attack = tokio::spawn(zero_window(sidecar.proxy_addr, 1, 8, Duration::from_secs(10)));
+    let held = async {
+        while sample(&sidecar.metrics.encode(), "llmslo_requests_in_flight", &[]) < 8.0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(5), held).await.is_err() {
+        panic!("the attack holds every slot:\n{}", sidecar.metrics.encode());
+    }
+    let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(1, false, false)).await;
+    assert_eq!(status, 503, "every slot is held");
+    // The send timeout frees them while the attacker still holds its connection.
+    let waited = served_within(sidecar.proxy_addr, Duration::from_secs(5)).await;
+    assert!(
+        !attack.is_finished(),
+        "served after {waited:?}, while the attack still ran"
+    );
+    let m = settled(&sidecar).await;
+    assert_eq!(
+        sample(&m, "llmslo_client_timeouts_total", &[("timeout", "send_timeout")]),
+        8.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "client_cancelled")]),
+        8.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "upstream_error")]),
+        0.0,
+        "{m}"
+    );
+    attack.await.unwrap();
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_h2c_connections_are_closed_at_the_idle_timeout() {
+    use llmslo::tools::bench::attacks::idle_h2;
+    use std::time::Duration;
+    let (upstream, _) = start_engine(Default::default()).await;
+    let sidecar = start_sidecar(upstream, "max_connections: 6\nconnection_idle_timeout: 1s\n").await;
+    // Six h2c connections, one request each, then idle for 10 s: every connection slot.
+    let attack = tokio::spawn(idle_h2(sidecar.proxy_addr, 6, Duration::from_secs(10)));
+    let full = async {
+        while sample(&sidecar.metrics.encode(), "llmslo_proxy_connections_open", &[]) < 6.0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), full)
+        .await
+        .expect("the attack holds every connection");
+    // A new client is served within seconds, not after the attacker's 10 s.
+    served_within(sidecar.proxy_addr, Duration::from_secs(4)).await;
+    // The attacker's reads end because the sidecar closed every one of its connections.
+    tokio::time::timeout(Duration::from_secs(3), attack)
+        .await
+        .expect("the idle connections were closed before the attacker let go")
+        .unwrap();
+    let m = sidecar.metrics.encode();
+    assert!(
+        sample(
+            &m,
+            "llmslo_client_timeouts_total",
+            &[("timeout", "connection_idle_timeout")]
+        ) >= 6.0,
+        "{m}"
+    );
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trickled_bodies_hold_no_in_flight_slot_and_fall_below_the_minimum_rate() {
+    use llmslo::tools::bench::attacks::trickled_bodies;
+    use std::time::Duration;
+    let (upstream, _) = start_engine(Default::default()).await;
+    let config = "max_in_flight_requests: 4\nrequest_body_timeout: 2s\nrequest_body_min_rate: 1024\n";
+    let sidecar = start_sidecar(upstream, config).await;
+    // Twelve uploads of a byte a second: three times the in-flight cap.
+    let attack = tokio::spawn(trickled_bodies(sidecar.proxy_addr, 12, Duration::from_secs(6)));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for _ in 0..10 {
+        let (status, body) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(2, true, false)).await;
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+    }
+    // 2 s of grace, then the average rate is far below 1 KiB/s: each upload is answered 408.
+    attack.await.unwrap();
+    let m = settled(&sidecar).await;
+    assert_eq!(
+        sample(
+            &m,
+            "llmslo_client_timeouts_total",
+            &[("timeout", "request_body_min_rate")]
+        ),
+        12.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "client_error")]),
+        12.0,
+        "{m}"
+    );
+    assert_eq!(sample(&m, "llmslo_requests_refused_total", &[]), 0.0, "{m}");
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_upload_below_the_minimum_rate_is_answered_408_with_the_rate() {
+    use tokio::io::AsyncWriteExt;
+    let upstream = body_reading_upstream().await;
+    let sidecar = start_sidecar(upstream, "request_body_timeout: 30s\nrequest_body_min_rate: 100\n").await;
+    let mut stream = slow_upload(sidecar.proxy_addr, 4_000, 1).await;
+    // One byte every 20 s: within the 30 s gap, far below 100 bytes a second once 30 s pass.
+    let mut answer = String::new();
+    for _ in 0..5 {
+        tokio::time::sleep(std::time::Duration::from_secs(20)).await;
+        let _ = stream.write_all(b" ").await;
+        answer = read_for(&mut stream, std::time::Duration::from_millis(10)).await;
+        if !answer.is_empty() {
+            break;
+        }
+    }
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("slower than 100 bytes per second"), "{answer}");
+    let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(1, false, false)).await;
+    assert_eq!(status, 200);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The engine's page is hostile input.
+// ---------------------------------------------------------------------------------------------
+
+/// An engine that streams one token for every request and serves `page` on `/metrics`.
+async fn engine_with_page(page: String) -> std::net::SocketAddr {
+    let chunk = "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\ndata: [DONE]\n\n";
+    let (addr, _) = scripted_upstream_by(move |request| {
+        if request.starts_with(b"GET /metrics") {
+            Script {
+                head: format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}",
+                    page.len()
+                ),
+                pieces: vec![(std::time::Duration::ZERO, page.as_bytes().to_vec())],
+                cut_short: false,
+                silent: false,
+                trailers: String::new(),
+            }
+        } else {
+            Script::sse(vec![(std::time::Duration::ZERO, chunk.as_bytes().to_vec())])
+        }
+    })
+    .await;
+    addr
+}
+
+/// Waits until the sidecar has read the engine's page once.
+async fn page_read(sidecar: &llmslo::sidecar::Sidecar) -> String {
+    for _ in 0..300 {
+        let m = sidecar.metrics.encode();
+        if sample(&m, "llmslo_engine_scrape_up", &[]) == 1.0 {
+            return m;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the engine's page was never read:\n{}", sidecar.metrics.encode());
+}
+
+const MALFORMED_LINES: [&str; 7] = [
+    "vllm:bad_unquoted{model_name=tiny} 1",
+    "vllm:bad_twice{a=\"1\",a=\"2\"} 1",
+    "vllm:bad_label{1a=\"1\"} 1",
+    "9vllm:bad_digit 1",
+    "vllm:bad_escape{a=\"\\q\"} 1",
+    "vllm:bad_value{a=\"1\"} one",
+    "vllm:bad_open{a=\"1\" 1",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_engine_lines_are_dropped_and_counted_never_merged() {
+    let page = format!(
+        "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{model_name=\"tiny\"}} 2\n\
+         # TYPE vllm:trailing gauge\nvllm:trailing{{a=\"1\",}} 3\n{}\n",
+        MALFORMED_LINES.join("\n")
+    );
+    let upstream = engine_with_page(page).await;
+    let sidecar = start_sidecar(upstream, "engine_metrics: merge\nengine_metrics_interval: 1s\n").await;
+    let m = page_read(&sidecar).await;
+    assert_parses(&m);
+    assert!(!m.contains("bad_"), "no bad line is copied:\n{m}");
+    assert!(m.contains("vllm:num_requests_waiting{model_name=\"tiny\"} 2.0"), "{m}");
+    assert!(
+        m.contains("vllm:trailing{a=\"1\"} 3.0"),
+        "written again without its comma:\n{m}"
+    );
+    assert_eq!(
+        sample(&m, "llmslo_engine_page_samples_dropped", &[("reason", "malformed")]),
+        MALFORMED_LINES.len() as f64
+    );
+    assert_eq!(sample(&m, "llmslo_engine_requests_waiting", &[]), 2.0);
+    // The protobuf exposition carries the same families.
+    let proto = sidecar.metrics.encode_protobuf();
+    assert!(!String::from_utf8_lossy(&proto).contains("bad_"));
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_cannot_write_series_under_llmslos_names() {
+    let page = "# TYPE llmslo_slo_bad_events counter\nllmslo_slo_bad_events_total{slo=\"availability\",model=\"m\",extra=\"x\"} 999\n\
+                gen_ai_server_time_to_first_token_seconds_bucket{le=\"1\",x=\"y\"} 5\n\
+                # TYPE process_cpu_seconds counter\nprocess_cpu_seconds_total 7\n\
+                # TYPE llmslo_requests_refused_bucket gauge\nllmslo_requests_refused_bucket 1\n\
+                # TYPE vllm:ok gauge\nvllm:ok 1\n"
+        .to_string();
+    let upstream = engine_with_page(page).await;
+    let sidecar = start_sidecar(upstream, "engine_metrics: merge\nengine_metrics_interval: 1s\n").await;
+    let m = page_read(&sidecar).await;
+    assert!(m.contains("vllm:ok 1.0"), "{m}");
+    assert!(
+        !m.contains("extra=\"x\"") && !m.contains("x=\"y\"") && !m.contains(" 999"),
+        "{m}"
+    );
+    assert!(!m.contains("llmslo_requests_refused_bucket"), "{m}");
+    assert_eq!(sample(&m, "llmslo_slo_bad_events_total", &[("extra", "x")]), 0.0);
+    assert_eq!(
+        sample(&m, "llmslo_engine_page_samples_dropped", &[("reason", "reserved_name")]),
+        3.0,
+        "{m}"
+    );
+    let own_process = m
+        .lines()
+        .filter(|l| l.starts_with("# TYPE process_cpu_seconds "))
+        .count();
+    assert!(own_process <= 1, "one process_cpu_seconds family at most:\n{m}");
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impossible_engine_figures_never_reach_llmslos_series() {
+    let page = "# TYPE vllm:num_preemptions counter\nvllm:num_preemptions_total -5\n\
+                # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{engine=\"0\"} 1e308\n\
+                vllm:num_requests_waiting{engine=\"1\"} 1e308\n\
+                # TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 3\n"
+        .to_string();
+    let upstream = engine_with_page(page).await;
+    let sidecar = start_sidecar(upstream, "engine_metrics: merge\nengine_metrics_interval: 1s\n").await;
+    let m = page_read(&sidecar).await;
+    assert_parses(&m);
+    assert!(!m.contains("-5"), "no negative counter:\n{m}");
+    assert!(!m.contains("llmslo_engine_preemptions_total"), "{m}");
+    assert!(
+        !m.contains("llmslo_engine_requests_waiting "),
+        "an overflowing sum is no figure:\n{m}"
+    );
+    assert_eq!(sample(&m, "llmslo_engine_requests_running", &[]), 3.0);
+    // Requests record no queue at arrival rather than +Inf.
+    let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(1, true, false)).await;
+    assert_eq!(status, 200);
+    let m = settled(&sidecar).await;
+    assert!(
+        sample(&m, "llmslo_engine_requests_waiting_at_arrival_count", &[]) == 0.0,
+        "no request recorded a queue:\n{m}"
+    );
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vllm_usage_chunk_with_a_nan_figure_keeps_its_counts_and_stays_hidden() {
+    let events = [
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\"}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"b\"}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"c\"},\"finish_reason\":\"stop\"}]}\n\n",
+        "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":3,\"total_tokens\":6},\
+         \"metrics\":{\"queue_time_ms\":NaN,\"time_to_first_token_ms\":\"fast\",\"mean_itl_ms\":1e999,\
+         \"generation_time_ms\":30}}\n\n",
+        "data: [DONE]\n\n",
+    ];
+    let pieces = events
+        .iter()
+        .map(|e| (std::time::Duration::from_millis(20), e.as_bytes().to_vec()))
+        .collect();
+    let (upstream, _) = scripted_upstream(Script::sse(pieces)).await;
+    let sidecar = start_sidecar(upstream, "").await;
+    let (status, body) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(3, true, false)).await;
+    assert_eq!(status, 200);
+    let body = String::from_utf8_lossy(&body);
+    assert!(
+        !body.contains("usage"),
+        "the usage chunk llmslo asked for is hidden:\n{body}"
+    );
+    let m = settled(&sidecar).await;
+    assert_eq!(
+        sample(&m, "llmslo_token_count_source_total", &[("source", "usage")]),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "gen_ai_server_time_per_output_token_seconds_count", &[]),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "llmslo_engine_request_metrics_unreadable_fields_total", &[]),
+        3.0,
+        "{m}"
+    );
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_final_counts_are_scraped_after_the_drain() {
+    use std::time::Duration;
+    let (upstream, _) = start_engine(timed_engine(10, 100)).await;
+    let sidecar = start_sidecar(upstream, "final_scrape_grace: 30s\n").await;
+    let metrics = sidecar.metrics_addr;
+    let scrape = move || async move {
+        let request = b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
+        raw_exchange(metrics, request, Duration::from_secs(2)).await
+    };
+    assert!(scrape().await.contains("HTTP/1.1 200"), "a scraper is watching");
+    // A 1 s stream is in flight when the drain starts.
+    let stream = tokio::spawn(post_collect(
+        sidecar.proxy_addr,
+        "/v1/chat/completions",
+        chat_body(10, true, false),
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopping = tokio::spawn(sidecar.shutdown());
+    let (status, _) = stream.await.unwrap();
+    assert_eq!(status, 200);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !stopping.is_finished(),
+        "the metrics port waits for a scrape after the drain"
+    );
+    let last = scrape().await;
+    assert_eq!(
+        sample(&last, "llmslo_requests_total", &[("outcome", "success")]),
+        1.0,
+        "{last}"
+    );
+    // The scrape was the one it waited for: the rest stops at once.
+    tokio::time::timeout(Duration::from_secs(5), stopping)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+/// A histogram page of `series` series with long label values: near the sample cap and the
+/// byte bound at once, the most a merged page can make the sidecar keep.
+fn worst_allowed_page(series: usize) -> String {
+    let mut page =
+        String::from("# HELP vllm:worst A page as large as the bounds allow.\n# TYPE vllm:worst histogram\n");
+    let pad = "p".repeat(150);
+    for i in 0..series {
+        for le in ["0.01", "0.02", "0.05", "0.1", "0.2", "0.5", "1", "2", "5", "+Inf"] {
+            page.push_str(&format!("vllm:worst_bucket{{s=\"{pad}-{i}\",le=\"{le}\"}} {i}\n"));
+        }
+        page.push_str(&format!(
+            "vllm:worst_sum{{s=\"{pad}-{i}\"}} 1.5\nvllm:worst_count{{s=\"{pad}-{i}\"}} {i}\n"
+        ));
+    }
+    page
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_engine_page_the_bounds_allow_stays_within_memory_and_cpu() {
+    use std::time::Duration;
+    let page = worst_allowed_page(1_600);
+    assert!(page.len() > 3 << 20 && page.len() < 4 << 20, "{} bytes", page.len());
+    let upstream = engine_with_page(page).await;
+    let sidecar = process::SidecarProcess::start(
+        upstream,
+        "engine_metrics: merge\nengine_metrics_interval: 1s\nengine_metrics_max_samples: 20000\n",
+        None,
+    );
+    let mut first = 0;
+    while sample(&sidecar.scrape().await, "llmslo_engine_scrape_up", &[]) != 1.0 {
+        first += 1;
+        assert!(first < 100, "the page was never read");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let cpu_before = sidecar.cpu_seconds();
+    let started = std::time::Instant::now();
+    let mut scrapes = 0;
+    while started.elapsed() < Duration::from_secs(6) {
+        let m = sidecar.scrape().await;
+        assert_eq!(sample(&m, "llmslo_engine_scrape_up", &[]), 1.0, "the page is read");
+        let (status, _) = sidecar.get_protobuf().await;
+        assert_eq!(status, 200);
+        scrapes += 1;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let cpu = sidecar.cpu_seconds() - cpu_before;
+    let reads = started.elapsed().as_secs_f64();
+    // Six reads of the page and a text and a protobuf scrape every half second: each well
+    // under a second of CPU (a debug build; the release build is several times faster).
+    assert!(
+        cpu / (reads + 2.0 * scrapes as f64) < 0.5,
+        "{cpu:.2} s of CPU for {reads:.0} reads and {scrapes} scrapes"
+    );
+    assert!(
+        sidecar.peak_rss_bytes() < MEMORY_LIMIT,
+        "peak RSS {} MiB",
+        sidecar.peak_rss_bytes() >> 20
+    );
+    eprintln!(
+        "worst page: {cpu:.2} s of CPU for {reads:.0} reads and {scrapes} text and protobuf scrapes; peak RSS {} MiB",
+        sidecar.peak_rss_bytes() >> 20
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_of_a_million_short_lines_is_refused_cheaply() {
+    use std::time::Duration;
+    // 4 MiB of the shortest lines: about a million samples, each its own family.
+    let mut page = String::with_capacity(4 << 20);
+    let mut i = 0u32;
+    while page.len() < (4 << 20) - 16 {
+        page.push_str(&format!("a{i:x} 1\n"));
+        i += 1;
+    }
+    let upstream = engine_with_page(page).await;
+    let sidecar =
+        process::SidecarProcess::start(upstream, "engine_metrics: merge\nengine_metrics_interval: 1s\n", None);
+    let cpu_before = sidecar.cpu_seconds();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let m = sidecar.scrape().await;
+    assert_eq!(sample(&m, "llmslo_engine_scrape_up", &[]), 0.0, "refused whole");
+    let cpu = sidecar.cpu_seconds() - cpu_before;
+    assert!(cpu < 2.0, "{cpu:.2} s of CPU for about four reads");
+    assert!(
+        sidecar.peak_rss_bytes() < 64 << 20,
+        "peak RSS {} MiB",
+        sidecar.peak_rss_bytes() >> 20
+    );
+    eprintln!(
+        "a million short lines: {cpu:.2} s of CPU for four reads, peak RSS {} MiB",
+        sidecar.peak_rss_bytes() >> 20
+    );
 }

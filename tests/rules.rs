@@ -51,7 +51,7 @@ fn operator_format_and_check_config() {
         assert!(effective.contains(line), "missing `{line}` in\n{effective}");
     }
     assert!(
-        stderr.contains("worst-case memory with these limits: 112 MiB"),
+        stderr.contains("worst-case memory with these limits: 121 MiB"),
         "{stderr}"
     );
 }

@@ -13,18 +13,35 @@ pub const PER_CONNECTION_BYTES: u64 = 28 << 10;
 /// observer's state, its HTTP/2 stream (measured 16 KiB for an HTTP/1.1 stream, 22.6 KiB for
 /// an h2c stream).
 pub const PER_IN_FLIGHT_REQUEST_BYTES: u64 = 24 << 10;
+/// What each sample kept from the engine's page costs beyond its text (its record, its place
+/// in the family and the series index while it is read).
+pub const PER_ENGINE_SAMPLE_BYTES: u64 = 64;
 /// Where cgroup v2 states the container's memory limit.
 const CGROUP_MEMORY_MAX: &str = "/sys/fs/cgroup/memory.max";
 
 impl Config {
     /// The most memory the proxy can hold with every limit reached at once: connections,
-    /// requests in flight, and the peek's buffer budget, above the base (a tokenizer adds its
-    /// own size; a compressed response its decoder window while it lasts).
+    /// requests in flight, the peek's buffer budget and the engine's page, above the base (a
+    /// tokenizer adds its own size; a compressed response its decoder window while it lasts).
     pub fn worst_case_memory_bytes(&self) -> u64 {
         BASE_BYTES
             + self.max_connections as u64 * PER_CONNECTION_BYTES
             + self.max_in_flight_requests as u64 * PER_IN_FLIGHT_REQUEST_BYTES
             + self.max_buffered_request_bytes as u64
+            + self.engine_page_bytes()
+    }
+
+    /// The engine's page: its bytes while read, the text kept of it and each sample's record;
+    /// with `merge`, the page kept between reads is written once more by each scrape.
+    fn engine_page_bytes(&self) -> u64 {
+        use crate::engine::EngineMetricsMode;
+        let page = crate::config::defaults::ENGINE_METRICS_MAX_BYTES as u64;
+        let parsed = page + self.engine_metrics_max_samples as u64 * PER_ENGINE_SAMPLE_BYTES;
+        match self.engine_metrics {
+            EngineMetricsMode::Off => 0,
+            EngineMetricsMode::Map => page + parsed,
+            EngineMetricsMode::Merge => 2 * page + parsed,
+        }
     }
 }
 
@@ -53,7 +70,10 @@ mod tests {
             worst >> 20,
             limit >> 20
         );
-        assert_eq!(worst >> 20, 112, "the arithmetic in docs/configuration.md");
+        assert_eq!(worst >> 20, 121, "the arithmetic in docs/configuration.md");
+        let merge = Config::from_yaml("upstream: http://127.0.0.1:8000\nengine_metrics: merge\n").unwrap();
+        assert_eq!(merge.worst_case_memory_bytes() >> 20, 125, "with merge");
+        assert!(merge.worst_case_memory_bytes() < limit);
         assert_eq!(crate::k8s::inject::DEFAULT_MEMORY_LIMIT, format!("{}Mi", limit >> 20));
     }
 

@@ -195,8 +195,15 @@ struct FileConfig {
     request_body_timeout: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     request_body_total_timeout: Option<Duration>,
+    request_body_min_rate: Option<u64>,
     #[serde(default, with = "humantime_serde")]
     send_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    connection_idle_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    http2_keep_alive_interval: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    http2_keep_alive_timeout: Option<Duration>,
     max_connections: Option<usize>,
     max_streams_per_connection: Option<u32>,
     max_in_flight_requests: Option<usize>,
@@ -207,6 +214,8 @@ struct FileConfig {
     stream_idle_timeout: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     drain_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    final_scrape_grace: Option<Duration>,
     health_path: Option<String>,
     #[serde(default, with = "humantime_serde")]
     health_interval: Option<Duration>,
@@ -214,6 +223,7 @@ struct FileConfig {
     engine_metrics_path: Option<String>,
     #[serde(default, with = "humantime_serde")]
     engine_metrics_interval: Option<Duration>,
+    engine_metrics_max_samples: Option<usize>,
     tokenizer: Option<PathBuf>,
     buckets: Option<BucketOverrides>,
     service: Option<String>,
@@ -294,9 +304,19 @@ pub struct Config {
     pub request_body_timeout: Duration,
     /// Longest a whole request body may take to arrive, counted from its head (408 beyond it).
     pub request_body_total_timeout: Duration,
-    /// Longest a write to a client may wait for the client to read (the connection is
-    /// closed beyond it, and the engine's request with it).
+    /// Slowest a request body may arrive, in bytes per second averaged from its head, once its
+    /// first `request_body_timeout` has passed (408 below it); 0 turns the floor off.
+    pub request_body_min_rate: u64,
+    /// Longest a write to a client may wait for the client to read, and longest a response
+    /// frame may wait for the client to take it (an HTTP/2 window kept shut): the connection
+    /// is closed, or the stream reset, beyond it, and the engine's request with it.
     pub send_timeout: Duration,
+    /// A client connection with no request open for this long is closed (both protocols).
+    pub connection_idle_timeout: Duration,
+    /// Silence from an HTTP/2 client after which it is sent a PING.
+    pub http2_keep_alive_interval: Duration,
+    /// How long that PING's answer may take before the connection is closed.
+    pub http2_keep_alive_timeout: Duration,
     /// Client connections open at once on the proxy port (503 and close beyond it).
     pub max_connections: usize,
     /// Concurrent streams one HTTP/2 connection may open (advertised in its SETTINGS).
@@ -312,6 +332,9 @@ pub struct Config {
     pub stream_idle_timeout: Option<Duration>,
     /// How long in-flight streams may finish after SIGTERM.
     pub drain_timeout: Duration,
+    /// How long `/metrics` stays up after the drain, for a scrape to read the final counts (it
+    /// stops at the first scrape after the drain ends).
+    pub final_scrape_grace: Duration,
     /// The engine's health path, probed for `/readyz`.
     pub health_path: String,
     /// How often the health path is probed.
@@ -322,6 +345,8 @@ pub struct Config {
     pub engine_metrics_path: String,
     /// How often the engine's metrics are read.
     pub engine_metrics_interval: Duration,
+    /// Most samples (and families) read from one engine page; a longer page is refused whole.
+    pub engine_metrics_max_samples: usize,
     /// The model's `tokenizer.json` (or its directory), to count tokens of streams that state none.
     pub tokenizer: Option<PathBuf>,
     /// Per-family histogram bucket overrides.
@@ -369,8 +394,16 @@ pub mod defaults {
     pub const REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(30);
     /// `request_body_total_timeout`: a 64 MiB body at 2 Mbit/s still arrives.
     pub const REQUEST_BODY_TOTAL_TIMEOUT: Duration = Duration::from_secs(300);
+    /// `request_body_min_rate`, bytes per second: a trickle far below any real uplink.
+    pub const REQUEST_BODY_MIN_RATE: u64 = 1024;
     /// `send_timeout`.
     pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
+    /// `connection_idle_timeout`: as an HTTP/1.1 keep-alive connection waits for its next head.
+    pub const CONNECTION_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+    /// `http2_keep_alive_interval`.
+    pub const HTTP2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
+    /// `http2_keep_alive_timeout`.
+    pub const HTTP2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
     /// `max_connections`.
     pub const MAX_CONNECTIONS: usize = 2048;
     /// `max_streams_per_connection`.
@@ -385,6 +418,11 @@ pub mod defaults {
     pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
     /// `drain_timeout`.
     pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+    /// `final_scrape_grace`: the chart's and the manifests' scrape interval.
+    pub const FINAL_SCRAPE_GRACE: Duration = Duration::from_secs(15);
+    /// `engine_metrics_max_samples`: a vLLM page has about 1,000; each kept sample costs about
+    /// 150 bytes.
+    pub const ENGINE_METRICS_MAX_SAMPLES: usize = 20_000;
     /// `health_path`.
     pub const HEALTH_PATH: &str = "/health";
     /// `health_interval`.
@@ -512,7 +550,13 @@ impl Config {
             request_body_total_timeout: f
                 .request_body_total_timeout
                 .unwrap_or(defaults::REQUEST_BODY_TOTAL_TIMEOUT),
+            request_body_min_rate: f.request_body_min_rate.unwrap_or(defaults::REQUEST_BODY_MIN_RATE),
             send_timeout: f.send_timeout.unwrap_or(defaults::SEND_TIMEOUT),
+            connection_idle_timeout: f.connection_idle_timeout.unwrap_or(defaults::CONNECTION_IDLE_TIMEOUT),
+            http2_keep_alive_interval: f
+                .http2_keep_alive_interval
+                .unwrap_or(defaults::HTTP2_KEEP_ALIVE_INTERVAL),
+            http2_keep_alive_timeout: f.http2_keep_alive_timeout.unwrap_or(defaults::HTTP2_KEEP_ALIVE_TIMEOUT),
             max_connections: f.max_connections.unwrap_or(defaults::MAX_CONNECTIONS),
             max_streams_per_connection: f
                 .max_streams_per_connection
@@ -523,6 +567,7 @@ impl Config {
             stream_idle_timeout: Some(f.stream_idle_timeout.unwrap_or(defaults::STREAM_IDLE_TIMEOUT))
                 .filter(|d| !d.is_zero()),
             drain_timeout: f.drain_timeout.unwrap_or(defaults::DRAIN_TIMEOUT),
+            final_scrape_grace: f.final_scrape_grace.unwrap_or(defaults::FINAL_SCRAPE_GRACE),
             health_path: f.health_path.unwrap_or_else(|| defaults::HEALTH_PATH.to_string()),
             health_interval: f.health_interval.unwrap_or(defaults::HEALTH_INTERVAL),
             engine_metrics: f.engine_metrics.unwrap_or_default(),
@@ -530,6 +575,9 @@ impl Config {
                 .engine_metrics_path
                 .unwrap_or_else(|| defaults::ENGINE_METRICS_PATH.to_string()),
             engine_metrics_interval: f.engine_metrics_interval.unwrap_or(defaults::ENGINE_METRICS_INTERVAL),
+            engine_metrics_max_samples: f
+                .engine_metrics_max_samples
+                .unwrap_or(defaults::ENGINE_METRICS_MAX_SAMPLES),
             tokenizer: f.tokenizer,
             buckets: f.buckets.unwrap_or_default(),
             slos,
@@ -622,6 +670,9 @@ impl Config {
             ("request_body_timeout", self.request_body_timeout),
             ("request_body_total_timeout", self.request_body_total_timeout),
             ("send_timeout", self.send_timeout),
+            ("connection_idle_timeout", self.connection_idle_timeout),
+            ("http2_keep_alive_interval", self.http2_keep_alive_interval),
+            ("http2_keep_alive_timeout", self.http2_keep_alive_timeout),
             ("drain_timeout", self.drain_timeout),
             ("health_interval", self.health_interval),
         ] {
@@ -670,6 +721,18 @@ impl Config {
             return Err(ConfigError::invalid(
                 "engine_metrics_interval",
                 "must be between 1s and 1h (each read costs the engine a page)",
+            ));
+        }
+        if !(100..=1_000_000).contains(&self.engine_metrics_max_samples) {
+            return Err(ConfigError::invalid(
+                "engine_metrics_max_samples",
+                "must be between 100 and 1000000 (each kept sample costs memory)",
+            ));
+        }
+        if self.final_scrape_grace > Duration::from_secs(600) {
+            return Err(ConfigError::invalid(
+                "final_scrape_grace",
+                "must be at most 10m (it delays the pod's exit)",
             ));
         }
         self.buckets
@@ -739,7 +802,11 @@ impl Config {
             "max_buffered_request_bytes": self.max_buffered_request_bytes,
             "request_body_timeout": human(self.request_body_timeout),
             "request_body_total_timeout": human(self.request_body_total_timeout),
+            "request_body_min_rate": self.request_body_min_rate,
             "send_timeout": human(self.send_timeout),
+            "connection_idle_timeout": human(self.connection_idle_timeout),
+            "http2_keep_alive_interval": human(self.http2_keep_alive_interval),
+            "http2_keep_alive_timeout": human(self.http2_keep_alive_timeout),
             "max_connections": self.max_connections,
             "max_streams_per_connection": self.max_streams_per_connection,
             "max_in_flight_requests": self.max_in_flight_requests,
@@ -747,11 +814,13 @@ impl Config {
             "upstream_timeout": human(self.upstream_timeout),
             "stream_idle_timeout": human(self.stream_idle_timeout.unwrap_or_default()),
             "drain_timeout": human(self.drain_timeout),
+            "final_scrape_grace": human(self.final_scrape_grace),
             "health_path": self.health_path,
             "health_interval": human(self.health_interval),
             "engine_metrics": self.engine_metrics.as_str(),
             "engine_metrics_path": self.engine_metrics_path,
             "engine_metrics_interval": human(self.engine_metrics_interval),
+            "engine_metrics_max_samples": self.engine_metrics_max_samples,
             "tokenizer": self.tokenizer.as_ref().map(|p| p.display().to_string()),
             "service": self.slos.service,
             "period": human(self.slos.period),

@@ -1,164 +1,471 @@
-//! The engine's `/metrics` as Prometheus's text format (0.0.4) writes it, read into families:
-//! enough to find the few series llmslo maps, and to write the whole page again as
-//! OpenMetrics beside llmslo's own families.
+//! The engine's `/metrics` as Prometheus's text format (0.0.4) writes it, read strictly into
+//! families: enough to find the few series llmslo maps, and to write the page again beside
+//! llmslo's own families. The page is untrusted input: every line is checked against the
+//! format's grammar and a line that fails is dropped and counted, never copied; label sets are
+//! written again from what was parsed; impossible values (a negative counter) leave their
+//! family out; names llmslo owns are never taken; and the work and memory are linear in the
+//! page, with a cap on what is kept.
 //!
-//! Written here rather than taken from a crate: the crates that parse the format give values
-//! without the lines they came from, and the merge needs each sample's text unchanged.
+//! Written here rather than taken from a crate: the crates that parse the format accept what
+//! Prometheus itself would reject, and keep no count of what they dropped.
 
-use std::collections::HashSet;
+use std::collections::hash_map::{Entry, RandomState};
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write;
+use std::hash::BuildHasher;
+
+/// The type `# TYPE` gives a family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `counter`.
+    Counter,
+    /// `gauge`.
+    Gauge,
+    /// `histogram`.
+    Histogram,
+    /// `summary`.
+    Summary,
+    /// `untyped`, or no `# TYPE` at all.
+    Untyped,
+}
+
+impl Kind {
+    fn parse(word: &str) -> Option<Kind> {
+        Some(match word {
+            "counter" => Kind::Counter,
+            "gauge" => Kind::Gauge,
+            "histogram" => Kind::Histogram,
+            "summary" => Kind::Summary,
+            "untyped" => Kind::Untyped,
+            _ => return None,
+        })
+    }
+
+    /// The suffixes its samples' names may add to the family's name.
+    fn suffixes(self) -> &'static [&'static str] {
+        match self {
+            Kind::Counter => &["", "_total", "_created"],
+            Kind::Histogram => &["_bucket", "_sum", "_count", "_created"],
+            Kind::Summary => &["", "_sum", "_count", "_created"],
+            Kind::Gauge | Kind::Untyped => &[""],
+        }
+    }
+}
+
+/// Every suffix a sample name can have beyond its family's name.
+const SUFFIXES: [&str; 5] = ["_bucket", "_sum", "_count", "_total", "_created"];
+
+/// Name prefixes that are llmslo's alone: an engine family under them is never taken.
+pub const RESERVED_PREFIXES: [&str; 2] = ["llmslo_", "gen_ai_"];
 
 /// One metric family: its samples, in the order the engine wrote them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Family {
     /// The family's name as `# TYPE` gave it (or the sample name of an untyped sample).
     pub name: String,
-    /// `counter`, `gauge`, `histogram`, `summary` or `untyped`.
-    pub kind: String,
-    /// `# HELP`'s text, as written (0.0.4 escaping).
+    /// Its type.
+    pub kind: Kind,
+    /// `# HELP`'s text, unescaped.
     pub help: Option<String>,
     /// Its samples.
     pub samples: Vec<Sample>,
 }
 
+impl Family {
+    /// The full name of one of its samples.
+    pub fn sample_name(&self, sample: &Sample) -> String {
+        format!("{}{}", self.name, sample.suffix)
+    }
+}
+
 /// One sample line.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sample {
-    /// The sample's metric name (`x_bucket`, `x_total`, …).
-    pub name: String,
-    /// The text between the braces, as written (empty without labels).
-    pub labels: String,
+    /// What its name adds to its family's (`_bucket`, `_total`, … or nothing).
+    pub suffix: &'static str,
+    /// Its labels as `name="value",…`, values escaped as both text formats want them.
+    pub labels: Box<str>,
     /// Its value.
     pub value: f64,
 }
 
-/// A page that could not be read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParseError {
-    /// The 1-based line.
-    pub line: usize,
-    /// What is wrong with it.
-    pub reason: &'static str,
+/// What a page's read left out, line by line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Dropped {
+    /// Lines that break the format's grammar (or repeat a series).
+    pub malformed: u64,
+    /// Samples of families left out for an impossible value (a negative or non-finite counter).
+    pub invalid_value: u64,
+    /// Samples of families named under llmslo's own prefixes.
+    pub reserved_name: u64,
 }
 
-impl std::fmt::Display for ParseError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "line {}: {}", self.line, self.reason)
+/// A page read: its families, and what was dropped.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Page {
+    /// The families, in the order they first appeared.
+    pub families: Vec<Family>,
+    /// What was left out.
+    pub dropped: Dropped,
+}
+
+/// A page that could not be read at all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PageError {
+    /// More samples or families than the cap allows: the page is refused whole.
+    #[error("the page has more than {0} samples or families (engine_metrics_max_samples)")]
+    TooLarge(usize),
+    /// Not one line is the text format, and some are not: another page at that path.
+    #[error("not the Prometheus text format: none of its {0} lines is")]
+    NotText(u64),
+}
+
+impl Page {
+    /// The family named `name`, if the page has one.
+    pub fn family(&self, name: &str) -> Option<&Family> {
+        self.families.iter().find(|f| f.name == name)
+    }
+
+    /// The values of every sample whose full name is `name`.
+    pub fn values<'a>(&'a self, name: &'a str) -> impl Iterator<Item = f64> + 'a {
+        self.families
+            .iter()
+            .filter(move |f| name.starts_with(f.name.as_str()))
+            .flat_map(move |f| {
+                let suffix = &name[f.name.len()..];
+                f.samples.iter().filter(move |s| s.suffix == suffix).map(|s| s.value)
+            })
     }
 }
 
-/// Reads a text-format page. Samples belong to the family `# TYPE` last named when their
-/// name is that family's (with a suffix its type allows); any other sample starts an untyped
-/// family of its own. A family met a second time is merged into the first.
-pub fn parse(text: &str) -> Result<Vec<Family>, ParseError> {
-    let mut families: Vec<Family> = Vec::new();
-    let mut help: Option<(String, String)> = None;
-    for (index, line) in text.lines().enumerate() {
-        let error = |reason| ParseError {
-            line: index + 1,
-            reason,
-        };
-        let line = line.trim_end_matches('\r');
+/// Reads a text-format page, keeping at most `max_samples` samples and as many families.
+/// Samples belong to the family `# TYPE` named when their name is that family's with a suffix
+/// its type allows; any other sample starts an untyped family of its own. A family met a
+/// second time is merged into the first.
+pub fn parse(text: &str, max_samples: usize) -> Result<Page, PageError> {
+    let mut reader = Reader::new(max_samples);
+    for line in text.lines() {
+        reader.line(line.trim_end_matches('\r'))?;
+    }
+    if reader.samples == 0 && reader.families.is_empty() && reader.dropped.malformed > 0 {
+        return Err(PageError::NotText(reader.dropped.malformed));
+    }
+    Ok(reader.finish())
+}
+
+/// The state of one page's read.
+struct Reader {
+    max: usize,
+    families: Vec<Family>,
+    /// Family index by name.
+    index: HashMap<String, usize>,
+    /// `# HELP` waiting for its `# TYPE`.
+    help: Option<(String, String)>,
+    /// Hashes of the series kept so far (keyed, so a page cannot aim at collisions).
+    seen: HashSet<u64>,
+    hasher: RandomState,
+    /// Families with an impossible value, left out at the end.
+    invalid: Vec<bool>,
+    samples: usize,
+    dropped: Dropped,
+}
+
+impl Reader {
+    fn new(max: usize) -> Self {
+        Self {
+            max,
+            families: Vec::new(),
+            index: HashMap::new(),
+            help: None,
+            seen: HashSet::new(),
+            hasher: RandomState::new(),
+            invalid: Vec::new(),
+            samples: 0,
+            dropped: Dropped::default(),
+        }
+    }
+
+    fn line(&mut self, line: &str) -> Result<(), PageError> {
         if line.trim().is_empty() {
-            continue;
+            return Ok(());
         }
         if let Some(comment) = line.strip_prefix('#') {
-            let mut words = comment.trim_start().splitn(3, ' ');
-            match (words.next(), words.next(), words.next()) {
-                (Some("HELP"), Some(name), text) => help = Some((name.to_string(), text.unwrap_or("").to_string())),
-                (Some("TYPE"), Some(name), Some(kind)) => {
-                    let kind = kind.trim();
-                    if !matches!(kind, "counter" | "gauge" | "histogram" | "summary" | "untyped") {
-                        return Err(error("an unknown # TYPE"));
-                    }
-                    let help = help.take().filter(|(of, _)| of == name).map(|(_, text)| text);
-                    match families.iter_mut().find(|f| f.name == name) {
-                        Some(family) if family.kind == kind => {}
-                        Some(_) => return Err(error("a family typed twice, differently")),
-                        None => families.push(Family {
-                            name: name.to_string(),
-                            kind: kind.to_string(),
-                            help,
-                            samples: Vec::new(),
-                        }),
-                    }
-                }
-                _ => {}
-            }
-            continue;
+            return self.comment(comment);
         }
-        let sample = sample(line).ok_or_else(|| error("not a sample: `name{labels} value`"))?;
-        let owner = families
-            .iter()
-            .rposition(|f| belongs(&sample.name, f))
-            .unwrap_or_else(|| {
-                families.push(Family {
-                    name: sample.name.clone(),
-                    kind: "untyped".to_string(),
-                    help: None,
-                    samples: Vec::new(),
-                });
-                families.len() - 1
-            });
-        families[owner].samples.push(sample);
+        match sample(line) {
+            Some((name, labels, value)) => self.sample(name, labels, value),
+            None => {
+                self.dropped.malformed += 1;
+                Ok(())
+            }
+        }
     }
-    Ok(families)
+
+    fn comment(&mut self, comment: &str) -> Result<(), PageError> {
+        let mut words = comment.trim_start().splitn(3, [' ', '\t']);
+        match (words.next(), words.next(), words.next()) {
+            (Some("HELP"), Some(name), text) if is_metric_name(name) => match unescape_help(text.unwrap_or("")) {
+                Some(text) => self.help = Some((name.to_string(), text)),
+                None => self.dropped.malformed += 1,
+            },
+            (Some("TYPE"), Some(name), Some(kind)) if is_metric_name(name) => match Kind::parse(kind.trim()) {
+                Some(kind) => return self.typed(name, kind),
+                None => self.dropped.malformed += 1,
+            },
+            (Some("HELP" | "TYPE"), _, _) => self.dropped.malformed += 1,
+            _ => {} // any other comment
+        }
+        Ok(())
+    }
+
+    fn typed(&mut self, name: &str, kind: Kind) -> Result<(), PageError> {
+        let help = self.help.take().filter(|(of, _)| of == name).map(|(_, text)| text);
+        match self.index.get(name) {
+            Some(&at) if self.families[at].kind == kind => {}
+            Some(_) => self.dropped.malformed += 1, // typed twice, differently
+            None => {
+                self.add_family(name, kind, help)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn add_family(&mut self, name: &str, kind: Kind, help: Option<String>) -> Result<usize, PageError> {
+        if self.families.len() >= self.max {
+            return Err(PageError::TooLarge(self.max));
+        }
+        self.families.push(Family {
+            name: name.to_string(),
+            kind,
+            help,
+            samples: Vec::new(),
+        });
+        self.invalid.push(false);
+        let at = self.families.len() - 1;
+        self.index.insert(name.to_string(), at);
+        Ok(at)
+    }
+
+    /// The family a sample named `name` belongs to, and its suffix; `None` when its name is
+    /// one a typed family owns but not with this suffix.
+    fn owner(&mut self, name: &str) -> Result<Option<(usize, &'static str)>, PageError> {
+        for suffix in std::iter::once("").chain(SUFFIXES) {
+            let Some(base) = name.strip_suffix(suffix) else {
+                continue;
+            };
+            if let Some(&at) = self.index.get(base) {
+                if let Some(suffix) = self.families[at].kind.suffixes().iter().find(|s| **s == suffix) {
+                    return Ok(Some((at, suffix)));
+                }
+                if suffix.is_empty() {
+                    return Ok(None);
+                }
+            }
+        }
+        Ok(Some((self.add_family(name, Kind::Untyped, None)?, "")))
+    }
+
+    fn sample(&mut self, name: &str, labels: Labels, value: f64) -> Result<(), PageError> {
+        let Some((at, suffix)) = self.owner(name)? else {
+            self.dropped.malformed += 1;
+            return Ok(());
+        };
+        let kind = self.families[at].kind;
+        let bound = match (kind, suffix) {
+            (Kind::Histogram, "_bucket") => Some("le"),
+            (Kind::Summary, "") => Some("quantile"),
+            _ => None,
+        };
+        if bound.is_some_and(|key| labels.bound(key).is_none()) {
+            self.dropped.malformed += 1;
+            return Ok(());
+        }
+        let series = self.hasher.hash_one((at, suffix, &labels.text));
+        if !self.seen.insert(series) {
+            self.dropped.malformed += 1; // the same series twice
+            return Ok(());
+        }
+        if !possible(kind, suffix, value) {
+            self.invalid[at] = true;
+        }
+        if self.samples >= self.max {
+            return Err(PageError::TooLarge(self.max));
+        }
+        self.samples += 1;
+        self.families[at].samples.push(Sample {
+            suffix,
+            labels: labels.text.into_boxed_str(),
+            value,
+        });
+        Ok(())
+    }
+
+    fn finish(self) -> Page {
+        let mut dropped = self.dropped;
+        let families = self
+            .families
+            .into_iter()
+            .zip(self.invalid)
+            .filter_map(|(family, invalid)| {
+                let count = family.samples.len() as u64;
+                if invalid {
+                    dropped.invalid_value += count;
+                    None
+                } else if RESERVED_PREFIXES.iter().any(|p| family.name.starts_with(p)) {
+                    dropped.reserved_name += count;
+                    None
+                } else {
+                    Some(family)
+                }
+            })
+            .collect();
+        Page { families, dropped }
+    }
 }
 
-/// Whether a sample named `name` is one of `family`'s.
-fn belongs(name: &str, family: &Family) -> bool {
-    let Some(suffix) = name.strip_prefix(family.name.as_str()) else {
-        return false;
-    };
-    match family.kind.as_str() {
-        "histogram" => matches!(suffix, "_bucket" | "_sum" | "_count"),
-        "summary" => matches!(suffix, "" | "_sum" | "_count"),
-        _ => suffix.is_empty(),
+/// Whether `value` can be a sample of this kind and suffix: counts are never negative, NaN or
+/// infinite.
+fn possible(kind: Kind, suffix: &str, value: f64) -> bool {
+    let count = value.is_finite() && value >= 0.0;
+    match (kind, suffix) {
+        (Kind::Counter, _) | (_, "_bucket" | "_count" | "_created") => count,
+        _ => true,
     }
 }
 
-/// `name{labels} value [timestamp]`; `None` when the line is not one.
-fn sample(line: &str) -> Option<Sample> {
-    let name_end = line.find(|c: char| c == '{' || c.is_ascii_whitespace())?;
+fn is_metric_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b'a'..=b'z' | b'A'..=b'Z' | b'_' | b':'))
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b':')
+}
+
+fn is_label_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    matches!(bytes.next(), Some(b'a'..=b'z' | b'A'..=b'Z' | b'_'))
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// A sample's label set, checked and written again.
+struct Labels {
+    /// `name="value",…` with each value's escapes as written (only `\\`, `\"` and `\n`).
+    text: String,
+}
+
+impl Labels {
+    /// A bucket's `le` or a summary's `quantile`, when present and a number.
+    fn bound(&self, key: &str) -> Option<f64> {
+        label_pairs(&self.text)
+            .into_iter()
+            .find(|(name, _)| name == key)
+            .and_then(|(_, value)| parse_value(&value))
+    }
+}
+
+/// `name{labels} value [timestamp]`, checked against the grammar; `None` when it is not one.
+fn sample(line: &str) -> Option<(&str, Labels, f64)> {
+    let name_end = line.find(['{', ' ', '\t']).unwrap_or(line.len());
     let name = &line[..name_end];
-    if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+    if !is_metric_name(name) {
         return None;
     }
-    let rest = &line[name_end..];
+    let rest = line[name_end..].trim_start_matches([' ', '\t']);
     let (labels, rest) = match rest.strip_prefix('{') {
-        Some(inner) => {
-            let close = closing_brace(inner)?;
-            (&inner[..close], &inner[close + 1..])
+        Some(inner) => label_set(inner)?,
+        None => (Labels { text: String::new() }, rest),
+    };
+    let mut words = rest.split([' ', '\t']).filter(|w| !w.is_empty());
+    let value = parse_value(words.next()?)?;
+    if let Some(timestamp) = words.next() {
+        let digits = timestamp.strip_prefix('-').unwrap_or(timestamp);
+        if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
         }
-        None => ("", rest),
-    };
-    let value = rest.split_ascii_whitespace().next()?;
-    let value = match value {
-        "+Inf" | "Inf" => f64::INFINITY,
-        "-Inf" => f64::NEG_INFINITY,
-        "NaN" => f64::NAN,
-        v => v.parse().ok()?,
-    };
-    Some(Sample {
-        name: name.to_string(),
-        labels: labels.to_string(),
-        value,
-    })
+    }
+    if words.next().is_some() {
+        return None;
+    }
+    Some((name, labels, value))
 }
 
-/// Where the label set that `text` continues ends: the first `}` outside a quoted value.
-fn closing_brace(text: &str) -> Option<usize> {
-    let (mut quoted, mut escaped) = (false, false);
-    for (i, c) in text.char_indices() {
-        match c {
-            _ if escaped => escaped = false,
-            '\\' if quoted => escaped = true,
-            '"' => quoted = !quoted,
-            '}' if !quoted => return Some(i),
+/// The label set that `text` continues (after its `{`), and what follows its `}`.
+fn label_set(mut text: &str) -> Option<(Labels, &str)> {
+    let mut out = String::new();
+    let mut names: Vec<&str> = Vec::new();
+    loop {
+        text = text.trim_start_matches([' ', '\t']);
+        if let Some(rest) = text.strip_prefix('}') {
+            return Some((Labels { text: out }, rest));
+        }
+        let eq = text.find('=')?;
+        let name = text[..eq].trim_end_matches([' ', '\t']);
+        if !is_label_name(name) || names.contains(&name) {
+            return None;
+        }
+        names.push(name);
+        let value = text[eq + 1..].trim_start_matches([' ', '\t']).strip_prefix('"')?;
+        let end = quoted_end(value)?;
+        if !out.is_empty() {
+            out.push(',');
+        }
+        let _ = write!(out, "{name}=\"{}\"", &value[..end]);
+        text = value[end + 1..].trim_start_matches([' ', '\t']);
+        match text.as_bytes().first() {
+            Some(b',') => text = &text[1..],
+            Some(b'}') => {}
+            _ => return None,
+        }
+    }
+}
+
+/// Where the quoted value `text` continues ends (its closing quote), when its only escapes are
+/// `\\`, `\"` and `\n`.
+fn quoted_end(text: &str) -> Option<usize> {
+    let mut bytes = text.bytes().enumerate();
+    while let Some((i, b)) = bytes.next() {
+        match b {
+            b'"' => return Some(i),
+            b'\\' => match bytes.next() {
+                Some((_, b'\\' | b'"' | b'n')) => {}
+                _ => return None,
+            },
+            b'\n' => return None,
             _ => {}
         }
     }
     None
+}
+
+/// A sample value as the format writes it: a decimal number or `NaN`, `+Inf`, `-Inf`.
+fn parse_value(word: &str) -> Option<f64> {
+    match word {
+        "+Inf" | "Inf" => Some(f64::INFINITY),
+        "-Inf" => Some(f64::NEG_INFINITY),
+        "NaN" => Some(f64::NAN),
+        v if !v.is_empty()
+            && v.bytes()
+                .all(|b| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-')) =>
+        {
+            v.parse().ok()
+        }
+        _ => None,
+    }
+}
+
+/// `# HELP` text with the format's escapes (`\\` and `\n`) undone; `None` for any other.
+fn unescape_help(text: &str) -> Option<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => match chars.next()? {
+                '\\' => out.push('\\'),
+                'n' => out.push('\n'),
+                _ => return None,
+            },
+            c => out.push(c),
+        }
+    }
+    Some(out)
 }
 
 /// The (name, value) pairs of a sample's label text, values unescaped.
@@ -191,41 +498,91 @@ pub fn label_pairs(labels: &str) -> Vec<(String, String)> {
     out
 }
 
-/// Writes `families` as OpenMetrics families (without `# EOF`), leaving out every family
-/// whose OpenMetrics name is in `taken` (llmslo's own keep their names) and the
-/// `*_created` gauges the Python client writes beside its counters and histograms
-/// (OpenMetrics carries those inside the family).
-pub fn write_openmetrics(families: &[Family], taken: &HashSet<String>, out: &mut String) {
-    let typed = typed_names(families);
-    let mut written: HashSet<String> = HashSet::new();
-    for family in families {
-        if family.samples.is_empty() {
-            continue;
+/// Every series name llmslo's own exposition holds or may hold, from its family names: an
+/// engine family that would write any of them is left out of the merge.
+#[derive(Debug, Default)]
+pub struct OwnNames(HashSet<String>);
+
+impl OwnNames {
+    /// The names of families named `names`, with every suffix a sample of theirs may carry.
+    pub fn new<'a>(names: impl IntoIterator<Item = &'a str>) -> Self {
+        const OWN_SUFFIXES: [&str; 9] = [
+            "", "_total", "_bucket", "_sum", "_count", "_created", "_info", "_gsum", "_gcount",
+        ];
+        let mut taken = HashSet::new();
+        for name in names {
+            let base = name.strip_suffix("_total").unwrap_or(name);
+            for suffix in OWN_SUFFIXES {
+                taken.insert(format!("{name}{suffix}"));
+                taken.insert(format!("{base}{suffix}"));
+            }
         }
-        if family.kind == "gauge"
-            && family
-                .name
-                .strip_suffix("_created")
-                .is_some_and(|of| typed.contains(of))
-        {
+        Self(taken)
+    }
+
+    /// The family names an OpenMetrics exposition's `# TYPE` lines give.
+    pub fn of_openmetrics(text: &str) -> Self {
+        Self::new(
+            text.lines()
+                .filter_map(|line| line.strip_prefix("# TYPE "))
+                .filter_map(|rest| rest.split(' ').next()),
+        )
+    }
+
+    fn contains(&self, name: &str) -> bool {
+        self.0.contains(name) || RESERVED_PREFIXES.iter().any(|p| name.starts_with(p))
+    }
+}
+
+/// The families of `page` that the merge writes, with their OpenMetrics names and types: none
+/// without samples, none of the Python client's `*_created` gauges (OpenMetrics and protobuf
+/// carry that time in the family), none with a series name `own` holds or an earlier family
+/// wrote. Also returns how many samples were left out for a name taken.
+pub fn mergeable<'a>(page: &'a Page, own: &OwnNames) -> (Vec<(&'a Family, String, &'static str)>, u64) {
+    let typed = typed_names(&page.families);
+    let mut written: HashSet<String> = HashSet::new();
+    let mut out = Vec::new();
+    let mut collided = 0;
+    for family in &page.families {
+        if family.samples.is_empty() || is_created_gauge(family, &typed) {
             continue;
         }
         let (name, kind) = openmetrics_name(family);
-        if taken.contains(&name) || !written.insert(name.clone()) {
+        let mut names: Vec<String> = family.samples.iter().map(|s| family.sample_name(s)).collect();
+        names.sort_unstable();
+        names.dedup();
+        names.push(name.clone());
+        names.push(family.name.clone());
+        if names.iter().any(|n| own.contains(n) || written.contains(n)) {
+            collided += family.samples.len() as u64;
             continue;
         }
+        written.extend(names);
+        out.push((family, name, kind));
+    }
+    (out, collided)
+}
+
+/// Writes the mergeable families of `page` as OpenMetrics families (without `# EOF`); returns
+/// how many samples were left out for a name taken.
+pub fn write_openmetrics(page: &Page, own: &OwnNames, out: &mut String) -> u64 {
+    let (families, collided) = mergeable(page, own);
+    for (family, name, kind) in families {
         if let Some(help) = &family.help {
-            let _ = writeln!(out, "# HELP {name} {}", help.replace('"', "\\\""));
+            let escaped = help.replace('\\', "\\\\").replace('\n', "\\n").replace('"', "\\\"");
+            let _ = writeln!(out, "# HELP {name} {escaped}");
         }
         let _ = writeln!(out, "# TYPE {name} {kind}");
         for sample in &family.samples {
-            out.push_str(&sample.name);
+            out.push_str(&family.name);
+            out.push_str(sample.suffix);
             if !sample.labels.is_empty() {
                 let _ = write!(out, "{{{}}}", sample.labels);
             }
             let _ = writeln!(out, " {}", openmetrics_value(sample.value));
         }
     }
+    collided
 }
 
 /// The names a `*_created` gauge of the Python client may belong to: counters without
@@ -233,40 +590,35 @@ pub fn write_openmetrics(families: &[Family], taken: &HashSet<String>, out: &mut
 fn typed_names(families: &[Family]) -> HashSet<&str> {
     families
         .iter()
-        .filter_map(|f| match f.kind.as_str() {
-            "counter" => Some(f.name.strip_suffix("_total").unwrap_or(&f.name)),
-            "histogram" | "summary" => Some(f.name.as_str()),
+        .filter_map(|f| match f.kind {
+            Kind::Counter => Some(f.name.strip_suffix("_total").unwrap_or(&f.name)),
+            Kind::Histogram | Kind::Summary => Some(f.name.as_str()),
             _ => None,
         })
         .collect()
 }
 
-fn is_created_gauge_of(family: &Family, typed: &HashSet<&str>) -> bool {
-    family.kind == "gauge"
+fn is_created_gauge(family: &Family, typed: &HashSet<&str>) -> bool {
+    family.kind == Kind::Gauge
         && family
             .name
             .strip_suffix("_created")
             .is_some_and(|of| typed.contains(of))
 }
 
-/// Whether `family` is a `*_created` gauge the Python client writes beside a counter,
-/// histogram or summary of `page` (OpenMetrics and protobuf carry that time in the family).
-pub fn is_created_gauge(family: &Family, page: &[Family]) -> bool {
-    is_created_gauge_of(family, &typed_names(page))
-}
-
 /// A family's OpenMetrics name and type: a counter is named without `_total` (its samples
 /// keep it); a counter whose samples lack it, and anything untyped, is `unknown`.
 fn openmetrics_name(family: &Family) -> (String, &'static str) {
-    match family.kind.as_str() {
-        "counter" => match family.name.strip_suffix("_total") {
-            Some(base) if family.samples.iter().all(|s| s.name == family.name) => (base.to_string(), "counter"),
+    match family.kind {
+        Kind::Counter => match family.name.strip_suffix("_total") {
+            Some(base) if family.samples.iter().all(|s| s.suffix.is_empty()) => (base.to_string(), "counter"),
+            None if family.samples.iter().all(|s| s.suffix == "_total") => (family.name.clone(), "counter"),
             _ => (family.name.clone(), "unknown"),
         },
-        "gauge" => (family.name.clone(), "gauge"),
-        "histogram" => (family.name.clone(), "histogram"),
-        "summary" => (family.name.clone(), "summary"),
-        _ => (family.name.clone(), "unknown"),
+        Kind::Gauge => (family.name.clone(), "gauge"),
+        Kind::Histogram => (family.name.clone(), "histogram"),
+        Kind::Summary => (family.name.clone(), "summary"),
+        Kind::Untyped => (family.name.clone(), "unknown"),
     }
 }
 
@@ -282,61 +634,186 @@ fn openmetrics_value(value: f64) -> String {
     }
 }
 
+/// The label text of `labels` without the pair named `skip`: a histogram's or a summary's
+/// series key.
+pub fn without_label(labels: &str, skip: &str) -> String {
+    let mut out = String::with_capacity(labels.len());
+    for (name, value) in label_pairs(labels) {
+        if name == skip {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push(',');
+        }
+        let _ = write!(
+            out,
+            "{name}=\"{}\"",
+            value.replace('\\', "\\\\").replace('\n', "\\n").replace('"', "\\\"")
+        );
+    }
+    out
+}
+
+/// Keeps the first index of each distinct key, in order: how samples group into series.
+pub fn group_by<T, K: std::hash::Hash + Eq>(items: impl IntoIterator<Item = (K, T)>) -> Vec<Vec<T>> {
+    let mut at: HashMap<K, usize> = HashMap::new();
+    let mut groups: Vec<Vec<T>> = Vec::new();
+    for (key, item) in items {
+        match at.entry(key) {
+            Entry::Occupied(slot) => groups[*slot.get()].push(item),
+            Entry::Vacant(slot) => {
+                slot.insert(groups.len());
+                groups.push(vec![item]);
+            }
+        }
+    }
+    groups
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const VLLM: &str = include_str!("../../tests/fixtures/vllm-0.32-metrics.txt");
 
+    fn read(text: &str) -> Page {
+        parse(text, 20_000).unwrap()
+    }
+
     #[test]
     fn a_real_vllm_page_reads_into_its_families() {
-        let families = parse(VLLM).unwrap();
-        let find = |name: &str| families.iter().find(|f| f.name == name).unwrap();
-        let waiting = find("vllm:num_requests_waiting");
-        assert_eq!(waiting.kind, "gauge");
+        let page = read(VLLM);
+        assert_eq!(page.dropped, Dropped::default(), "nothing of a real page is dropped");
+        let waiting = page.family("vllm:num_requests_waiting").unwrap();
+        assert_eq!(waiting.kind, Kind::Gauge);
         assert_eq!(waiting.samples.len(), 1);
         assert!(label_pairs(&waiting.samples[0].labels).contains(&("model_name".into(), "tiny".into())));
-        let ttft = find("vllm:time_to_first_token_seconds");
-        assert_eq!(ttft.kind, "histogram");
-        assert!(ttft.samples.iter().any(|s| s.name.ends_with("_bucket")));
-        assert!(ttft.samples.iter().any(|s| s.name.ends_with("_count")));
+        let ttft = page.family("vllm:time_to_first_token_seconds").unwrap();
+        assert_eq!(ttft.kind, Kind::Histogram);
+        assert!(ttft.samples.iter().any(|s| s.suffix == "_bucket"));
+        assert!(ttft.samples.iter().any(|s| s.suffix == "_count"));
         assert!(
-            families.iter().all(|f| f.kind != "untyped"),
+            page.families.iter().all(|f| f.kind != Kind::Untyped),
             "every sample found its typed family"
         );
     }
 
     #[test]
     fn labels_with_braces_spaces_and_escapes_are_read_whole() {
-        let page = "# TYPE x gauge\nx{a=\"}{ \\\" \",b=\"2\"} 3 1700000000000\ny 1e3\n";
-        let families = parse(page).unwrap();
-        assert_eq!(families[0].samples[0].value, 3.0);
-        let pairs = label_pairs(&families[0].samples[0].labels);
+        let page = read("# TYPE x gauge\nx{a=\"}{ \\\" \", b=\"2\",} 3 1700000000000\ny 1e3\n");
+        assert_eq!(page.families[0].samples[0].value, 3.0);
+        assert_eq!(
+            &*page.families[0].samples[0].labels, "a=\"}{ \\\" \",b=\"2\"",
+            "written again"
+        );
+        let pairs = label_pairs(&page.families[0].samples[0].labels);
         assert_eq!(
             pairs,
             [("a".to_string(), "}{ \" ".to_string()), ("b".into(), "2".into())]
         );
-        assert_eq!((families[1].name.as_str(), families[1].kind.as_str()), ("y", "untyped"));
-        assert_eq!(families[1].samples[0].value, 1000.0);
+        assert_eq!(
+            (page.families[1].name.as_str(), page.families[1].kind),
+            ("y", Kind::Untyped)
+        );
+        assert_eq!(page.families[1].samples[0].value, 1000.0);
     }
 
     #[test]
-    fn garbage_is_refused_with_its_line() {
-        assert_eq!(parse("# TYPE x gauge\nx{a=\"1\" 2\n").unwrap_err().line, 2);
+    fn every_line_that_breaks_the_grammar_is_dropped_and_counted() {
+        let bad = [
+            "x{a=1} 2",             // unquoted value
+            "x{a=\"1\",a=\"2\"} 2", // a label twice
+            "x{1a=\"1\"} 2",        // a bad label name
+            "x{a-b=\"1\"} 2",
+            "1x 2",                  // a name starting with a digit
+            "x{a=\"1\" 2",           // no closing brace
+            "x{a=\"\\t\"} 2",        // an escape the format has not
+            "x one",                 // no number
+            "x 1 2 3",               // more after the timestamp
+            "x 1 soon",              // a timestamp that is no integer
+            "x{a=\"1\"}{b=\"2\"} 1", // two label sets
+            "x inf",                 // a Rust float, not the format's
+            "# TYPE x dial",
+            "# HELP x bad \\escape",
+            "<html>oops</html>",
+        ];
+        let text = format!("# TYPE x gauge\nx{{a=\"ok\"}} 1\n{}\n", bad.join("\n"));
+        let page = read(&text);
+        assert_eq!(page.dropped.malformed, bad.len() as u64);
+        assert_eq!(page.families.len(), 1);
+        assert_eq!(page.families[0].samples.len(), 1, "the good line stays");
+    }
+
+    #[test]
+    fn a_page_of_nothing_but_other_text_is_no_page() {
         assert_eq!(
-            parse("x one\n").unwrap_err().reason,
-            "not a sample: `name{labels} value`"
+            parse("<html>\n<body>oops</body>\n</html>\n", 100),
+            Err(PageError::NotText(3))
         );
-        assert_eq!(parse("# TYPE x dial\n").unwrap_err().line, 1);
-        assert!(parse("<html>oops</html>\n").is_err());
+        assert_eq!(parse("", 100), Ok(Page::default()), "an engine with no metrics yet");
+    }
+
+    #[test]
+    fn a_series_twice_keeps_the_first() {
+        let page = read("# TYPE x gauge\nx{a=\"1\"} 1\nx{a=\"1\"} 2\nx{a=\"2\"} 3\n");
+        assert_eq!(page.families[0].samples.len(), 2);
+        assert_eq!(page.dropped.malformed, 1);
+    }
+
+    #[test]
+    fn impossible_counts_leave_their_family_out() {
+        let page = read(
+            "# TYPE c counter\nc_total -5\n# TYPE h histogram\nh_bucket{le=\"1\"} -1\nh_bucket{le=\"+Inf\"} 2\n\
+             h_sum 3\nh_count 2\n# TYPE g gauge\ng -5\n# TYPE d counter\nd_total NaN\n",
+        );
+        let names: Vec<&str> = page.families.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(names, ["g"], "a gauge may be negative");
+        assert_eq!(page.dropped.invalid_value, 6);
+    }
+
+    #[test]
+    fn families_under_llmslos_names_are_never_read() {
+        let page = read(
+            "# TYPE llmslo_slo_bad_events counter\nllmslo_slo_bad_events_total{slo=\"a\",extra=\"x\"} 999\n\
+             gen_ai_server_time_to_first_token_seconds_bucket{le=\"1\",x=\"y\"} 5\n# TYPE ok gauge\nok 1\n",
+        );
+        assert_eq!(page.families.len(), 1);
+        assert_eq!(page.dropped.reserved_name, 2);
+    }
+
+    #[test]
+    fn a_page_over_the_cap_is_refused_whole() {
+        let lines: String = (0..101).map(|i| format!("a{i} 1\n")).collect();
+        assert_eq!(parse(&lines, 100), Err(PageError::TooLarge(100)));
+        let types: String = (0..101).map(|i| format!("# TYPE a{i} gauge\n")).collect();
+        assert_eq!(parse(&types, 100), Err(PageError::TooLarge(100)), "families count too");
+        let same: String = (0..101).map(|i| format!("a{{i=\"{i}\"}} 1\n")).collect();
+        assert!(parse(&same, 100).is_err(), "and samples of one family");
+    }
+
+    #[test]
+    fn own_names_cover_every_series_name_of_a_family() {
+        let own = OwnNames::new(["llama_requests", "x_total", "h"]);
+        for name in [
+            "llama_requests_total",
+            "x",
+            "x_total",
+            "x_created",
+            "h_bucket",
+            "h_count",
+            "h_sum",
+        ] {
+            assert!(own.contains(name), "{name}");
+        }
+        assert!(own.contains("llmslo_anything"), "a reserved prefix");
+        assert!(!own.contains("vllm:num_requests_waiting"));
     }
 
     #[test]
     fn openmetrics_names_counters_without_total_and_drops_created_gauges() {
-        let families = parse(VLLM).unwrap();
+        let page = read(VLLM);
         let mut out = String::new();
-        let taken: HashSet<String> = ["process_cpu_seconds".to_string()].into();
-        write_openmetrics(&families, &taken, &mut out);
+        write_openmetrics(&page, &OwnNames::new(["process_cpu_seconds"]), &mut out);
         assert!(out.contains("# TYPE vllm:num_preemptions counter\n"));
         assert!(out.contains("\nvllm:num_preemptions_total{engine=\"0\",model_name=\"tiny\"} 0.0\n"));
         assert!(!out.contains("vllm:num_preemptions_created"));
@@ -354,5 +831,16 @@ mod tests {
             .map(|l| l.split(' ').next().unwrap())
             .collect();
         assert_eq!(types, names.len(), "no family twice");
+    }
+
+    #[test]
+    fn a_family_whose_sample_names_collide_is_left_out() {
+        // A gauge named like llmslo's own histogram's bucket series, and like another family's.
+        let page = read("# TYPE h histogram\nh_bucket{le=\"+Inf\"} 1\nh_sum 1\nh_count 1\n# TYPE h_count gauge\nh_count 7\n# TYPE mine_bucket gauge\nmine_bucket 1\n");
+        let mut out = String::new();
+        let collided = write_openmetrics(&page, &OwnNames::new(["mine"]), &mut out);
+        assert_eq!(collided, 2);
+        assert!(!out.contains("h_count 7") && !out.contains("mine_bucket"), "{out}");
+        assert!(out.contains("h_count 1"));
     }
 }

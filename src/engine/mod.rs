@@ -7,7 +7,7 @@ pub mod protobuf;
 pub mod scrape;
 pub mod signals;
 
-use exposition::Family;
+use exposition::{OwnNames, Page};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -15,7 +15,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use serde::Deserialize;
 use signals::Signals;
-use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -82,7 +82,34 @@ struct ViewState {
     signals: Option<Signals>,
     prefix_cache_hit_ratio: Option<f64>,
     /// The last good page, kept for `merge`.
-    page: Option<Arc<Vec<Family>>>,
+    page: Option<Arc<Page>>,
+    /// What the last good page's read left out, and the samples it kept.
+    dropped: exposition::Dropped,
+    samples: usize,
+    /// llmslo's preemption counter: the engine's, carried on across the engine's restarts so
+    /// that it never goes down.
+    preemptions: Preemptions,
+}
+
+/// The engine's preemption count as a counter of llmslo's: it only grows.
+#[derive(Debug, Default, Clone, Copy)]
+struct Preemptions {
+    /// The engine's figure on the last page that stated one.
+    last: Option<f64>,
+    /// llmslo's counter.
+    total: f64,
+}
+
+impl Preemptions {
+    /// Takes the engine's figure on a new page: its growth is added; a lower figure is an
+    /// engine that restarted, counting from zero again.
+    fn read(&mut self, engine: f64) {
+        self.total += match self.last {
+            Some(last) if engine >= last => engine - last,
+            _ => engine,
+        };
+        self.last = Some(engine);
+    }
 }
 
 /// The engine's `/metrics` as last read, shared by the scraper, the exposition and requests.
@@ -90,6 +117,8 @@ struct ViewState {
 pub struct EngineView {
     mode: EngineMetricsMode,
     state: RwLock<ViewState>,
+    /// Samples of the last merge left out because their names are llmslo's.
+    collided: AtomicU64,
 }
 
 impl EngineView {
@@ -98,6 +127,7 @@ impl EngineView {
         Arc::new(Self {
             mode,
             state: RwLock::default(),
+            collided: AtomicU64::new(0),
         })
     }
 
@@ -107,23 +137,29 @@ impl EngineView {
     }
 
     /// Takes a page read in `took`.
-    pub fn update(&self, families: Vec<Family>, took: Duration) {
-        let signals = Signals::read(&families);
+    pub fn update(&self, page: Page, took: Duration) {
+        let signals = Signals::read(&page);
         let mut state = self.state.write().expect("engine view lock");
         state.prefix_cache_hit_ratio = signals.prefix_cache_hit_ratio_since(state.signals.as_ref());
+        if let Some(preemptions) = signals.preemptions {
+            state.preemptions.read(preemptions);
+        }
         state.signals = Some(signals);
-        state.page = (self.mode == EngineMetricsMode::Merge).then(|| Arc::new(families));
+        state.dropped = page.dropped;
+        state.samples = page.families.iter().map(|f| f.samples.len()).sum();
+        state.page = (self.mode == EngineMetricsMode::Merge).then(|| Arc::new(page));
         state.up = Some(true);
         state.duration = took.as_secs_f64();
     }
 
     /// Notes a scrape that failed after `took`: nothing the engine said before is exported
-    /// until a scrape succeeds again.
+    /// until a scrape succeeds again (llmslo's preemption counter keeps its count).
     pub fn failed(&self, took: Duration) {
         let mut state = self.state.write().expect("engine view lock");
         *state = ViewState {
             up: Some(false),
             duration: took.as_secs_f64(),
+            preemptions: state.preemptions,
             ..ViewState::default()
         };
     }
@@ -137,29 +173,32 @@ impl EngineView {
         })
     }
 
-    /// The last good page as OpenMetrics families, without those whose names `own` (llmslo's
-    /// exposition) already has; empty unless `merge` is on.
+    /// The last good page as OpenMetrics families, without any that would write a series
+    /// name `own` (llmslo's OpenMetrics exposition) holds; empty unless `merge` is on.
     pub fn merged_families(&self, own: &str) -> String {
         let page = self.state.read().expect("engine view lock").page.clone();
         let Some(page) = page else {
             return String::new();
         };
-        let taken: HashSet<String> = own
-            .lines()
-            .filter_map(|line| line.strip_prefix("# TYPE "))
-            .filter_map(|rest| rest.split(' ').next())
-            .map(str::to_string)
-            .collect();
         let mut out = String::new();
-        exposition::write_openmetrics(&page, &taken, &mut out);
+        let collided = exposition::write_openmetrics(&page, &OwnNames::of_openmetrics(own), &mut out);
+        self.collided.store(collided, Ordering::Relaxed);
         out
     }
 
-    /// The last good page as protobuf families, without those whose names are in `own`;
-    /// empty unless `merge` is on.
-    pub fn merged_protobuf(&self, own: &HashSet<String>) -> Vec<crate::metrics::native::proto::MetricFamily> {
+    /// The last good page as protobuf families, without any that would write a series name
+    /// of the families named `own`; empty unless `merge` is on.
+    pub fn merged_protobuf<'a>(
+        &self,
+        own: impl IntoIterator<Item = &'a str>,
+    ) -> Vec<crate::metrics::native::proto::MetricFamily> {
         let page = self.state.read().expect("engine view lock").page.clone();
-        page.map_or_else(Vec::new, |page| protobuf::families(&page, own))
+        let Some(page) = page else {
+            return Vec::new();
+        };
+        let (families, collided) = protobuf::families(&page, &OwnNames::new(own));
+        self.collided.store(collided, Ordering::Relaxed);
+        families
     }
 }
 
@@ -224,14 +263,41 @@ impl Collector for EngineCollector {
                 gauge(&mut encoder, name, help, value)?;
             }
         }
-        if let Some(preemptions) = signals.preemptions {
+        if signals.preemptions.is_some() {
             let family = encoder.encode_descriptor(
                 "llmslo_engine_preemptions",
-                "Requests the engine preempted (KV cache full) since it started, as its /metrics states it",
+                "Requests the engine preempted (KV cache full), as its /metrics states it; carried on \
+                 across the engine's restarts, so it never goes down",
                 None,
                 MetricType::Counter,
             )?;
-            ConstCounter::new(preemptions).encode(family)?;
+            ConstCounter::new(state.preemptions.total).encode(family)?;
+        }
+        gauge(
+            &mut encoder,
+            "llmslo_engine_page_samples",
+            "Samples kept from the engine's last /metrics page",
+            state.samples as f64,
+        )?;
+        let dropped = state.dropped;
+        let family = encoder.encode_descriptor(
+            "llmslo_engine_page_samples_dropped",
+            "Lines of the engine's last /metrics page left out, by why: malformed (not the text format's \
+             grammar, or a series twice), invalid_value (a family with an impossible count), reserved_name \
+             (named under llmslo_ or gen_ai_), collision (with merge: a series name llmslo's own exposition \
+             holds)",
+            None,
+            MetricType::Gauge,
+        )?;
+        let mut family = family;
+        for (reason, count) in [
+            ("collision", self.0.collided.load(Ordering::Relaxed)),
+            ("invalid_value", dropped.invalid_value),
+            ("malformed", dropped.malformed),
+            ("reserved_name", dropped.reserved_name),
+        ] {
+            let labels = [("reason", reason)];
+            ConstGauge::new(count as f64).encode(family.encode_family(&labels)?)?;
         }
         Ok(())
     }
@@ -241,12 +307,27 @@ impl Collector for EngineCollector {
 mod tests {
     use super::*;
 
-    fn page(waiting: u32, preemptions: u32) -> Vec<Family> {
-        exposition::parse(&format!(
-            "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting {waiting}\n\
-             # TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total {preemptions}\n"
-        ))
+    fn page(waiting: u32, preemptions: u32) -> Page {
+        exposition::parse(
+            &format!(
+                "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting {waiting}\n\
+                 # TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total {preemptions}\n"
+            ),
+            100,
+        )
         .unwrap()
+    }
+
+    #[test]
+    fn llmslos_preemption_counter_never_goes_down() {
+        let view = EngineView::new(EngineMetricsMode::Map);
+        let total = |view: &EngineView| view.state.read().unwrap().preemptions.total;
+        view.update(page(0, 5), Duration::ZERO);
+        assert_eq!(total(&view), 5.0);
+        view.update(page(0, 7), Duration::ZERO);
+        view.failed(Duration::ZERO);
+        view.update(page(0, 2), Duration::ZERO);
+        assert_eq!(total(&view), 9.0, "the engine restarted and preempted two more");
     }
 
     #[test]

@@ -2,28 +2,23 @@
 //! scraper asks for the protobuf exposition (native histograms): the same families the
 //! OpenMetrics merge writes, each sample's labels parsed into pairs.
 
-use super::exposition::{is_created_gauge, label_pairs, Family, Sample};
+use super::exposition::{group_by, label_pairs, mergeable, without_label, Family, Kind, OwnNames, Page, Sample};
 use crate::metrics::native::proto;
-use std::collections::HashSet;
 
-/// `page`'s families as protobuf messages, leaving out those whose names are in `taken`
-/// (llmslo's own) and the Python client's `*_created` gauges.
-pub fn families(page: &[Family], taken: &HashSet<String>) -> Vec<proto::MetricFamily> {
-    let mut written: HashSet<&str> = HashSet::new();
-    page.iter()
-        .filter(|f| !f.samples.is_empty() && !is_created_gauge(f, page))
-        .filter(|f| !taken.contains(&f.name) && written.insert(&f.name))
-        .map(family)
-        .collect()
+/// The mergeable families of `page` as protobuf messages (the same the OpenMetrics merge
+/// writes), and how many samples were left out for a name `own` holds.
+pub fn families(page: &Page, own: &OwnNames) -> (Vec<proto::MetricFamily>, u64) {
+    let (families, collided) = mergeable(page, own);
+    (families.into_iter().map(|(f, _, _)| family(f)).collect(), collided)
 }
 
 fn family(f: &Family) -> proto::MetricFamily {
-    let (kind, metric) = match f.kind.as_str() {
-        "counter" => (proto::MetricType::Counter, plain(f, counter)),
-        "gauge" => (proto::MetricType::Gauge, plain(f, gauge)),
-        "histogram" => (proto::MetricType::Histogram, histograms(f)),
-        "summary" => (proto::MetricType::Summary, summaries(f)),
-        _ => (proto::MetricType::Untyped, plain(f, untyped)),
+    let (kind, metric) = match f.kind {
+        Kind::Counter => (proto::MetricType::Counter, plain(f, counter)),
+        Kind::Gauge => (proto::MetricType::Gauge, plain(f, gauge)),
+        Kind::Histogram => (proto::MetricType::Histogram, histograms(f)),
+        Kind::Summary => (proto::MetricType::Summary, summaries(f)),
+        Kind::Untyped => (proto::MetricType::Untyped, plain(f, untyped)),
     };
     proto::MetricFamily {
         name: f.name.clone(),
@@ -58,47 +53,41 @@ fn untyped(value: f64) -> proto::Metric {
     }
 }
 
-/// One metric per sample.
+/// One metric per sample (a counter's `_created` samples are left to its family).
 fn plain(f: &Family, make: impl Fn(f64) -> proto::Metric) -> Vec<proto::Metric> {
     f.samples
         .iter()
+        .filter(|s| s.suffix != "_created")
         .map(|s| proto::Metric {
-            label: pairs(&s.labels, None),
+            label: pairs(&s.labels),
             ..make(s.value)
         })
         .collect()
 }
 
-/// The metric of `series` (labels without `le`/`quantile`), created on first sight.
-fn series(metrics: &mut Vec<proto::Metric>, labels: Vec<proto::LabelPair>) -> &mut proto::Metric {
-    let at = match metrics.iter().position(|m| m.label == labels) {
-        Some(at) => at,
-        None => {
-            metrics.push(proto::Metric {
-                label: labels,
+/// One metric per series: the samples whose labels but `per_series` agree (grouped by a hash
+/// of the rest, in one pass), each given to `add`.
+fn grouped(f: &Family, per_series: &str, mut add: impl FnMut(&mut proto::Metric, &Sample)) -> Vec<proto::Metric> {
+    let series = group_by(f.samples.iter().map(|s| (without_label(&s.labels, per_series), s)));
+    series
+        .into_iter()
+        .map(|samples| {
+            let mut metric = proto::Metric {
+                label: pairs(&without_label(&samples[0].labels, per_series)),
                 ..Default::default()
-            });
-            metrics.len() - 1
-        }
-    };
-    &mut metrics[at]
-}
-
-/// One metric per series: the samples whose labels but `per_series` agree, each given to `add`
-/// with its name's suffix.
-fn grouped(f: &Family, per_series: &str, mut add: impl FnMut(&mut proto::Metric, &str, &Sample)) -> Vec<proto::Metric> {
-    let mut metrics = Vec::new();
-    for sample in &f.samples {
-        let metric = series(&mut metrics, pairs(&sample.labels, Some(per_series)));
-        add(metric, suffix(sample, f), sample);
-    }
-    metrics
+            };
+            for sample in samples {
+                add(&mut metric, sample);
+            }
+            metric
+        })
+        .collect()
 }
 
 fn histograms(f: &Family) -> Vec<proto::Metric> {
-    grouped(f, "le", |metric, suffix, s| {
+    grouped(f, "le", |metric, s| {
         let histogram = metric.histogram.get_or_insert_with(Default::default);
-        match suffix {
+        match s.suffix {
             "_bucket" => {
                 if let Some(upper_bound) = bound(&s.labels, "le") {
                     histogram.bucket.push(proto::Bucket {
@@ -116,9 +105,9 @@ fn histograms(f: &Family) -> Vec<proto::Metric> {
 }
 
 fn summaries(f: &Family) -> Vec<proto::Metric> {
-    grouped(f, "quantile", |metric, suffix, s| {
+    grouped(f, "quantile", |metric, s| {
         let summary = metric.summary.get_or_insert_with(Default::default);
-        match suffix {
+        match s.suffix {
             "" => {
                 if let Some(quantile) = bound(&s.labels, "quantile") {
                     summary.quantile.push(proto::Quantile {
@@ -134,25 +123,20 @@ fn summaries(f: &Family) -> Vec<proto::Metric> {
     })
 }
 
-fn suffix<'a>(s: &'a Sample, f: &Family) -> &'a str {
-    s.name.strip_prefix(f.name.as_str()).unwrap_or("")
-}
-
 /// A bucket's `le` or a summary's `quantile`.
 fn bound(labels: &str, key: &str) -> Option<f64> {
-    let pairs = pairs(labels, None);
-    let value = &pairs.iter().find(|p| p.name == key)?.value;
+    let pairs = label_pairs(labels);
+    let value = &pairs.iter().find(|(name, _)| name == key)?.1;
     match value.as_str() {
         "+Inf" | "Inf" => Some(f64::INFINITY),
         v => v.parse().ok(),
     }
 }
 
-/// The label pairs of a sample's label text, without `skip`.
-fn pairs(labels: &str, skip: Option<&str>) -> Vec<proto::LabelPair> {
+/// The label pairs of a sample's label text.
+fn pairs(labels: &str) -> Vec<proto::LabelPair> {
     label_pairs(labels)
         .into_iter()
-        .filter(|(name, _)| Some(name.as_str()) != skip)
         .map(|(name, value)| proto::LabelPair { name, value })
         .collect()
 }
@@ -161,12 +145,17 @@ fn pairs(labels: &str, skip: Option<&str>) -> Vec<proto::LabelPair> {
 mod tests {
     use super::*;
     use crate::engine::exposition::parse;
+    use std::collections::HashSet;
+
+    fn page(text: &str) -> Page {
+        parse(text, 20_000).unwrap()
+    }
 
     #[test]
     fn a_real_vllm_page_becomes_valid_protobuf_families() {
-        let page = parse(include_str!("../../tests/fixtures/vllm-0.32-metrics.txt")).unwrap();
-        let taken: HashSet<String> = ["process_cpu_seconds_total".to_string()].into();
-        let out = families(&page, &taken);
+        let page = page(include_str!("../../tests/fixtures/vllm-0.32-metrics.txt"));
+        let (out, collided) = families(&page, &OwnNames::new(["process_cpu_seconds_total"]));
+        assert_eq!(collided, 1);
         let find = |name: &str| out.iter().find(|f| f.name == name);
         assert!(find("process_cpu_seconds_total").is_none(), "llmslo's name wins");
         assert!(find("vllm:num_preemptions_created").is_none());
@@ -190,12 +179,11 @@ mod tests {
 
     #[test]
     fn a_summarys_quantiles_stay_with_their_series() {
-        let page = parse(
+        let page = page(
             "# TYPE s summary\ns{h=\"a\",quantile=\"0.5\"} 2\ns{h=\"a\",quantile=\"0.99\"} 9\ns_sum{h=\"a\"} 30\n\
              s_count{h=\"a\"} 10\n",
-        )
-        .unwrap();
-        let out = families(&page, &HashSet::new());
+        );
+        let (out, _) = families(&page, &OwnNames::default());
         let summary = out[0].metric[0].summary.as_ref().unwrap();
         assert_eq!(out[0].metric.len(), 1);
         assert_eq!(summary.quantile.len(), 2);
@@ -205,8 +193,8 @@ mod tests {
 
     #[test]
     fn escaped_label_values_are_unescaped() {
-        let page = parse("# TYPE x gauge\nx{a=\"q\\\"u\\\\o\\nte\",b=\"2\"} 1\n").unwrap();
-        let out = families(&page, &HashSet::new());
+        let page = page("# TYPE x gauge\nx{a=\"q\\\"u\\\\o\\nte\",b=\"2\"} 1\n");
+        let (out, _) = families(&page, &OwnNames::default());
         let labels = &out[0].metric[0].label;
         assert_eq!(labels[0].value, "q\"u\\o\nte");
         assert_eq!(labels[1].value, "2");

@@ -23,6 +23,8 @@ pub struct ScrapeSettings {
     pub timeout: Duration,
     /// Largest page read (a longer one failed).
     pub max_bytes: usize,
+    /// Most samples (and families) kept from one page (a page with more failed).
+    pub max_samples: usize,
 }
 
 /// Text format 0.0.4 first: the format the merge rewrites (OpenMetrics is refused by few).
@@ -78,7 +80,7 @@ struct Failure {
 }
 
 /// One bounded read and parse of the page.
-async fn read_page(client: &UpstreamClient, settings: &ScrapeSettings) -> Result<Vec<exposition::Family>, Failure> {
+async fn read_page(client: &UpstreamClient, settings: &ScrapeSettings) -> Result<exposition::Page, Failure> {
     let silent = |reason: String| Failure {
         reason,
         answered: false,
@@ -103,8 +105,15 @@ async fn read_page(client: &UpstreamClient, settings: &ScrapeSettings) -> Result
             settings.max_bytes
         ))),
         (_, Some(body)) => {
-            let text = std::str::from_utf8(&body).map_err(|_| answered("the page is not UTF-8".to_string()))?;
-            exposition::parse(text).map_err(|error| answered(format!("not the Prometheus text format: {error}")))
+            // Parsed on a blocking thread: a large page never holds a runtime worker.
+            let max_samples = settings.max_samples;
+            let parsed = tokio::task::spawn_blocking(move || {
+                let text = std::str::from_utf8(&body).map_err(|_| "the page is not UTF-8".to_string())?;
+                exposition::parse(text, max_samples).map_err(|error| error.to_string())
+            })
+            .await
+            .map_err(|error| answered(format!("the page's read failed: {error}")))?;
+            parsed.map_err(answered)
         }
     }
 }

@@ -1,7 +1,9 @@
 //! The few engine signals that explain an SLO, under one name whatever the engine: each is
-//! read from the first series the page has of those listed for it (vLLM, SGLang, TGI).
+//! read from the first series the page has of those listed for it (vLLM, SGLang, TGI), and
+//! only where every value is possible for it (a count never negative, a ratio within 0 and 1,
+//! a sum that stays finite): an engine's page cannot write an impossible figure into llmslo's.
 
-use super::exposition::Family;
+use super::exposition::Page;
 
 /// Where one engine-neutral signal comes from, and how its series combine.
 struct Source {
@@ -11,9 +13,12 @@ struct Source {
     combine: Combine,
 }
 
+/// How several series of one signal make one figure, and what each may be.
 #[derive(Clone, Copy)]
 enum Combine {
+    /// Counts: each finite and not negative, their sum finite.
     Sum,
+    /// Ratios: each within 0 and 1.
     Mean,
 }
 
@@ -80,16 +85,16 @@ pub struct Signals {
 
 impl Signals {
     /// The signals of a parsed page.
-    pub fn read(families: &[Family]) -> Self {
-        let hits = value(families, &PREFIX_HITS);
-        let queries = value(families, &PREFIX_QUERIES);
+    pub fn read(page: &Page) -> Self {
+        let hits = value(page, &PREFIX_HITS);
+        let queries = value(page, &PREFIX_QUERIES);
         Self {
-            waiting: value(families, &WAITING),
-            running: value(families, &RUNNING),
-            kv_cache_usage: value(families, &KV_CACHE_USAGE),
-            preemptions: value(families, &PREEMPTIONS),
-            prefix_cache: hits.zip(queries),
-            prefix_cache_hit_ratio: value(families, &PREFIX_HIT_RATIO),
+            waiting: value(page, &WAITING),
+            running: value(page, &RUNNING),
+            kv_cache_usage: value(page, &KV_CACHE_USAGE),
+            preemptions: value(page, &PREEMPTIONS),
+            prefix_cache: hits.zip(queries).filter(|(hits, queries)| hits <= queries),
+            prefix_cache_hit_ratio: value(page, &PREFIX_HIT_RATIO),
         }
     }
 
@@ -108,24 +113,26 @@ impl Signals {
     }
 }
 
-/// The first of `source`'s series the page has, its samples combined.
-fn value(families: &[Family], source: &Source) -> Option<f64> {
+/// The first of `source`'s series the page has, its samples combined; `None` when it has none,
+/// or one is impossible for the signal.
+fn value(page: &Page, source: &Source) -> Option<f64> {
     source.names.iter().find_map(|name| {
-        let values: Vec<f64> = families
-            .iter()
-            .flat_map(|f| &f.samples)
-            .filter(|s| s.name == *name && s.value.is_finite())
-            .map(|s| s.value)
-            .collect();
+        let values: Vec<f64> = page.values(name).collect();
         if values.is_empty() {
             return None;
         }
+        let possible = |v: &f64| match source.combine {
+            Combine::Sum => v.is_finite() && *v >= 0.0,
+            Combine::Mean => (0.0..=1.0).contains(v),
+        };
         let sum: f64 = values.iter().sum();
-        Some(match source.combine {
+        let combined = match source.combine {
             Combine::Sum => sum,
             Combine::Mean => sum / values.len() as f64,
-        })
-    })
+        };
+        // The first series found decides, possible or not: a later name is no fallback.
+        Some((values.iter().all(possible) && combined.is_finite()).then_some(combined))
+    })?
 }
 
 /// Every series a signal may come from, by signal (for the docs' table and its test).
@@ -144,7 +151,11 @@ pub fn sources() -> [(&'static str, &'static [&'static str]); 7] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::exposition::parse;
+    use crate::engine::exposition;
+
+    fn parse(text: &str) -> Result<Page, exposition::PageError> {
+        exposition::parse(text, 20_000)
+    }
 
     #[test]
     fn a_real_vllm_page_states_every_signal() {
@@ -201,5 +212,25 @@ mod tests {
             Some(0.1),
             "a restart"
         );
+    }
+
+    #[test]
+    fn impossible_figures_are_no_signal() {
+        let s = Signals::read(
+            &parse(
+                "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{e=\"0\"} 1e308\n\
+                 vllm:num_requests_waiting{e=\"1\"} 1e308\n# TYPE vllm:num_requests_running gauge\n\
+                 vllm:num_requests_running -3\n# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc 7\n\
+                 # TYPE sglang:cache_hit_rate gauge\nsglang:cache_hit_rate NaN\n\
+                 # TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total 9\n\
+                 # TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total 3\n",
+            )
+            .unwrap(),
+        );
+        assert_eq!(s.waiting, None, "two finite depths whose sum is not");
+        assert_eq!(s.running, None, "a negative count");
+        assert_eq!(s.kv_cache_usage, None, "a ratio above 1");
+        assert_eq!(s.prefix_cache_hit_ratio, None, "NaN");
+        assert_eq!(s.prefix_cache, None, "more hits than lookups");
     }
 }

@@ -120,6 +120,50 @@ impl EncodeLabelValue for RefusalReason {
     }
 }
 
+/// Which deadline cut a client off (`llmslo_client_timeouts_total`): each frees what the
+/// client held without making progress, and is named by the config key that sets it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ClientTimeout {
+    /// A response frame the client did not take for `send_timeout` (a full socket, or an
+    /// HTTP/2 window kept shut): the response was dropped and its stream reset.
+    Send,
+    /// A connection with no request open for `connection_idle_timeout` was closed.
+    ConnectionIdle,
+    /// A request body that fell below `request_body_min_rate` (or past its read timeouts).
+    RequestBody,
+}
+
+impl ClientTimeout {
+    /// Every deadline, in label order.
+    pub const ALL: [ClientTimeout; 3] = [
+        ClientTimeout::ConnectionIdle,
+        ClientTimeout::RequestBody,
+        ClientTimeout::Send,
+    ];
+
+    /// The `timeout` label value: the config key that sets the deadline.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ClientTimeout::Send => "send_timeout",
+            ClientTimeout::ConnectionIdle => "connection_idle_timeout",
+            ClientTimeout::RequestBody => "request_body_min_rate",
+        }
+    }
+}
+
+impl EncodeLabelValue for ClientTimeout {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+/// `timeout`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ClientTimeoutLabels {
+    /// The deadline that passed.
+    pub timeout: ClientTimeout,
+}
+
 /// Why a successful response could not be measured (`llmslo_unmeasured_responses_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum UnmeasuredReason {

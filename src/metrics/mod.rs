@@ -22,10 +22,10 @@ use crate::slo::spec::{SloKind, SloSet};
 use crate::slo::SloEngine;
 use buckets::{BucketOverrides, Buckets};
 use labels::{
-    BuildLabels, CountSourceLabels, ExemplarLabels, InFlightLabels, ModelNames, OutcomeLabels, RefusalLabels,
-    RequestLabels, TokenLabels, UnmeasuredLabels,
+    BuildLabels, ClientTimeoutLabels, CountSourceLabels, ExemplarLabels, InFlightLabels, ModelNames, OutcomeLabels,
+    RefusalLabels, RequestLabels, TokenLabels, UnmeasuredLabels,
 };
-pub use labels::{RefusalReason, UnmeasuredReason};
+pub use labels::{ClientTimeout, RefusalReason, UnmeasuredReason};
 use native::{ClassicAndNative, ExemplarHistograms};
 use opentelemetry::metrics::Meter;
 use prometheus_client::metrics::counter::Counter;
@@ -99,9 +99,13 @@ pub struct Metrics {
     reasoning_tokens: Family<RequestLabels, Counter>,
     in_flight: Family<InFlightLabels, Gauge>,
     refused: Family<RefusalLabels, Counter>,
+    client_timeouts: Family<ClientTimeoutLabels, Counter>,
+    engine_fields_unreadable: Counter,
     count_sources: Family<CountSourceLabels, Counter>,
     unmeasured: Family<UnmeasuredLabels, Counter>,
     open_connections: Gauge,
+    /// `/metrics` answers given so far (for the final scrape at shutdown).
+    scrapes: tokio::sync::watch::Sender<u64>,
     config_status: config_status::ConfigStatus,
     slo: Arc<SloEngine>,
     capacity: Arc<CapacityEngine>,
@@ -259,9 +263,12 @@ impl Metrics {
             reasoning_tokens: Family::default(),
             in_flight: Family::default(),
             refused: Family::default(),
+            client_timeouts: Family::default(),
+            engine_fields_unreadable: Counter::default(),
             count_sources: Family::default(),
             unmeasured: Family::default(),
             open_connections: Gauge::default(),
+            scrapes: tokio::sync::watch::Sender::new(0),
             records: tokio::sync::broadcast::channel(RECORD_BACKLOG).0,
             config_status: config_status::ConfigStatus::new(true),
             slo,
@@ -407,6 +414,22 @@ impl Metrics {
             drop(self.refused.get_or_create(&RefusalLabels { reason }));
         }
         r.register(
+            "llmslo_client_timeouts",
+            "Clients cut off by a deadline that only their progress renews, by the config key of the \
+             deadline: what they held (a connection, an in-flight slot, buffered bytes, an HTTP/2 stream) \
+             was freed and the engine's request cancelled",
+            self.client_timeouts.clone(),
+        );
+        for timeout in ClientTimeout::ALL {
+            drop(self.client_timeouts.get_or_create(&ClientTimeoutLabels { timeout }));
+        }
+        r.register(
+            "llmslo_engine_request_metrics_unreadable_fields",
+            "Fields of the engine's per-request metrics that could not be read (not a number, not finite, \
+             out of range): each is left out on its own, and the rest of its answer is read",
+            self.engine_fields_unreadable.clone(),
+        );
+        r.register(
             "llmslo_token_count_source",
             "Streamed responses by where their output token count came from: usage, token_ids \
              (stated per event), tokenizer, or events (several tokens may share an event: the \
@@ -540,6 +563,23 @@ impl Metrics {
         self.refused.get_or_create(&RefusalLabels { reason }).inc();
     }
 
+    /// Notes one `/metrics` answer encoded.
+    pub fn count_scrape(&self) {
+        self.scrapes.send_modify(|n| *n += 1);
+    }
+
+    /// How many `/metrics` answers have been encoded, as it changes.
+    pub fn scrapes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.scrapes.subscribe()
+    }
+
+    /// Counts a client cut off by one of its deadlines.
+    pub fn count_client_timeout(&self, timeout: ClientTimeout) {
+        self.client_timeouts
+            .get_or_create(&ClientTimeoutLabels { timeout })
+            .inc();
+    }
+
     /// Counts a response that could not be measured.
     pub fn count_unmeasured(&self, reason: UnmeasuredReason) {
         self.unmeasured.get_or_create(&UnmeasuredLabels { reason }).inc();
@@ -572,6 +612,9 @@ impl Metrics {
         }
         if let Some(timing) = record.engine {
             self.phases.observe(&labels, timing, record.ttft);
+            if timing.unreadable > 0 {
+                self.engine_fields_unreadable.inc_by(u64::from(timing.unreadable));
+            }
         }
         if let Some(waiting) = record.engine_context.and_then(|c| c.waiting_at_arrival) {
             self.phases.observe_waiting(&labels, waiting);
@@ -636,7 +679,9 @@ impl Metrics {
     /// buckets as well as its classic ones; with `engine_metrics: merge`, the engine's families
     /// follow llmslo's.
     pub fn encode_protobuf(&self) -> Vec<u8> {
-        native::encode_protobuf(&self.registry, &self.twins, |own| self.engine_view.merged_protobuf(own))
+        native::encode_protobuf(&self.registry, &self.twins, |own| {
+            self.engine_view.merged_protobuf(own.iter().map(String::as_str))
+        })
     }
 
     fn request_labels(&self, model: &str, operation: Operation) -> RequestLabels {

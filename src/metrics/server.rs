@@ -26,6 +26,7 @@ pub async fn handle<B>(
             } else {
                 (OPENMETRICS_CONTENT_TYPE, Bytes::from(metrics.encode()))
             };
+            metrics.count_scrape();
             Response::builder()
                 .header(header::CONTENT_TYPE, content_type)
                 .header(header::VARY, "Accept")

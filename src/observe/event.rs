@@ -2,9 +2,11 @@
 //! wire protocol: each interpreter (`openai`, `responses`, `messages`, `tgi`) reduces its
 //! events to an [`EventSummary`], and the stream observer only reads summaries.
 
+use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 use std::borrow::Cow;
+use std::fmt;
 
 /// Token counts an answer reports, under whatever names its protocol uses.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -53,6 +55,9 @@ pub struct EngineTiming {
     /// Share of draft tokens accepted by speculative decoding
     /// (`speculative_decoding.draft_acceptance_rate`).
     pub draft_acceptance: Option<f64>,
+    /// Fields the engine stated that could not be read (not a number, not finite, out of
+    /// range): each left out on its own, never the event.
+    pub unreadable: u32,
 }
 
 impl EngineTiming {
@@ -68,40 +73,252 @@ impl EngineTiming {
     }
 }
 
-/// A `metrics` object as vLLM writes it (`PerRequestMetrics`); every field may be null.
-#[derive(Deserialize)]
+/// A `metrics` object as vLLM writes it (`PerRequestMetrics`), read field by field: every
+/// field may be null, and one that is not a finite number (a string, an object, `NaN`, a
+/// number beyond f64) is left out and counted, never the event that carries it.
+#[derive(Default)]
 pub struct WireEngineMetrics {
-    #[serde(default)]
     time_to_first_token_ms: Option<f64>,
-    #[serde(default)]
     queue_time_ms: Option<f64>,
-    #[serde(default)]
     mean_itl_ms: Option<f64>,
-    #[serde(default)]
-    speculative_decoding: Option<WireSpeculation>,
+    draft_acceptance_rate: Option<f64>,
+    unreadable: u32,
 }
 
+/// The fields of `metrics` llmslo reads.
 #[derive(Deserialize)]
-struct WireSpeculation {
-    #[serde(default)]
-    draft_acceptance_rate: Option<f64>,
+#[serde(field_identifier, rename_all = "snake_case")]
+enum MetricsField {
+    TimeToFirstTokenMs,
+    QueueTimeMs,
+    MeanItlMs,
+    SpeculativeDecoding,
+    DraftAcceptanceRate,
+    #[serde(other)]
+    Other,
+}
+
+/// One figure as written: a finite number, nothing (null), or anything else.
+enum Figure {
+    Number(f64),
+    Null,
+    Unreadable,
+}
+
+impl Figure {
+    /// The number, noting an unreadable figure in `unreadable`.
+    fn read(self, unreadable: &mut u32) -> Option<f64> {
+        match self {
+            Figure::Number(v) => Some(v),
+            Figure::Null => None,
+            Figure::Unreadable => {
+                *unreadable += 1;
+                None
+            }
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Figure {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(FigureVisitor)
+    }
+}
+
+/// Reads any JSON value as a [`Figure`], consuming what it is not.
+struct FigureVisitor;
+
+impl<'de> Visitor<'de> for FigureVisitor {
+    type Value = Figure;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_f64<E>(self, v: f64) -> Result<Figure, E> {
+        Ok(if v.is_finite() {
+            Figure::Number(v)
+        } else {
+            Figure::Unreadable
+        })
+    }
+    fn visit_u64<E>(self, v: u64) -> Result<Figure, E> {
+        Ok(Figure::Number(v as f64))
+    }
+    fn visit_i64<E>(self, v: i64) -> Result<Figure, E> {
+        Ok(Figure::Number(v as f64))
+    }
+    fn visit_unit<E>(self) -> Result<Figure, E> {
+        Ok(Figure::Null)
+    }
+    fn visit_none<E>(self) -> Result<Figure, E> {
+        Ok(Figure::Null)
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<Figure, E> {
+        Ok(Figure::Unreadable)
+    }
+    fn visit_str<E>(self, _: &str) -> Result<Figure, E> {
+        Ok(Figure::Unreadable)
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Figure, A::Error> {
+        while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+        Ok(Figure::Unreadable)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Figure, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Figure::Unreadable)
+    }
+}
+
+impl<'de> Deserialize<'de> for WireEngineMetrics {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(MetricsVisitor)
+    }
+}
+
+/// Reads `metrics` (and its `speculative_decoding`) field by field; anything but an object is
+/// one unreadable field.
+struct MetricsVisitor;
+
+impl<'de> Visitor<'de> for MetricsVisitor {
+    type Value = WireEngineMetrics;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a metrics object")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<WireEngineMetrics, A::Error> {
+        let mut out = WireEngineMetrics::default();
+        while let Some(field) = map.next_key::<MetricsField>()? {
+            let unreadable = &mut out.unreadable;
+            match field {
+                MetricsField::TimeToFirstTokenMs => {
+                    out.time_to_first_token_ms = map.next_value::<Figure>()?.read(unreadable)
+                }
+                MetricsField::QueueTimeMs => out.queue_time_ms = map.next_value::<Figure>()?.read(unreadable),
+                MetricsField::MeanItlMs => out.mean_itl_ms = map.next_value::<Figure>()?.read(unreadable),
+                MetricsField::DraftAcceptanceRate => {
+                    out.draft_acceptance_rate = map.next_value::<Figure>()?.read(unreadable)
+                }
+                MetricsField::SpeculativeDecoding => {
+                    let inner = map.next_value::<WireEngineMetrics>()?;
+                    out.draft_acceptance_rate = inner.draft_acceptance_rate;
+                    out.unreadable += inner.unreadable;
+                }
+                MetricsField::Other => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        Ok(out)
+    }
+    fn visit_unit<E>(self) -> Result<WireEngineMetrics, E> {
+        Ok(WireEngineMetrics::default())
+    }
+    fn visit_none<E>(self) -> Result<WireEngineMetrics, E> {
+        Ok(WireEngineMetrics::default())
+    }
+    fn visit_bool<E>(self, _: bool) -> Result<WireEngineMetrics, E> {
+        Ok(WireEngineMetrics::unreadable())
+    }
+    fn visit_str<E>(self, _: &str) -> Result<WireEngineMetrics, E> {
+        Ok(WireEngineMetrics::unreadable())
+    }
+    fn visit_f64<E>(self, _: f64) -> Result<WireEngineMetrics, E> {
+        Ok(WireEngineMetrics::unreadable())
+    }
+    fn visit_u64<E>(self, _: u64) -> Result<WireEngineMetrics, E> {
+        Ok(WireEngineMetrics::unreadable())
+    }
+    fn visit_i64<E>(self, _: i64) -> Result<WireEngineMetrics, E> {
+        Ok(WireEngineMetrics::unreadable())
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<WireEngineMetrics, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(WireEngineMetrics::unreadable())
+    }
 }
 
 impl WireEngineMetrics {
-    /// The timing it states, in seconds; a negative or non-finite figure is left out.
+    fn unreadable() -> Self {
+        Self {
+            unreadable: 1,
+            ..Self::default()
+        }
+    }
+
+    /// The timing it states, in seconds; a negative figure is left out (and counted).
     pub fn timing(self) -> Option<EngineTiming> {
-        let seconds = |ms: Option<f64>| ms.filter(|v| v.is_finite() && *v >= 0.0).map(|ms| ms / 1e3);
-        let timing = EngineTiming {
-            queue: seconds(self.queue_time_ms),
-            prefill: seconds(self.time_to_first_token_ms),
-            tpot: seconds(self.mean_itl_ms),
-            draft_acceptance: self
-                .speculative_decoding
-                .and_then(|s| s.draft_acceptance_rate)
-                .filter(|r| (0.0..=1.0).contains(r)),
+        let mut unreadable = self.unreadable;
+        let mut possible = |v: Option<f64>, range: std::ops::RangeInclusive<f64>| match v {
+            Some(v) if range.contains(&v) => Some(v),
+            Some(_) => {
+                unreadable += 1;
+                None
+            }
+            None => None,
         };
+        let ms = 0.0..=f64::MAX;
+        let timing = EngineTiming {
+            queue: possible(self.queue_time_ms, ms.clone()).map(|ms| ms / 1e3),
+            prefill: possible(self.time_to_first_token_ms, ms.clone()).map(|ms| ms / 1e3),
+            tpot: possible(self.mean_itl_ms, ms).map(|ms| ms / 1e3),
+            draft_acceptance: possible(self.draft_acceptance_rate, 0.0..=1.0),
+            unreadable: 0,
+        };
+        let timing = EngineTiming { unreadable, ..timing };
         (timing != EngineTiming::default()).then_some(timing)
     }
+}
+
+/// `data` with every number JSON cannot carry (`NaN`, `Infinity`, `-Infinity` as Python
+/// writes them, and numbers beyond f64) quoted into a string, so that the event still parses
+/// and only those fields are unreadable; `None` when there are none.
+pub fn with_odd_numbers_quoted(data: &[u8]) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(data.len() + 8);
+    let mut changed = false;
+    let mut i = 0;
+    while i < data.len() {
+        let start = i;
+        match data[i] {
+            b'"' => {
+                i += 1;
+                while i < data.len() {
+                    match data[i] {
+                        b'\\' => i += 2,
+                        b'"' => {
+                            i += 1;
+                            break;
+                        }
+                        _ => i += 1,
+                    }
+                }
+                out.extend_from_slice(&data[start..i.min(data.len())]);
+            }
+            b'-' | b'0'..=b'9' | b'N' | b'I' => {
+                while i < data.len() && (data[i].is_ascii_alphanumeric() || matches!(data[i], b'.' | b'+' | b'-')) {
+                    i += 1;
+                }
+                let token = &data[start..i];
+                let odd = matches!(token, b"NaN" | b"Infinity" | b"-Infinity")
+                    || std::str::from_utf8(token)
+                        .ok()
+                        .and_then(|t| t.parse::<f64>().ok())
+                        .is_some_and(f64::is_infinite);
+                if odd {
+                    out.push(b'"');
+                    out.extend_from_slice(token);
+                    out.push(b'"');
+                    changed = true;
+                } else {
+                    out.extend_from_slice(token);
+                }
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    changed.then_some(out)
 }
 
 /// What one stream event means for measurement.
@@ -299,6 +516,50 @@ mod tests {
         ] {
             assert_eq!(fault_of(&error), Fault::Engine, "{error}");
         }
+    }
+
+    fn metrics(json: &str) -> Option<EngineTiming> {
+        let parsed = sonic_rs::from_slice::<WireEngineMetrics>(json.as_bytes())
+            .ok()
+            .or_else(|| sonic_rs::from_slice(&with_odd_numbers_quoted(json.as_bytes())?).ok());
+        parsed.and_then(WireEngineMetrics::timing)
+    }
+
+    #[test]
+    fn each_engine_metrics_field_is_read_on_its_own() {
+        let good = metrics(r#"{"queue_time_ms": 5, "time_to_first_token_ms": 20.5, "mean_itl_ms": 10}"#).unwrap();
+        assert_eq!(
+            (good.queue, good.prefill, good.tpot, good.unreadable),
+            (Some(0.005), Some(0.0205), Some(0.01), 0)
+        );
+        for bad in [
+            r#"{"queue_time_ms": NaN, "time_to_first_token_ms": 20.5, "mean_itl_ms": 10}"#,
+            r#"{"queue_time_ms": Infinity, "time_to_first_token_ms": 20.5, "mean_itl_ms": 10}"#,
+            r#"{"queue_time_ms": -Infinity, "time_to_first_token_ms": 20.5, "mean_itl_ms": 10}"#,
+            r#"{"queue_time_ms": 1e999, "time_to_first_token_ms": 20.5, "mean_itl_ms": 10}"#,
+            r#"{"queue_time_ms": "5", "time_to_first_token_ms": 20.5, "mean_itl_ms": 10}"#,
+            r#"{"queue_time_ms": {"ms": 5}, "time_to_first_token_ms": 20.5, "mean_itl_ms": 10}"#,
+            r#"{"queue_time_ms": -5, "time_to_first_token_ms": 20.5, "mean_itl_ms": 10}"#,
+        ] {
+            let timing = metrics(bad).unwrap_or_else(|| panic!("{bad}"));
+            assert_eq!(timing.queue, None, "{bad}");
+            assert_eq!((timing.prefill, timing.tpot), (Some(0.0205), Some(0.01)), "{bad}");
+            assert_eq!(timing.unreadable, 1, "{bad}");
+        }
+        let spec = metrics(r#"{"speculative_decoding": {"draft_acceptance_rate": 7}}"#).unwrap();
+        assert_eq!((spec.draft_acceptance, spec.unreadable), (None, 1));
+        assert_eq!(metrics(r#""soon""#).unwrap().unreadable, 1, "not an object");
+    }
+
+    #[test]
+    fn only_numbers_outside_strings_are_quoted() {
+        let data = br#"{"a":"NaN -Infinity 1e999","b":NaN,"c":[1e999,-Infinity,2.5e3],"d":true}"#;
+        let quoted = with_odd_numbers_quoted(data).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&quoted).unwrap(),
+            r#"{"a":"NaN -Infinity 1e999","b":"NaN","c":["1e999","-Infinity",2.5e3],"d":true}"#
+        );
+        assert_eq!(with_odd_numbers_quoted(br#"{"a":1.5,"b":"x\"NaN"}"#), None);
     }
 
     #[test]

@@ -8,7 +8,7 @@
 //! token counts the event states, its usage and whether it is an error (and whose fault) or
 //! the `[DONE]` sentinel.
 
-use super::event::{fault_of, EventSummary, Usage, WireEngineMetrics};
+use super::event::{fault_of, with_odd_numbers_quoted, EventSummary, Usage, WireEngineMetrics};
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use std::fmt;
@@ -23,7 +23,10 @@ pub fn summarise(data: &[u8]) -> EventSummary {
     }
     // Only an object is a chunk (a derived struct would also accept an array of its fields).
     let parsed = match data.trim_ascii_start().first() {
-        Some(b'{') => sonic_rs::from_slice::<Chunk>(data).ok(),
+        // A number JSON cannot carry (Python's NaN) costs only its own field.
+        Some(b'{') => sonic_rs::from_slice::<Chunk>(data)
+            .ok()
+            .or_else(|| sonic_rs::from_slice(&with_odd_numbers_quoted(data)?).ok()),
         _ => None,
     };
     match parsed {

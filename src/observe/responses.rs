@@ -10,7 +10,9 @@
 //! `response.incomplete`, `response.failed` or an `error` event. Usage is only in the
 //! terminal event's `response.usage`.
 
-use super::event::{event_name, fault_of, fault_of_event, EventSummary, Fault, TypedUsage, WireEngineMetrics};
+use super::event::{
+    event_name, fault_of, fault_of_event, with_odd_numbers_quoted, EventSummary, Fault, TypedUsage, WireEngineMetrics,
+};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -88,6 +90,7 @@ pub fn summarise(event_type: &[u8], data: &[u8]) -> EventSummary {
         terminal @ (Kind::Terminal | Kind::Failed) => {
             let response = sonic_rs::from_slice::<TerminalEvent>(data)
                 .ok()
+                .or_else(|| sonic_rs::from_slice(&with_odd_numbers_quoted(data)?).ok())
                 .and_then(|e| e.response);
             let summary = response.map(ResponseObject::summary).unwrap_or_default();
             let failed = (terminal == Kind::Failed).then_some(Fault::Engine);

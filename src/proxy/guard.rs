@@ -1,21 +1,19 @@
 //! The outermost layer: what a client may send, and what it gets back when anything below
 //! fails. CONNECT is refused; a generation request's body is held to `max_body_bytes` (a
-//! declared larger one is refused before a byte is read) and to `request_body_timeout`
-//! between reads; every error from below becomes an OpenAI-shaped JSON answer, the
-//! client's fault first whenever its body failed.
+//! declared larger one is refused before a byte is read), to `request_body_timeout` between
+//! reads and to `request_body_min_rate` on average; every error from below becomes an
+//! OpenAI-shaped JSON answer, the client's fault first whenever its body failed.
 
 use super::error::{self, ProxyError};
 use super::headers::content_length;
-use super::held::Held;
 use super::idle::BoxError;
-use super::request_body::{ClientBody, ClientFault};
+use super::request_body::{BodyDeadlines, ClientBody, ClientFault};
 use super::ProxyBody;
-use crate::metrics::{Metrics, RefusalReason};
+use crate::metrics::Metrics;
 use crate::observe::record::Outcome;
 use crate::observe::route::Operation;
 use crate::observe::tracker::{End, RequestTracker};
 use http::{Method, Request, Response};
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use std::convert::Infallible;
 use std::future::Future;
@@ -23,7 +21,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::sync::Semaphore;
 use tokio::time::Instant;
 use tracing::debug;
 
@@ -38,8 +35,9 @@ pub struct GuardSettings {
     pub request_body_timeout: Duration,
     /// Longest a whole request body may take to arrive (408 beyond it).
     pub request_body_total_timeout: Duration,
-    /// Requests forwarded at once (503 beyond it).
-    pub max_in_flight_requests: usize,
+    /// Slowest a request body may arrive on average after its first `request_body_timeout`,
+    /// in bytes per second (408 below it); 0 is no floor.
+    pub request_body_min_rate: u64,
     /// How long the upstream may take to send a response head (named in 504 answers).
     pub upstream_timeout: Duration,
     /// Largest stream event interpreted (for the record of a refused request).
@@ -57,19 +55,13 @@ pub struct GuardLayer {
 struct Shared {
     metrics: Arc<Metrics>,
     settings: GuardSettings,
-    /// Requests that may still be forwarded (`max_in_flight_requests` in all).
-    in_flight: Arc<Semaphore>,
 }
 
 impl GuardLayer {
     /// Guards with `settings`, counting refused generation requests in `metrics`.
     pub fn new(metrics: Arc<Metrics>, settings: GuardSettings) -> Self {
         Self {
-            shared: Arc::new(Shared {
-                metrics,
-                in_flight: Arc::new(Semaphore::new(settings.max_in_flight_requests)),
-                settings,
-            }),
+            shared: Arc::new(Shared { metrics, settings }),
         }
     }
 }
@@ -127,28 +119,20 @@ where
         }
         let body = ClientBody::new(
             body,
-            settings.request_body_timeout,
-            settings.request_body_total_timeout,
+            BodyDeadlines {
+                read_timeout: settings.request_body_timeout,
+                total_timeout: settings.request_body_total_timeout,
+                min_rate: settings.request_body_min_rate,
+            },
             body_limit,
-        );
+        )
+        .counting_timeouts_in(metrics.clone());
         let fault = body.fault();
         let inner = self.inner.clone();
         let shared = self.shared.clone();
         Box::pin(async move {
-            // Taken on the first poll, not at the call: an HTTP/2 stream reset before its task
-            // runs never holds a place (rapid reset would otherwise fill the cap for a moment).
-            // Held until the response body has been sent or dropped: one engine connection at most.
-            let Ok(permit) = shared.in_flight.clone().try_acquire_owned() else {
-                shared.metrics.count_refused(RefusalReason::InFlightLimit);
-                debug!(
-                    max_in_flight_requests = shared.settings.max_in_flight_requests,
-                    "request refused: at the in-flight cap"
-                );
-                return Ok(ProxyError::Overloaded(RefusalReason::InFlightLimit).into_response());
-            };
             let response = tower::ServiceExt::oneshot(inner, Request::from_parts(parts, body)).await;
-            let response = response.unwrap_or_else(|error| shared.error_response(error, fault.get().copied()));
-            Ok(response.map(|body| Held::new(body, Some(permit)).boxed_unsync()))
+            Ok(response.unwrap_or_else(|error| shared.error_response(error, fault.get().copied())))
         })
     }
 }

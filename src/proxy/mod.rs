@@ -1,14 +1,17 @@
 //! The request path: a stack of tower layers over the forwarding service, from
 //! the client inwards:
 //!
-//! 1. [`guard`]: what a client may send (CONNECT refused, requests in flight, body size and
-//!    read timeouts), and the JSON answer to every failure below, the client's fault first.
-//! 2. [`observe`]: measures generation requests (public and reusable: `llmslo::ObserveLayer`).
-//! 3. [`deadline`]: the response head must come within `upstream_timeout` of the request
+//! 1. [`guard`]: what a client may send (CONNECT refused, body size, read timeouts and minimum
+//!    rate), and the JSON answer to every failure below, the client's fault first.
+//! 2. [`observe`]: measures generation requests (public and reusable: `llmslo::ObserveLayer`),
+//!    reading what it peeks of the body.
+//! 3. [`admit`]: takes an in-flight slot once the request is about to cost the engine.
+//! 4. [`deadline`]: the response head must come within `upstream_timeout` of the request
 //!    body's end.
-//! 4. [`forward`]: sends the request to the one upstream; the response body is under
+//! 5. [`forward`]: sends the request to the one upstream; the response body is under
 //!    `stream_idle_timeout`.
 
+pub mod admit;
 pub mod client;
 pub mod deadline;
 pub mod error;
@@ -22,6 +25,7 @@ pub mod peek;
 pub mod request_body;
 
 use crate::metrics::Metrics;
+use admit::{Admit, AdmitLayer};
 use bytes::Bytes;
 use client::UpstreamClient;
 use deadline::{ResponseDeadline, ResponseDeadlineLayer};
@@ -54,6 +58,8 @@ pub struct ProxySettings {
     pub request_body_timeout: Duration,
     /// Longest a whole request body may take to arrive (408 beyond it).
     pub request_body_total_timeout: Duration,
+    /// Slowest a request body may arrive on average, bytes per second (408 below it); 0 is off.
+    pub request_body_min_rate: u64,
     /// Requests forwarded at once (503 beyond it).
     pub max_in_flight_requests: usize,
     /// How long the upstream may take to send a response head.
@@ -67,7 +73,7 @@ pub struct ProxySettings {
 /// The sidecar's request path: one assembly of the layers, shared by all connections.
 #[derive(Debug, Clone)]
 pub struct Proxy {
-    stack: Guard<Observe<ResponseDeadline<Forward>>>,
+    stack: Guard<Observe<Admit<ResponseDeadline<Forward>>>>,
 }
 
 impl Proxy {
@@ -78,13 +84,14 @@ impl Proxy {
             max_body_bytes: settings.max_body_bytes,
             request_body_timeout: settings.request_body_timeout,
             request_body_total_timeout: settings.request_body_total_timeout,
-            max_in_flight_requests: settings.max_in_flight_requests,
+            request_body_min_rate: settings.request_body_min_rate,
             upstream_timeout: settings.upstream_timeout,
             max_event_bytes: settings.observe.max_event_bytes,
         };
         let stack = ServiceBuilder::new()
             .layer(GuardLayer::new(metrics.clone(), guard))
             .layer(ObserveLayer::new(metrics, settings.observe))
+            .layer(AdmitLayer::new(settings.max_in_flight_requests))
             .layer(ResponseDeadlineLayer::new(settings.upstream_timeout))
             .service(Forward::new(client, &settings.upstream, settings.stream_idle_timeout));
         Self { stack }

@@ -1,9 +1,9 @@
-//! The client's request body on its way to the engine: a read timeout between frames, a size
-//! limit, and a record of how it failed, so that a client's fault found while forwarding is
-//! never taken for the engine's.
+//! The client's request body on its way to the engine: a read timeout between frames, a
+//! minimum average rate, a total timeout, a size limit, and a record of how it failed, so that
+//! a client's fault found while forwarding is never taken for the engine's.
 
-use super::idle::IdleTimer;
 use super::UpstreamBody;
+use crate::metrics::{ClientTimeout, Metrics};
 use crate::observe::record::Outcome;
 use bytes::Bytes;
 use http::StatusCode;
@@ -30,6 +30,9 @@ pub enum ClientFault {
     /// The whole body did not arrive within the total timeout.
     #[error("the client took longer than {} to send its request body", humantime::format_duration(*.0))]
     TooSlow(Duration),
+    /// The body arrived slower than the minimum rate, in bytes per second.
+    #[error("the client sent its request body slower than {0} bytes per second")]
+    BelowMinRate(u64),
     /// The body is larger than the limit for its route.
     #[error("the request body is larger than the limit of {0} bytes")]
     TooLarge(u64),
@@ -61,9 +64,11 @@ impl ClientFault {
     pub fn outcome(self) -> Outcome {
         match self {
             ClientFault::Aborted => Outcome::ClientCancelled,
-            ClientFault::Malformed | ClientFault::TimedOut(_) | ClientFault::TooSlow(_) | ClientFault::TooLarge(_) => {
-                Outcome::ClientError
-            }
+            ClientFault::Malformed
+            | ClientFault::TimedOut(_)
+            | ClientFault::TooSlow(_)
+            | ClientFault::BelowMinRate(_)
+            | ClientFault::TooLarge(_) => Outcome::ClientError,
         }
     }
 
@@ -71,7 +76,9 @@ impl ClientFault {
     pub fn status(self) -> StatusCode {
         match self {
             ClientFault::Aborted | ClientFault::Malformed => StatusCode::BAD_REQUEST,
-            ClientFault::TimedOut(_) | ClientFault::TooSlow(_) => StatusCode::REQUEST_TIMEOUT,
+            ClientFault::TimedOut(_) | ClientFault::TooSlow(_) | ClientFault::BelowMinRate(_) => {
+                StatusCode::REQUEST_TIMEOUT
+            }
             ClientFault::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         }
     }
@@ -80,36 +87,79 @@ impl ClientFault {
 /// Where a [`ClientBody`] leaves its fault for the proxy to find after a failed forward.
 pub type FaultSlot = Arc<OnceLock<ClientFault>>;
 
-/// The client's body with read timeouts and a size limit; its failures are noted in a slot.
+/// The deadlines a request body is held to; each is renewed only by the body's progress.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyDeadlines {
+    /// Longest gap between two frames.
+    pub read_timeout: Duration,
+    /// Longest the whole body may take, from its head.
+    pub total_timeout: Duration,
+    /// After the first `read_timeout`, the body must have averaged at least this many bytes per
+    /// second since its head; 0 is no floor.
+    pub min_rate: u64,
+}
+
+impl BodyDeadlines {
+    /// The first deadline a body that began at `start`, received `received` bytes and last
+    /// made progress at `last` must meet, and the fault when it does not.
+    fn next(&self, start: Instant, last: Instant, received: u64) -> (Instant, ClientFault) {
+        let mut next = (start + self.total_timeout, ClientFault::TooSlow(self.total_timeout));
+        let gap = (last + self.read_timeout, ClientFault::TimedOut(self.read_timeout));
+        if gap.0 < next.0 {
+            next = gap;
+        }
+        if self.min_rate > 0 {
+            // Every byte buys 1/min_rate of a second beyond the grace.
+            let earned = Duration::from_secs_f64(received as f64 / self.min_rate as f64);
+            let rate = (
+                start + self.read_timeout + earned,
+                ClientFault::BelowMinRate(self.min_rate),
+            );
+            if rate.0 < next.0 {
+                next = rate;
+            }
+        }
+        next
+    }
+}
+
+/// The client's body under its [`BodyDeadlines`] and a size limit; its failures are noted in
+/// a slot.
 #[derive(Debug)]
 pub struct ClientBody {
     inner: Incoming,
-    timer: IdleTimer,
-    read_timeout: Duration,
-    /// When the whole body must have arrived, and the timer for it (armed on first wait).
-    deadline: Instant,
-    total_timeout: Duration,
-    total_timer: Option<Pin<Box<Sleep>>>,
+    deadlines: BodyDeadlines,
+    start: Instant,
+    last: Instant,
+    /// The timer for the next deadline (armed on the first wait, moved lazily).
+    timer: Option<Pin<Box<Sleep>>>,
     received: u64,
     limit: u64,
     fault: FaultSlot,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl ClientBody {
-    /// Wraps `inner`: at most `limit` bytes, no gap between frames longer than `read_timeout`,
-    /// and all of it within `total_timeout` from now.
-    pub fn new(inner: Incoming, read_timeout: Duration, total_timeout: Duration, limit: u64) -> Self {
+    /// Wraps `inner`: at most `limit` bytes, within `deadlines` counted from now.
+    pub fn new(inner: Incoming, deadlines: BodyDeadlines, limit: u64) -> Self {
+        let now = Instant::now();
         Self {
             inner,
-            timer: IdleTimer::new(Some(read_timeout)),
-            read_timeout,
-            deadline: Instant::now() + total_timeout,
-            total_timeout,
-            total_timer: None,
+            deadlines,
+            start: now,
+            last: now,
+            timer: None,
             received: 0,
             limit,
             fault: FaultSlot::default(),
+            metrics: None,
         }
+    }
+
+    /// Counts each deadline the body misses in `metrics`.
+    pub fn counting_timeouts_in(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The slot that holds the body's fault once it failed.
@@ -120,6 +170,26 @@ impl ClientBody {
     fn fail(&mut self, fault: ClientFault) -> Poll<Option<Result<Frame<Bytes>, ClientFault>>> {
         let _ = self.fault.set(fault);
         Poll::Ready(Some(Err(fault)))
+    }
+
+    /// Ready with the fault once the next deadline has passed; registers the waker otherwise.
+    fn poll_deadline(&mut self, cx: &mut Context<'_>) -> Poll<ClientFault> {
+        loop {
+            let (deadline, fault) = self.deadlines.next(self.start, self.last, self.received);
+            if Instant::now() >= deadline {
+                if let Some(metrics) = &self.metrics {
+                    metrics.count_client_timeout(ClientTimeout::RequestBody);
+                }
+                return Poll::Ready(fault);
+            }
+            let timer = self.timer.get_or_insert_with(|| Box::pin(sleep_until(deadline)));
+            if timer.deadline() != deadline {
+                timer.as_mut().reset(deadline);
+            }
+            if timer.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+        }
     }
 }
 
@@ -134,7 +204,7 @@ impl Body for ClientBody {
         }
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
-                this.timer.touch();
+                this.last = Instant::now();
                 if let Some(data) = frame.data_ref() {
                     this.received += data.len() as u64;
                     if this.received > this.limit {
@@ -145,17 +215,10 @@ impl Body for ClientBody {
             }
             Poll::Ready(Some(Err(error))) => this.fail(ClientFault::from_read_error(&error)),
             Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => {
-                if this.timer.poll_expired(cx).is_ready() {
-                    return this.fail(ClientFault::TimedOut(this.read_timeout));
-                }
-                let deadline = this.deadline;
-                let total = this.total_timer.get_or_insert_with(|| Box::pin(sleep_until(deadline)));
-                match total.as_mut().poll(cx) {
-                    Poll::Ready(()) => this.fail(ClientFault::TooSlow(this.total_timeout)),
-                    Poll::Pending => Poll::Pending,
-                }
-            }
+            Poll::Pending => match this.poll_deadline(cx) {
+                Poll::Ready(fault) => this.fail(fault),
+                Poll::Pending => Poll::Pending,
+            },
         }
     }
 

@@ -205,7 +205,7 @@ mod tests {
             queue: Some(queue),
             prefill: Some(prefill),
             tpot: Some(tpot),
-            draft_acceptance: None,
+            ..EngineTiming::default()
         })
     }
 

@@ -39,8 +39,15 @@ pub async fn start_sidecar(upstream: SocketAddr, extra_yaml: &str) -> Sidecar {
     } else {
         "engine: vllm\n"
     };
-    let yaml =
-        format!("upstream: http://{upstream}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\n{engine}{extra_yaml}");
+    // No one scrapes a test's sidecar after its drain, unless the test says so.
+    let grace = if extra_yaml.contains("final_scrape_grace:") {
+        ""
+    } else {
+        "final_scrape_grace: 0s\n"
+    };
+    let yaml = format!(
+        "upstream: http://{upstream}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\n{engine}{grace}{extra_yaml}"
+    );
     Sidecar::start(&Config::from_yaml(&yaml).unwrap()).await.unwrap()
 }
 

@@ -20,9 +20,14 @@ impl SidecarProcess {
     /// Starts `llmslo run` in front of `upstream` with extra YAML lines; `max_fds` lowers the
     /// process's open-file limit (`ulimit -n`).
     pub fn start(upstream: SocketAddr, extra_yaml: &str, max_fds: Option<u32>) -> Self {
+        let grace = if extra_yaml.contains("final_scrape_grace:") {
+            ""
+        } else {
+            "final_scrape_grace: 0s\n"
+        };
         let yaml = format!(
             "upstream: http://{upstream}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nengine: vllm\n\
-             gpu:\n  enabled: false\n{extra_yaml}"
+             gpu:\n  enabled: false\n{grace}{extra_yaml}"
         );
         Self::with_file(&yaml, "", max_fds)
     }
@@ -81,6 +86,33 @@ impl SidecarProcess {
     /// The process's peak resident memory so far, in bytes.
     pub fn peak_rss_bytes(&self) -> u64 {
         self.status_field("VmHWM:") * 1024
+    }
+
+    /// CPU time the process has used, user and system, in seconds.
+    pub fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+        // The fields after the command name, which is in parentheses: utime and stime are the
+        // 12th and 13th of them, in clock ticks of 1/100 s.
+        let after = stat.rsplit_once(") ").unwrap().1;
+        let fields: Vec<&str> = after.split_whitespace().collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        ticks as f64 / 100.0
+    }
+
+    /// The status and size of a `/metrics` answer in the protobuf exposition.
+    pub async fn get_protobuf(&self) -> (u16, usize) {
+        use http_body_util::BodyExt;
+        let request = http::Request::get(format!("http://{}/metrics", self.metrics))
+            .header(
+                "accept",
+                "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited",
+            )
+            .body(http_body_util::Full::new(bytes::Bytes::new()))
+            .unwrap();
+        let response = super::client().request(request).await.unwrap();
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, body.len())
     }
 
     /// File descriptors the process has open.

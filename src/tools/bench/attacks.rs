@@ -10,6 +10,9 @@ use tokio::task::JoinSet;
 
 /// How long the attacks that hold connections hold them.
 const HOLD: Duration = Duration::from_secs(2);
+/// How long the attacks that hold slots without progress hold them: past the deadlines a soak
+/// with attacks gives the sidecar, so that each deadline is seen to fire.
+const SLOT_HOLD: Duration = Duration::from_secs(8);
 /// The chat route every request-shaped attack goes to.
 const CHAT: &str = "/v1/chat/completions";
 
@@ -34,11 +37,18 @@ pub enum Attack {
     SettingsFlood,
     /// Many h2c connections, each opening as many streaming requests as it may.
     StreamMultiplication,
+    /// h2c streams whose client keeps its flow-control window at zero: the engine generates,
+    /// and nothing can be sent.
+    ZeroWindow,
+    /// h2c connections that make one request, then stay open and idle.
+    IdleH2,
+    /// Uploads that declare a small body and send a byte a second.
+    TrickledBodies,
 }
 
 impl Attack {
     /// Every attack, in the order the soak runs them.
-    pub const ALL: [Attack; 9] = [
+    pub const ALL: [Attack; 12] = [
         Attack::HostileModelNames,
         Attack::HalfOpenHeads,
         Attack::PartialPreface,
@@ -48,6 +58,9 @@ impl Attack {
         Attack::ContinuationFlood,
         Attack::SettingsFlood,
         Attack::StreamMultiplication,
+        Attack::ZeroWindow,
+        Attack::IdleH2,
+        Attack::TrickledBodies,
     ];
 
     /// A short name for reports.
@@ -62,6 +75,9 @@ impl Attack {
             Attack::ContinuationFlood => "h2 CONTINUATION flood",
             Attack::SettingsFlood => "h2 SETTINGS/PING flood",
             Attack::StreamMultiplication => "h2c stream multiplication",
+            Attack::ZeroWindow => "h2 zero window",
+            Attack::IdleH2 => "idle h2c connections",
+            Attack::TrickledBodies => "trickled bodies",
         }
     }
 
@@ -97,6 +113,9 @@ impl Attack {
                 let _ = settings_flood(addr, 50_000).await;
             }
             Attack::StreamMultiplication => stream_multiplication(addr, 5, 150).await,
+            Attack::ZeroWindow => zero_window(addr, 3, 100, SLOT_HOLD).await,
+            Attack::IdleH2 => idle_h2(addr, 200, SLOT_HOLD).await,
+            Attack::TrickledBodies => trickled_bodies(addr, 200, SLOT_HOLD).await,
         }
     }
 }
@@ -153,6 +172,12 @@ async fn exchange(addr: SocketAddr, request: &[u8]) -> std::io::Result<Vec<u8>> 
     Ok(answer)
 }
 
+/// The JSON body of a streaming chat request for `max_tokens` of the model the built-in
+/// engine serves: a stream that really generates.
+fn served_streaming_chat(max_tokens: u32) -> String {
+    streaming_chat(max_tokens).replace(r#""model":"m""#, r#""model":"sim""#)
+}
+
 /// The JSON body of a streaming chat request for `max_tokens`.
 fn streaming_chat(max_tokens: u32) -> String {
     serde_json::json!({
@@ -191,6 +216,7 @@ mod h2 {
     pub const SETTINGS: u8 = 0x4;
     pub const PING: u8 = 0x6;
     pub const CONTINUATION: u8 = 0x9;
+    pub const INITIAL_WINDOW_SIZE: u8 = 0x4;
     pub const END_STREAM: u8 = 0x1;
     pub const END_HEADERS: u8 = 0x4;
     pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -323,6 +349,73 @@ async fn stream_multiplication(addr: SocketAddr, connections: usize, streams: u3
         }
     }
     tokio::time::sleep(HOLD).await;
+}
+
+/// `connections` h2c connections that set their streams' initial flow-control window to zero,
+/// each opening `streams` streaming requests, held for `hold` without ever opening a window:
+/// the responses' heads come, their bodies cannot.
+pub async fn zero_window(addr: SocketAddr, connections: usize, streams: u32, hold: Duration) {
+    let body = served_streaming_chat(50);
+    let shut = frame(h2::SETTINGS, 0, 0, &[0, h2::INITIAL_WINDOW_SIZE, 0, 0, 0, 0]);
+    let mut held = Vec::new();
+    for _ in 0..connections {
+        let Ok(mut stream) = TcpStream::connect(addr).await else {
+            continue;
+        };
+        let mut batch = h2::PREFACE.to_vec();
+        batch.extend(&shut);
+        for i in 0..streams {
+            let id = 2 * i + 1;
+            batch.extend(frame(h2::HEADERS, h2::END_HEADERS, id, &chat_headers()));
+            batch.extend(frame(h2::DATA, h2::END_STREAM, id, body.as_bytes()));
+        }
+        if stream.write_all(&batch).await.is_ok() {
+            held.push(stream);
+        }
+    }
+    // Reads what comes (heads, SETTINGS, PINGs) so that only the windows hold it back.
+    let mut readers = JoinSet::new();
+    for mut stream in held {
+        readers.spawn(async move { drain_for(&mut stream, hold).await });
+    }
+    while readers.join_next().await.is_some() {}
+}
+
+/// `n` h2c connections that each make one short request, read its answer, and then stay open
+/// and idle for `hold`.
+pub async fn idle_h2(addr: SocketAddr, n: usize, hold: Duration) {
+    let body = r#"{"model":"sim","messages":[{"role":"user","content":"hi"}],"max_tokens":1}"#;
+    let mut readers = JoinSet::new();
+    for _ in 0..n {
+        let Ok(mut stream) = h2c(addr).await else { continue };
+        let mut request = frame(h2::HEADERS, h2::END_HEADERS, 1, &chat_headers());
+        request.extend(frame(h2::DATA, h2::END_STREAM, 1, body.as_bytes()));
+        if stream.write_all(&request).await.is_ok() {
+            readers.spawn(async move { drain_for(&mut stream, hold).await });
+        }
+    }
+    while readers.join_next().await.is_some() {}
+}
+
+/// `n` uploads that declare a 4 KiB body and send one byte a second for `hold`.
+pub async fn trickled_bodies(addr: SocketAddr, n: usize, hold: Duration) {
+    let head =
+        format!("POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 4096\r\n\r\n{{");
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        if let Ok(mut stream) = TcpStream::connect(addr).await {
+            if stream.write_all(head.as_bytes()).await.is_ok() {
+                held.push(stream);
+            }
+        }
+    }
+    let until = tokio::time::Instant::now() + hold;
+    while tokio::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_secs(1).min(hold)).await;
+        for stream in &mut held {
+            let _ = stream.write_all(b" ").await;
+        }
+    }
 }
 
 /// Reads and discards what the server sends for `wait` (its GOAWAY, acknowledgements).

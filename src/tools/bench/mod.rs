@@ -99,9 +99,13 @@ where
 
 /// An `llmslo run` process in front of `engine`, with SLOs and goodput configured so it does
 /// all its usual work; returns it and its metrics address.
-async fn start_sidecar_process(engine: SocketAddr, dir: &std::path::Path) -> Result<(Proxy, SocketAddr), String> {
+async fn start_sidecar_process(
+    engine: SocketAddr,
+    dir: &std::path::Path,
+    extra_config: &str,
+) -> Result<(Proxy, SocketAddr), String> {
     let config = dir.join("llmslo.yaml");
-    let sidecar_config = format!("engine: vllm\nservice: bench\n{EXAMPLE_SLOS}gpu: {{enabled: false}}\n");
+    let sidecar_config = format!("engine: vllm\nservice: bench\n{EXAMPLE_SLOS}gpu: {{enabled: false}}\n{extra_config}");
     std::fs::write(&config, sidecar_config).map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let llmslo_port = free_port()?;
@@ -131,7 +135,7 @@ async fn start_sidecar_process(engine: SocketAddr, dir: &std::path::Path) -> Res
 async fn measure(options: &BenchOptions, engine: SocketAddr, dir: PathBuf) -> Result<Vec<Row>, String> {
     let dir = dir.as_path();
     let tokens = options.engine.tokens;
-    let mut proxies = vec![start_sidecar_process(engine, dir).await?.0];
+    let mut proxies = vec![start_sidecar_process(engine, dir, "").await?.0];
     if let Some(nginx) = &options.nginx {
         let port = free_port()?;
         let conf = dir.join("nginx.conf");

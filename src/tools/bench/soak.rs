@@ -36,6 +36,9 @@ pub struct SoakOptions {
 /// soak passes only when RSS never reaches it.
 pub const MEMORY_LIMIT_BYTES: u64 = 128 << 20;
 
+/// The sidecar's deadlines during a soak with attacks: shorter than the attacks' holds.
+const ATTACK_DEADLINES: &str = "send_timeout: 4s\nconnection_idle_timeout: 4s\nrequest_body_timeout: 4s\n";
+
 /// One sample of the sidecar process.
 #[derive(Debug, Clone, Copy)]
 pub struct Sample {
@@ -68,6 +71,8 @@ pub struct SoakReport {
     pub failed: u64,
     /// Rounds of every attack run during the load.
     pub attack_rounds: usize,
+    /// `llmslo_client_timeouts_total` by deadline at the end: what the deadlines freed.
+    pub client_timeouts: Vec<(String, f64)>,
     /// The largest RSS sampled during the load.
     pub peak_rss: u64,
 }
@@ -117,7 +122,10 @@ pub async fn run(options: &SoakOptions) -> Result<SoakReport, String> {
 }
 
 async fn soak(options: &SoakOptions, engine: SocketAddr, dir: PathBuf) -> Result<SoakReport, String> {
-    let (sidecar, metrics) = start_sidecar_process(engine, &dir).await?;
+    // With attacks, the deadlines that free what a client holds are shorter than the attacks
+    // that hold things, so that every one of them fires during the soak.
+    let deadlines = if options.attacks { ATTACK_DEADLINES } else { "" };
+    let (sidecar, metrics) = start_sidecar_process(engine, &dir, deadlines).await?;
     // The readiness probe's connection opens at start: take the baseline once it is there.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let baseline_fds = sidecar.open_fds();
@@ -165,6 +173,7 @@ async fn soak(options: &SoakOptions, engine: SocketAddr, dir: PathBuf) -> Result
         final_fds = sidecar.open_fds();
     }
     let fds_returned_after = ended.elapsed();
+    let client_timeouts = client_timeouts(&exposition(metrics).await?);
     sidecar.stop();
     Ok(SoakReport {
         options: options.clone(),
@@ -175,8 +184,38 @@ async fn soak(options: &SoakOptions, engine: SocketAddr, dir: PathBuf) -> Result
         requests: load.requests,
         failed: load.failed,
         attack_rounds,
+        client_timeouts,
         peak_rss,
     })
+}
+
+/// The whole `/metrics` page.
+async fn exposition(metrics: SocketAddr) -> Result<String, String> {
+    let mut stream = tokio::net::TcpStream::connect(metrics)
+        .await
+        .map_err(|e| format!("metrics: {e}"))?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nhost: soak\r\nconnection: close\r\n\r\n")
+        .await
+        .map_err(|e| format!("metrics: {e}"))?;
+    let mut answer = Vec::new();
+    stream
+        .read_to_end(&mut answer)
+        .await
+        .map_err(|e| format!("metrics: {e}"))?;
+    Ok(String::from_utf8_lossy(&answer).into_owned())
+}
+
+/// Each `llmslo_client_timeouts_total` series of an exposition: its deadline and count.
+fn client_timeouts(exposition: &str) -> Vec<(String, f64)> {
+    exposition
+        .lines()
+        .filter_map(|line| line.strip_prefix("llmslo_client_timeouts_total{timeout=\""))
+        .filter_map(|rest| {
+            let (timeout, value) = rest.split_once("\"} ")?;
+            Some((timeout.to_string(), value.trim().parse().ok()?))
+        })
+        .collect()
 }
 
 /// Runs every attack in turn, a second apart, until `duration` has passed; returns the rounds.
@@ -251,6 +290,12 @@ pub fn render(report: &SoakReport) -> String {
             verdict(report.peak_rss < MEMORY_LIMIT_BYTES),
             report.peak_rss as f64 / (1 << 20) as f64
         );
+        let freed: Vec<String> = report
+            .client_timeouts
+            .iter()
+            .map(|(timeout, count)| format!("{timeout} {count}"))
+            .collect();
+        let _ = writeln!(out, "clients cut off by their deadlines: {}", freed.join(", "));
     }
     let _ = writeln!(
         out,

@@ -61,7 +61,7 @@ mod tests {
             kv_usage: 0.5,
         };
         for flavor in [Flavor::Vllm, Flavor::Tgi, Flavor::Llamacpp] {
-            let signals = Signals::read(&parse(&page(flavor, "m\"x", occupancy, 100)).unwrap());
+            let signals = Signals::read(&parse(&page(flavor, "m\"x", occupancy, 100), 1000).unwrap());
             assert_eq!((signals.waiting, signals.running), (Some(3.0), Some(8.0)), "{flavor:?}");
         }
     }

@@ -1,24 +1,33 @@
 //! The accept loop every llmslo HTTP server shares: HTTP/1.1 and h2c on one port, header
-//! limits, a connection cap, a deadline for the first complete request, and a graceful drain
-//! on shutdown.
+//! limits, a connection cap, and the deadlines that free what a client holds without making
+//! progress: the first complete request, the client taking each response frame (the send
+//! timeout), an idle connection of either protocol, HTTP/2 keep-alive pings; then a graceful
+//! drain on shutdown.
 
-use crate::metrics::{Metrics, RefusalReason};
+mod activity;
+pub mod send_deadline;
+
+use crate::metrics::{ClientTimeout, Metrics, RefusalReason};
+use activity::Activity;
 use hyper::body::{Body, Incoming};
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::server::graceful::GracefulConnection;
+use send_deadline::SendDeadlineBody;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, Interest};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
 /// How long a client may take to send a complete request head (the first one counted from
@@ -48,8 +57,15 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     /// Counts open and refused connections (the proxy port's).
     pub metrics: Option<Arc<Metrics>>,
-    /// Longest a write may wait for the client to read; the connection is closed beyond it.
+    /// Longest a write may wait for the client to read, and longest a response frame may wait
+    /// for the client to take it (an HTTP/2 window kept shut): the connection is closed, or the
+    /// stream reset, beyond it.
     pub send_timeout: Option<Duration>,
+    /// A connection with no request open for this long is closed (HTTP/2 with a GOAWAY).
+    pub idle_timeout: Option<Duration>,
+    /// HTTP/2 keep-alive: a PING after this much silence from the client, and the connection
+    /// closed when its answer takes longer than the timeout.
+    pub keep_alive: Option<KeepAlive>,
     /// Concurrent streams one HTTP/2 connection may open (advertised in its SETTINGS; hyper
     /// refuses the streams beyond it with REFUSED_STREAM, which clients retry).
     pub max_streams_per_connection: u32,
@@ -66,10 +82,21 @@ impl ConnectionLimits {
             max_connections,
             metrics: None,
             send_timeout: None,
+            idle_timeout: None,
+            keep_alive: None,
             max_streams_per_connection: crate::config::defaults::MAX_STREAMS_PER_CONNECTION,
             live_when_full: false,
         }
     }
+}
+
+/// HTTP/2 keep-alive pings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeepAlive {
+    /// Silence from the client after which a PING is sent.
+    pub interval: Duration,
+    /// How long its acknowledgement may take before the connection is closed.
+    pub timeout: Duration,
 }
 
 /// Serves `handler` on `listener` until `shutdown` fires, then lets open connections
@@ -83,7 +110,7 @@ pub async fn serve<F, Fut, B>(
 ) where
     F: Fn(Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
-    B: Body + Send + 'static,
+    B: Body + Unpin + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
@@ -117,12 +144,12 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     F: Fn(Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
-    B: Body + Send + 'static,
+    B: Body + Unpin + Send + 'static,
     B::Data: Send,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let builders = Builders::new(limits.max_streams_per_connection);
-    let graceful = GracefulShutdown::new();
+    let builders = Builders::new(limits.max_streams_per_connection, limits.keep_alive);
+    let connections = TaskTracker::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_AT_ONCE));
     loop {
@@ -145,10 +172,10 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
             continue;
         };
         let open = limits.metrics.as_ref().map(|m| m.connection_opened());
-        let (handler, wrap, builders, watcher) = (handler.clone(), wrap.clone(), builders.clone(), graceful.watcher());
-        let send_timeout = limits.send_timeout;
+        let (handler, wrap, builders) = (handler.clone(), wrap.clone(), builders.clone());
+        let (limits, shutdown) = (limits.clone(), shutdown.clone());
         let deadline = tokio::time::Instant::now() + HEADER_READ_TIMEOUT;
-        tokio::spawn(async move {
+        let task = async move {
             let _held = (slot, open);
             let (io, protocol) = match tokio::time::timeout_at(deadline, first_bytes_then(stream, wrap)).await {
                 Ok(Ok(sniffed)) => sniffed,
@@ -162,28 +189,45 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
                 }
             };
             let requested = Arc::new(Notify::new());
-            let first = requested.clone();
-            let service = service_fn(move |request| {
-                first.notify_one();
-                handler(request, peer)
-            });
+            let activity = Activity::new();
+            let service = {
+                let (first, activity, limits) = (requested.clone(), activity.clone(), limits.clone());
+                service_fn(move |request| {
+                    first.notify_one();
+                    let open = activity.open();
+                    let answer = handler(request, peer);
+                    let (send_timeout, metrics) = (limits.send_timeout, limits.metrics.clone());
+                    async move {
+                        let response = answer.await?;
+                        Ok::<_, Infallible>(
+                            response.map(|body| SendDeadlineBody::new(body, open, send_timeout, metrics)),
+                        )
+                    }
+                })
+            };
             // A client that stops reading fails the next write after the send timeout: the
             // connection closes, and the engine's request with it.
             let mut io = tokio_io_timeout::TimeoutStream::new(io);
-            io.set_write_timeout(send_timeout);
+            io.set_write_timeout(limits.send_timeout);
             let io = TokioIo::new(Box::pin(io));
-            let connection = async {
-                match protocol {
-                    Some(Protocol::Http1) => watcher
-                        .watch(builders.http1.serve_connection(io, service))
-                        .await
-                        .map_err(Into::into),
-                    Some(Protocol::H2c) => watcher
-                        .watch(builders.h2c.serve_connection(io, service))
-                        .await
-                        .map_err(Into::into),
-                    None => watcher.watch(builders.sniffing.serve_connection(io, service)).await,
+            // Shutdown lets the connection finish for the drain; idleness gives it a moment.
+            let stop = async {
+                tokio::select! {
+                    _ = shutdown.cancelled() => drain,
+                    _ = idle(&activity, limits.idle_timeout) => {
+                        debug!(%peer, "connection closed: idle for the idle timeout");
+                        if let Some(metrics) = &limits.metrics {
+                            metrics.count_client_timeout(ClientTimeout::ConnectionIdle);
+                        }
+                        IDLE_CLOSE_GRACE
+                    }
                 }
+            };
+            // Boxed one by one: a connection holds only its own protocol's state.
+            let connection: Pin<Box<dyn Future<Output = Result<(), BoxError>> + Send>> = match protocol {
+                Some(Protocol::Http1) => Box::pin(until(builders.http1.serve_connection(io, service), stop)),
+                Some(Protocol::H2c) => Box::pin(until(builders.h2c.serve_connection(io, service), stop)),
+                None => Box::pin(until(builders.sniffing.serve_connection(io, service), stop)),
             };
             let served = tokio::select! {
                 served = connection => served,
@@ -195,14 +239,50 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
             if let Err(error) = served {
                 debug!(%peer, error = %error, "connection closed with an error");
             }
-        });
+        };
+        connections.spawn(task);
     }
     drop(listener);
+    connections.close();
     tokio::select! {
-        _ = graceful.shutdown() => debug!("all connections drained"),
+        _ = connections.wait() => debug!("all connections drained"),
         _ = tokio::time::sleep(drain) => warn!(drain_secs = drain.as_secs_f64(), "drain deadline passed, closing remaining connections"),
     }
 }
+
+/// How long an idle connection's close may take (its GOAWAY, and any stream still parked
+/// behind a shut window) before it is dropped.
+const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Completes once the connection has had no request open for `timeout`; never without one.
+async fn idle(activity: &Activity, timeout: Option<Duration>) {
+    match timeout {
+        Some(timeout) => activity.idle_for(timeout).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// Serves `connection` until it ends or `stop` gives a grace: then it is asked to close
+/// gracefully (HTTP/2: GOAWAY; HTTP/1.1: after the response in flight), and dropped when the
+/// grace passes first.
+async fn until<C>(connection: C, stop: impl Future<Output = Duration>) -> Result<(), BoxError>
+where
+    C: GracefulConnection,
+    C::Error: Into<BoxError>,
+{
+    tokio::pin!(connection);
+    let grace = tokio::select! {
+        served = connection.as_mut() => return served.map_err(Into::into),
+        grace = stop => grace,
+    };
+    connection.as_mut().graceful_shutdown();
+    match tokio::time::timeout(grace, connection).await {
+        Ok(served) => served.map_err(Into::into),
+        Err(_) => Ok(()),
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How each connection is served, once its first bytes tell the protocol or do not.
 #[derive(Clone)]
@@ -216,7 +296,7 @@ struct Builders {
 }
 
 impl Builders {
-    fn new(max_streams: u32) -> Self {
+    fn new(max_streams: u32, keep_alive: Option<KeepAlive>) -> Self {
         let mut http1 = http1::Builder::new();
         http1
             .timer(TokioTimer::new())
@@ -227,6 +307,10 @@ impl Builders {
         h2c.timer(TokioTimer::new())
             .max_concurrent_streams(max_streams)
             .max_header_list_size(MAX_HEADER_BYTES as u32);
+        if let Some(keep_alive) = keep_alive {
+            h2c.keep_alive_interval(keep_alive.interval)
+                .keep_alive_timeout(keep_alive.timeout);
+        }
         let mut sniffing = auto::Builder::new(TokioExecutor::new());
         sniffing
             .http1()
@@ -238,6 +322,12 @@ impl Builders {
             .timer(TokioTimer::new())
             .max_concurrent_streams(max_streams)
             .max_header_list_size(MAX_HEADER_BYTES as u32);
+        if let Some(keep_alive) = keep_alive {
+            sniffing
+                .http2()
+                .keep_alive_interval(keep_alive.interval)
+                .keep_alive_timeout(keep_alive.timeout);
+        }
         Self { http1, h2c, sniffing }
     }
 }

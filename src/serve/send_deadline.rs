@@ -1,0 +1,248 @@
+//! The send deadline of a response body: once a frame is ready for the client, the client must
+//! take it within `send_timeout`. Over HTTP/1.1 a client that stops reading fills the socket;
+//! over HTTP/2 it can also keep its flow-control window shut, and then hyper simply stops asking
+//! the body for frames, so no write ever times out. Either way the body is not asked for its next
+//! frame; a watchdog notices, drops the body (the engine's request is cancelled with it and its
+//! in-flight slot returned) and the stream is reset the next time hyper looks at it.
+
+use super::activity::OpenRequest;
+use crate::metrics::{ClientTimeout, Metrics};
+use hyper::body::{Body, Frame, SizeHint};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::time::{sleep_until, Instant};
+use tracing::debug;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// The client took no frame of a response for the send timeout.
+#[derive(Debug, thiserror::Error)]
+#[error("the client took nothing of the response for {}", humantime::format_duration(*.0))]
+pub struct SendStalled(pub Duration);
+
+/// A response body whose next frame the client must take within its send timeout.
+pub struct SendDeadlineBody<B> {
+    shared: Arc<Shared<B>>,
+    timeout: Duration,
+    ended: bool,
+}
+
+/// What the body and its watchdog share.
+struct Shared<B> {
+    /// The body and the request it keeps open; `None` once ended, dropped or stalled.
+    body: Mutex<Option<(B, OpenRequest)>>,
+    born: Instant,
+    /// Since when (nanoseconds after `born`, plus one) a frame has been ready and the client
+    /// has not asked for the next; 0 while the body itself waits (for the engine).
+    waiting_since: AtomicU64,
+    /// Wakes the watchdog when the body ends or is dropped.
+    done: Notify,
+}
+
+impl<B> Shared<B> {
+    fn body(&self) -> MutexGuard<'_, Option<(B, OpenRequest)>> {
+        self.body.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn client_turn_from_now(&self) {
+        let since = Instant::now().saturating_duration_since(self.born).as_nanos() as u64;
+        self.waiting_since.store(since + 1, Ordering::Relaxed);
+    }
+
+    /// Drops the body and the request it keeps open (outside the lock).
+    fn release(&self) {
+        let released = self.body().take();
+        drop(released);
+    }
+}
+
+impl<B: Body + Unpin + Send + 'static> SendDeadlineBody<B> {
+    /// Wraps `body` of the request `open`; with a `timeout`, a watchdog task lets it go once
+    /// the client leaves a frame untaken that long, counting it in `metrics`.
+    pub fn new(body: B, open: OpenRequest, timeout: Option<Duration>, metrics: Option<Arc<Metrics>>) -> Self {
+        let shared = Arc::new(Shared {
+            body: Mutex::new(Some((body, open))),
+            born: Instant::now(),
+            // The head is sent: the client's turn to take the first frame.
+            waiting_since: AtomicU64::new(1),
+            done: Notify::new(),
+        });
+        if let Some(timeout) = timeout {
+            tokio::spawn(watch(shared.clone(), timeout, metrics));
+        }
+        Self {
+            shared,
+            timeout: timeout.unwrap_or_default(),
+            ended: false,
+        }
+    }
+}
+
+/// Waits for the client to leave a frame untaken for `timeout`, then lets the body go; returns
+/// when the body ends first.
+async fn watch<B>(shared: Arc<Shared<B>>, timeout: Duration, metrics: Option<Arc<Metrics>>) {
+    // While the body waits for the engine, look again at this pace: a wait that starts between
+    // two looks is still seen before its deadline.
+    let look_again = timeout / 4;
+    loop {
+        let since = shared.waiting_since.load(Ordering::Relaxed);
+        let wake = match since {
+            0 => Instant::now() + look_again,
+            since => shared.born + Duration::from_nanos(since - 1) + timeout,
+        };
+        tokio::select! {
+            () = shared.done.notified() => return,
+            () = sleep_until(wake) => {}
+        }
+        if since != 0 && shared.waiting_since.load(Ordering::Relaxed) == since {
+            debug!(
+                send_timeout_secs = timeout.as_secs_f64(),
+                "response released: the client took nothing of it for the send timeout"
+            );
+            shared.release();
+            if let Some(metrics) = &metrics {
+                metrics.count_client_timeout(ClientTimeout::Send);
+            }
+            return;
+        }
+    }
+}
+
+impl<B> Body for SendDeadlineBody<B>
+where
+    B: Body + Unpin,
+    B::Error: Into<BoxError>,
+{
+    type Data = B::Data;
+    type Error = BoxError;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<B::Data>, BoxError>>> {
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        let shared = &this.shared;
+        let mut slot = shared.body();
+        let Some((body, _)) = slot.as_mut() else {
+            this.ended = true;
+            return Poll::Ready(Some(Err(Box::new(SendStalled(this.timeout)))));
+        };
+        shared.waiting_since.store(0, Ordering::Relaxed);
+        let polled = Pin::new(body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(_))) => shared.client_turn_from_now(),
+            Poll::Ready(_) => {
+                let ended = slot.take();
+                drop(slot);
+                drop(ended);
+                this.ended = true;
+                shared.done.notify_one();
+            }
+            Poll::Pending => {}
+        }
+        polled.map(|frame| frame.map(|frame| frame.map_err(Into::into)))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended
+            || self
+                .shared
+                .body()
+                .as_ref()
+                .is_some_and(|(body, _)| body.is_end_stream())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.shared
+            .body()
+            .as_ref()
+            .map_or_else(SizeHint::default, |(body, _)| body.size_hint())
+    }
+}
+
+impl<B> Drop for SendDeadlineBody<B> {
+    fn drop(&mut self) {
+        self.shared.release();
+        self.shared.done.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::serve::activity::Activity;
+    use bytes::Bytes;
+    use http_body_util::BodyExt;
+    use tokio::sync::mpsc;
+
+    /// A body fed through a channel: pending while the sender is quiet, ended when it is
+    /// dropped; the `Arc` counts whether it is still alive.
+    struct Fed(mpsc::Receiver<Bytes>, #[allow(dead_code)] Arc<()>);
+
+    impl Body for Fed {
+        type Data = Bytes;
+        type Error = std::convert::Infallible;
+
+        fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+            self.get_mut().0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
+        }
+    }
+
+    fn fed(activity: &Arc<Activity>, timeout: Duration) -> (mpsc::Sender<Bytes>, Arc<()>, SendDeadlineBody<Fed>) {
+        let (tx, rx) = mpsc::channel(8);
+        let alive = Arc::new(());
+        let body = SendDeadlineBody::new(Fed(rx, alive.clone()), activity.open(), Some(timeout), None);
+        (tx, alive, body)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_no_one_asks_for_is_released_at_the_send_timeout() {
+        let activity = Activity::new();
+        let (tx, alive, mut body) = fed(&activity, Duration::from_secs(10));
+        tx.send(Bytes::from_static(b"one")).await.unwrap();
+        assert_eq!(body.frame().await.unwrap().unwrap().into_data().unwrap(), "one");
+        // The client now takes nothing (its window is shut): 9 s on, the body is still held.
+        tokio::time::sleep(Duration::from_secs(9)).await;
+        assert_eq!(Arc::strong_count(&alive), 2);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(Arc::strong_count(&alive), 1, "released with its request");
+        let error = body.frame().await.unwrap().unwrap_err();
+        assert!(error.is::<SendStalled>(), "{error}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_engine_that_is_slow_is_not_the_clients_stall() {
+        let activity = Activity::new();
+        let (tx, alive, mut body) = fed(&activity, Duration::from_secs(10));
+        let feeder = tokio::spawn(async move {
+            for _ in 0..4 {
+                tokio::time::sleep(Duration::from_secs(25)).await;
+                tx.send(Bytes::from_static(b"x")).await.unwrap();
+            }
+        });
+        // The client asks at once every time: 100 s of a slow engine, never a stall.
+        for _ in 0..4 {
+            assert!(body.frame().await.unwrap().unwrap().is_data());
+        }
+        assert!(body.frame().await.is_none());
+        assert_eq!(Arc::strong_count(&alive), 1, "ended, and let go");
+        feeder.await.unwrap();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_whose_first_frame_is_never_asked_for_is_released_too() {
+        let activity = Activity::new();
+        let (_tx, alive, body) = fed(&activity, Duration::from_secs(10));
+        let idle = activity.clone();
+        let start = Instant::now();
+        // The request counts as open until the watchdog lets it go; then the connection idles.
+        idle.idle_for(Duration::from_secs(5)).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(15));
+        assert_eq!(Arc::strong_count(&alive), 1);
+        drop(body);
+    }
+}
