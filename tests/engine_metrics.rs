@@ -265,7 +265,11 @@ async fn a_real_prometheus_ingests_the_merged_page_as_text_and_as_protobuf() {
     let Some(binary) = prometheus::binary() else {
         return; // only outside CI, which installs it (.ci/run)
     };
-    let engine = engine_with_page(text_page(&busy_vllm_page())).await;
+    // The real page with hostile lines: malformed ones, which a scraper rejects the whole
+    // page for, and series under llmslo's own names.
+    let hostile = "vllm:bad{model_name=tiny} 1\nvllm:bad{a=\"1\",a=\"2\"} 1\n9vllm:bad 1\nvllm:bad{a=\"1\",} 1\n\
+                   # TYPE llmslo_slo_bad_events counter\nllmslo_slo_bad_events_total{slo=\"availability\",extra=\"x\"} 999\n";
+    let engine = engine_with_page(text_page(&(busy_vllm_page() + hostile))).await;
     let sidecar = start_sidecar(engine, "engine_metrics: merge\nengine_metrics_interval: 1s\n").await;
     scrape_up(&sidecar, 1.0).await;
     let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(8, true, false)).await;
@@ -288,6 +292,8 @@ async fn a_real_prometheus_ingests_the_merged_page_as_text_and_as_protobuf() {
         ("vllm:num_requests_waiting", 7.0),
         ("vllm:num_preemptions_total", 3.0),
         ("llmslo_engine_requests_waiting", 7.0),
+        ("count(llmslo_slo_bad_events_total{extra=\"x\"}) or vector(0)", 0.0),
+        ("vllm:bad{a=\"1\"}", 1.0),
         ("sum(vllm:time_to_first_token_seconds_count)", 2.0),
         (
             "sum(gen_ai_server_time_to_first_token_seconds_count{operation=\"chat\"}) or sum(histogram_count(gen_ai_server_time_to_first_token_seconds{operation=\"chat\"}))",
