@@ -338,13 +338,7 @@ async fn stream_multiplication(addr: SocketAddr, connections: usize, streams: u3
     let mut held = Vec::new();
     for _ in 0..connections {
         let Ok(mut stream) = h2c(addr).await else { continue };
-        let mut batch = Vec::new();
-        for i in 0..streams {
-            let id = 2 * i + 1;
-            batch.extend(frame(h2::HEADERS, h2::END_HEADERS, id, &chat_headers()));
-            batch.extend(frame(h2::DATA, h2::END_STREAM, id, body.as_bytes()));
-        }
-        if stream.write_all(&batch).await.is_ok() {
+        if stream.write_all(&requests(streams, &body)).await.is_ok() {
             held.push(stream);
         }
     }
@@ -364,11 +358,7 @@ pub async fn zero_window(addr: SocketAddr, connections: usize, streams: u32, hol
         };
         let mut batch = h2::PREFACE.to_vec();
         batch.extend(&shut);
-        for i in 0..streams {
-            let id = 2 * i + 1;
-            batch.extend(frame(h2::HEADERS, h2::END_HEADERS, id, &chat_headers()));
-            batch.extend(frame(h2::DATA, h2::END_STREAM, id, body.as_bytes()));
-        }
+        batch.extend(requests(streams, &body));
         if stream.write_all(&batch).await.is_ok() {
             held.push(stream);
         }
@@ -388,9 +378,7 @@ pub async fn idle_h2(addr: SocketAddr, n: usize, hold: Duration) {
     let mut readers = JoinSet::new();
     for _ in 0..n {
         let Ok(mut stream) = h2c(addr).await else { continue };
-        let mut request = frame(h2::HEADERS, h2::END_HEADERS, 1, &chat_headers());
-        request.extend(frame(h2::DATA, h2::END_STREAM, 1, body.as_bytes()));
-        if stream.write_all(&request).await.is_ok() {
+        if stream.write_all(&requests(1, body)).await.is_ok() {
             readers.spawn(async move { drain_for(&mut stream, hold).await });
         }
     }
@@ -416,6 +404,17 @@ pub async fn trickled_bodies(addr: SocketAddr, n: usize, hold: Duration) {
             let _ = stream.write_all(b" ").await;
         }
     }
+}
+
+/// `streams` chat requests with `body`, on streams 1, 3, 5, …: each a HEADERS and a DATA frame.
+fn requests(streams: u32, body: &str) -> Vec<u8> {
+    let mut batch = Vec::new();
+    for i in 0..streams {
+        let id = 2 * i + 1;
+        batch.extend(frame(h2::HEADERS, h2::END_HEADERS, id, &chat_headers()));
+        batch.extend(frame(h2::DATA, h2::END_STREAM, id, body.as_bytes()));
+    }
+    batch
 }
 
 /// Reads and discards what the server sends for `wait` (its GOAWAY, acknowledgements).

@@ -189,7 +189,7 @@ async fn soak(options: &SoakOptions, engine: SocketAddr, dir: PathBuf) -> Result
     })
 }
 
-/// The whole `/metrics` page.
+/// The whole answer to `GET /metrics`, its head included.
 async fn exposition(metrics: SocketAddr) -> Result<String, String> {
     let mut stream = tokio::net::TcpStream::connect(metrics)
         .await
@@ -237,19 +237,7 @@ async fn attack_until(proxy: SocketAddr, duration: Duration) -> usize {
 /// Times one complete `GET /metrics`.
 async fn scrape(metrics: SocketAddr) -> Result<Duration, String> {
     let started = Instant::now();
-    let mut stream = tokio::net::TcpStream::connect(metrics)
-        .await
-        .map_err(|e| format!("metrics: {e}"))?;
-    stream
-        .write_all(b"GET /metrics HTTP/1.1\r\nhost: soak\r\nconnection: close\r\n\r\n")
-        .await
-        .map_err(|e| format!("metrics: {e}"))?;
-    let mut answer = Vec::new();
-    stream
-        .read_to_end(&mut answer)
-        .await
-        .map_err(|e| format!("metrics: {e}"))?;
-    if !answer.starts_with(b"HTTP/1.1 200") {
+    if !exposition(metrics).await?.starts_with("HTTP/1.1 200") {
         return Err("metrics: the scrape was not answered 200".into());
     }
     Ok(started.elapsed())
