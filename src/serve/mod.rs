@@ -8,7 +8,7 @@ mod activity;
 pub mod send_deadline;
 
 use crate::metrics::{ClientTimeout, Metrics, RefusalReason};
-use activity::Activity;
+use activity::{Activity, Done};
 use hyper::body::{Body, Incoming};
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
@@ -214,10 +214,15 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
             let stop = async {
                 tokio::select! {
                     _ = shutdown.cancelled() => drain,
-                    _ = idle(&activity, limits.idle_timeout) => {
-                        debug!(%peer, "connection closed: idle for the idle timeout");
-                        if let Some(metrics) = &limits.metrics {
-                            metrics.count_client_timeout(ClientTimeout::ConnectionIdle);
+                    done = finished(&activity, limits.idle_timeout) => {
+                        match done {
+                            Done::Idle => {
+                                debug!(%peer, "connection closed: idle for the idle timeout");
+                                if let Some(metrics) = &limits.metrics {
+                                    metrics.count_client_timeout(ClientTimeout::ConnectionIdle);
+                                }
+                            }
+                            Done::Stalled => debug!(%peer, "connection closed: its client took nothing of its responses"),
                         }
                         IDLE_CLOSE_GRACE
                     }
@@ -250,16 +255,16 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
     }
 }
 
-/// How long an idle connection's close may take (its GOAWAY, and any stream still parked
-/// behind a shut window) before it is dropped.
+/// How long an idle or stalled connection's close may take (its GOAWAY, and any stream still
+/// parked behind a shut window) before it is dropped.
 const IDLE_CLOSE_GRACE: Duration = Duration::from_secs(1);
 
-/// Completes once the connection has had no request open for `timeout`; never without one.
-async fn idle(activity: &Activity, timeout: Option<Duration>) {
-    match timeout {
-        Some(timeout) => activity.idle_for(timeout).await,
-        None => std::future::pending().await,
-    }
+/// Completes once the connection is done with: no request open for `timeout`, or its last
+/// requests let go at their send deadline; never idle without a timeout.
+async fn finished(activity: &Activity, timeout: Option<Duration>) -> Done {
+    /// Idle for ever, in effect: far enough, and near enough for a clock to add it.
+    const NEVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
+    activity.done(timeout.unwrap_or(NEVER)).await
 }
 
 /// Serves `connection` until it ends or `stop` gives a grace: then it is asked to close

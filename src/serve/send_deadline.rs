@@ -103,7 +103,10 @@ async fn watch<B>(shared: Arc<Shared<B>>, timeout: Duration, metrics: Option<Arc
                 send_timeout_secs = timeout.as_secs_f64(),
                 "response released: the client took nothing of it for the send timeout"
             );
-            shared.release();
+            if let Some((body, open)) = shared.body().take() {
+                drop(body);
+                open.end_stalled();
+            }
             if let Some(metrics) = &metrics {
                 metrics.count_client_timeout(ClientTimeout::Send);
             }
@@ -239,9 +242,13 @@ mod tests {
         let (_tx, alive, body) = fed(&activity, Duration::from_secs(10));
         let idle = activity.clone();
         let start = Instant::now();
-        // The request counts as open until the watchdog lets it go; then the connection idles.
-        idle.idle_for(Duration::from_secs(5)).await;
-        assert_eq!(start.elapsed(), Duration::from_secs(15));
+        // The request counts as open until the watchdog lets it go; then the connection, whose
+        // client reads nothing, is done with at once.
+        assert_eq!(
+            idle.done(Duration::from_secs(5)).await,
+            crate::serve::activity::Done::Stalled
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(10));
         assert_eq!(Arc::strong_count(&alive), 1);
         drop(body);
     }
