@@ -16,7 +16,7 @@ use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulConnection;
-use send_deadline::SendDeadlineBody;
+use send_deadline::{SendDeadlineBody, Watchdog};
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -150,6 +150,10 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
 {
     let builders = Builders::new(limits.max_streams_per_connection, limits.keep_alive);
     let connections = TaskTracker::new();
+    // One task watches every response's send deadline.
+    let watchdog = limits
+        .send_timeout
+        .map(|timeout| Watchdog::<B>::start(timeout, limits.metrics.clone()));
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_AT_ONCE));
     loop {
@@ -173,7 +177,7 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
         };
         let open = limits.metrics.as_ref().map(|m| m.connection_opened());
         let (handler, wrap, builders) = (handler.clone(), wrap.clone(), builders.clone());
-        let (limits, shutdown) = (limits.clone(), shutdown.clone());
+        let (limits, shutdown, watchdog) = (limits.clone(), shutdown.clone(), watchdog.clone());
         let deadline = tokio::time::Instant::now() + HEADER_READ_TIMEOUT;
         let task = async move {
             let _held = (slot, open);
@@ -191,17 +195,18 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
             let requested = Arc::new(Notify::new());
             let activity = Activity::new();
             let service = {
-                let (first, activity, limits) = (requested.clone(), activity.clone(), limits.clone());
+                let (first, activity, watchdog) = (requested.clone(), activity.clone(), watchdog.clone());
                 service_fn(move |request| {
                     first.notify_one();
                     let open = activity.open();
                     let answer = handler(request, peer);
-                    let (send_timeout, metrics) = (limits.send_timeout, limits.metrics.clone());
+                    let watchdog = watchdog.clone();
                     async move {
                         let response = answer.await?;
-                        Ok::<_, Infallible>(
-                            response.map(|body| SendDeadlineBody::new(body, open, send_timeout, metrics)),
-                        )
+                        Ok::<_, Infallible>(response.map(|body| match &watchdog {
+                            Some(watchdog) => watchdog.watch(body, open),
+                            None => SendDeadlineBody::unwatched(body, open),
+                        }))
                     }
                 })
             };

@@ -2,19 +2,20 @@
 //! take it within `send_timeout`. Over HTTP/1.1 a client that stops reading fills the socket;
 //! over HTTP/2 it can also keep its flow-control window shut, and then hyper simply stops asking
 //! the body for frames, so no write ever times out. Either way the body is not asked for its next
-//! frame; a watchdog notices, drops the body (the engine's request is cancelled with it and its
-//! in-flight slot returned) and the stream is reset the next time hyper looks at it.
+//! frame; the server's watchdog, one task that looks at every response a few times per send
+//! timeout, notices, drops the body (the engine's request is cancelled with it and its
+//! in-flight slot returned), and the stream is reset the next time hyper looks at it.
 
 use super::activity::OpenRequest;
 use crate::metrics::{ClientTimeout, Metrics};
 use hyper::body::{Body, Frame, SizeHint};
+use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::sync::Notify;
-use tokio::time::{sleep_until, Instant};
+use tokio::time::Instant;
 use tracing::debug;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -27,11 +28,13 @@ pub struct SendStalled(pub Duration);
 /// A response body whose next frame the client must take within its send timeout.
 pub struct SendDeadlineBody<B> {
     shared: Arc<Shared<B>>,
+    /// Where the watchdog holds it, to let go of it when it ends.
+    watched: Option<(Arc<Watchdog<B>>, u64)>,
     timeout: Duration,
     ended: bool,
 }
 
-/// What the body and its watchdog share.
+/// What the body and the watchdog share.
 struct Shared<B> {
     /// The body and the request it keeps open; `None` once ended, dropped or stalled.
     body: Mutex<Option<(B, OpenRequest)>>,
@@ -39,8 +42,6 @@ struct Shared<B> {
     /// Since when (nanoseconds after `born`, plus one) a frame has been ready and the client
     /// has not asked for the next; 0 while the body itself waits (for the engine).
     waiting_since: AtomicU64,
-    /// Wakes the watchdog when the body ends or is dropped.
-    done: Notify,
 }
 
 impl<B> Shared<B> {
@@ -53,6 +54,14 @@ impl<B> Shared<B> {
         self.waiting_since.store(since + 1, Ordering::Relaxed);
     }
 
+    /// How long the client has left a frame untaken at `now`.
+    fn stalled_for(&self, now: Instant) -> Duration {
+        match self.waiting_since.load(Ordering::Relaxed) {
+            0 => Duration::ZERO,
+            since => now.saturating_duration_since(self.born + Duration::from_nanos(since - 1)),
+        }
+    }
+
     /// Drops the body and the request it keeps open (outside the lock).
     fn release(&self) {
         let released = self.body().take();
@@ -60,57 +69,124 @@ impl<B> Shared<B> {
     }
 }
 
-impl<B: Body + Unpin + Send + 'static> SendDeadlineBody<B> {
-    /// Wraps `body` of the request `open`; with a `timeout`, a watchdog task lets it go once
-    /// the client leaves a frame untaken that long, counting it in `metrics`.
-    pub fn new(body: B, open: OpenRequest, timeout: Option<Duration>, metrics: Option<Arc<Metrics>>) -> Self {
+/// One server's responses under the send deadline, looked at together by one task every
+/// quarter of the timeout: a stall is let go between one and one and a quarter send timeouts
+/// after the client stopped taking frames. One task for all, rather than a timer each.
+pub struct Watchdog<B> {
+    timeout: Duration,
+    metrics: Option<Arc<Metrics>>,
+    bodies: Mutex<Watched<B>>,
+}
+
+/// The responses being watched, by a number of their own.
+struct Watched<B> {
+    next: u64,
+    bodies: HashMap<u64, Arc<Shared<B>>>,
+}
+
+impl<B: Body + Unpin + Send + 'static> Watchdog<B> {
+    /// A watchdog for `timeout`, counting what it lets go in `metrics`; its task ends once the
+    /// watchdog is dropped.
+    pub fn start(timeout: Duration, metrics: Option<Arc<Metrics>>) -> Arc<Self> {
+        let watchdog = Arc::new(Self {
+            timeout,
+            metrics,
+            bodies: Mutex::new(Watched {
+                next: 0,
+                bodies: HashMap::new(),
+            }),
+        });
+        tokio::spawn(look_every(Arc::downgrade(&watchdog), timeout / 4));
+        watchdog
+    }
+
+    /// `body` of the request `open`, under the send deadline.
+    pub fn watch(self: &Arc<Self>, body: B, open: OpenRequest) -> SendDeadlineBody<B> {
         let shared = Arc::new(Shared {
             body: Mutex::new(Some((body, open))),
             born: Instant::now(),
             // The head is sent: the client's turn to take the first frame.
             waiting_since: AtomicU64::new(1),
-            done: Notify::new(),
         });
-        if let Some(timeout) = timeout {
-            tokio::spawn(watch(shared.clone(), timeout, metrics));
-        }
-        Self {
+        let id = {
+            let mut watched = self.watched();
+            let id = watched.next;
+            watched.next += 1;
+            watched.bodies.insert(id, shared.clone());
+            id
+        };
+        SendDeadlineBody {
             shared,
-            timeout: timeout.unwrap_or_default(),
+            watched: Some((self.clone(), id)),
+            timeout: self.timeout,
             ended: false,
         }
     }
 }
 
-/// Waits for the client to leave a frame untaken for `timeout`, then lets the body go; returns
-/// when the body ends first.
-async fn watch<B>(shared: Arc<Shared<B>>, timeout: Duration, metrics: Option<Arc<Metrics>>) {
-    // While the body waits for the engine, look again at this pace: a wait that starts between
-    // two looks is still seen before its deadline.
-    let look_again = timeout / 4;
-    loop {
-        let since = shared.waiting_since.load(Ordering::Relaxed);
-        let wake = match since {
-            0 => Instant::now() + look_again,
-            since => shared.born + Duration::from_nanos(since - 1) + timeout,
-        };
-        tokio::select! {
-            () = shared.done.notified() => return,
-            () = sleep_until(wake) => {}
-        }
-        if since != 0 && shared.waiting_since.load(Ordering::Relaxed) == since {
+impl<B> Watchdog<B> {
+    fn watched(&self) -> MutexGuard<'_, Watched<B>> {
+        self.bodies.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Lets go of every response whose client has left a frame untaken for the timeout.
+    fn look(&self) {
+        let now = Instant::now();
+        let mut stalled = Vec::new();
+        self.watched().bodies.retain(|_, shared| {
+            let late = shared.stalled_for(now) >= self.timeout;
+            if late {
+                stalled.push(shared.clone());
+            }
+            !late
+        });
+        for shared in stalled {
+            let Some((body, open)) = shared.body().take() else {
+                continue;
+            };
+            drop(body);
+            open.end_stalled();
             debug!(
-                send_timeout_secs = timeout.as_secs_f64(),
+                send_timeout_secs = self.timeout.as_secs_f64(),
                 "response released: the client took nothing of it for the send timeout"
             );
-            if let Some((body, open)) = shared.body().take() {
-                drop(body);
-                open.end_stalled();
-            }
-            if let Some(metrics) = &metrics {
+            if let Some(metrics) = &self.metrics {
                 metrics.count_client_timeout(ClientTimeout::Send);
             }
-            return;
+        }
+    }
+
+    fn forget(&self, id: u64) {
+        let forgotten = self.watched().bodies.remove(&id);
+        drop(forgotten);
+    }
+}
+
+impl<B: Body + Unpin + Send + 'static> SendDeadlineBody<B> {
+    /// `body` of the request `open`, with no send deadline.
+    pub fn unwatched(body: B, open: OpenRequest) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                body: Mutex::new(Some((body, open))),
+                born: Instant::now(),
+                waiting_since: AtomicU64::new(0),
+            }),
+            watched: None,
+            timeout: Duration::ZERO,
+            ended: false,
+        }
+    }
+}
+
+/// Looks at the watchdog's responses every `every`, until the watchdog is gone.
+async fn look_every<B: Body + Unpin + Send + 'static>(watchdog: Weak<Watchdog<B>>, every: Duration) {
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        match watchdog.upgrade() {
+            Some(watchdog) => watchdog.look(),
+            None => return,
         }
     }
 }
@@ -143,7 +219,9 @@ where
                 drop(slot);
                 drop(ended);
                 this.ended = true;
-                shared.done.notify_one();
+                if let Some((watchdog, id)) = this.watched.take() {
+                    watchdog.forget(id);
+                }
             }
             Poll::Pending => {}
         }
@@ -170,7 +248,10 @@ where
 impl<B> Drop for SendDeadlineBody<B> {
     fn drop(&mut self) {
         self.shared.release();
-        self.shared.done.notify_one();
+        if let Some((watchdog, id)) = self.watched.take() {
+            let forgotten = watchdog.watched().bodies.remove(&id);
+            drop(forgotten);
+        }
     }
 }
 
@@ -198,7 +279,8 @@ mod tests {
     fn fed(activity: &Arc<Activity>, timeout: Duration) -> (mpsc::Sender<Bytes>, Arc<()>, SendDeadlineBody<Fed>) {
         let (tx, rx) = mpsc::channel(8);
         let alive = Arc::new(());
-        let body = SendDeadlineBody::new(Fed(rx, alive.clone()), activity.open(), Some(timeout), None);
+        let watchdog = Watchdog::start(timeout, None);
+        let body = watchdog.watch(Fed(rx, alive.clone()), activity.open());
         (tx, alive, body)
     }
 
@@ -208,13 +290,29 @@ mod tests {
         let (tx, alive, mut body) = fed(&activity, Duration::from_secs(10));
         tx.send(Bytes::from_static(b"one")).await.unwrap();
         assert_eq!(body.frame().await.unwrap().unwrap().into_data().unwrap(), "one");
-        // The client now takes nothing (its window is shut): 9 s on, the body is still held.
+        // The client now takes nothing (its window is shut): 9 s on, the body is still held;
+        // the watchdog, looking every 2.5 s, lets it go within a quarter timeout of 10 s.
         tokio::time::sleep(Duration::from_secs(9)).await;
         assert_eq!(Arc::strong_count(&alive), 2);
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(Duration::from_millis(3600)).await;
         assert_eq!(Arc::strong_count(&alive), 1, "released with its request");
         let error = body.frame().await.unwrap().unwrap_err();
         assert!(error.is::<SendStalled>(), "{error}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_ends_is_no_longer_watched() {
+        let activity = Activity::new();
+        let watchdog = Watchdog::start(Duration::from_secs(10), None);
+        let (tx, rx) = mpsc::channel(1);
+        let mut body = watchdog.watch(Fed(rx, Arc::new(())), activity.open());
+        assert_eq!(watchdog.watched().bodies.len(), 1);
+        drop(tx);
+        assert!(body.frame().await.is_none());
+        assert_eq!(watchdog.watched().bodies.len(), 0, "forgotten at its end");
+        let other = watchdog.watch(Fed(mpsc::channel(1).1, Arc::new(())), activity.open());
+        drop(other);
+        assert_eq!(watchdog.watched().bodies.len(), 0, "and when dropped");
     }
 
     #[tokio::test(start_paused = true)]
