@@ -6,15 +6,14 @@ FROM rust:1.95-bookworm AS build
 WORKDIR /src
 
 # Dependencies first, in a layer of their own: it is rebuilt only when Cargo.toml or
-# Cargo.lock change, so a code change recompiles llmslo alone. Placeholder sources stand in
-# for ours (Cargo needs every declared target to exist).
+# Cargo.lock change, so a code change recompiles llmslo alone. Cargo needs every target that
+# Cargo.toml declares to exist, so placeholders stand in for ours, one per declared target.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir -p src benches \
-    && echo 'fn main() {}' > src/main.rs \
-    && touch src/lib.rs \
-    && echo 'fn main() {}' > benches/sse_parser.rs \
+COPY scripts/cargo-stubs.sh /usr/local/bin/cargo-stubs
+RUN cargo-stubs Cargo.toml \
     && cargo build --release --locked \
-    && rm -rf src benches target/release/.fingerprint/llmslo-* target/release/deps/llmslo-* \
+    && rm -rf src benches tests examples \
+              target/release/.fingerprint/llmslo-* target/release/deps/llmslo-* \
               target/release/deps/libllmslo-* target/release/llmslo*
 
 COPY . .

@@ -144,7 +144,8 @@ struct InjectArgs {
     /// the sidecar's port, instead of only warning about them.
     #[arg(long)]
     rewrite_services: bool,
-    /// Fail, printing nothing, when a Service would bypass the sidecar.
+    /// Fail, printing nothing, when a Service would bypass the sidecar or an `llmslo.io/`
+    /// label or annotation is unknown, misplaced or not a string.
     #[arg(long)]
     strict: bool,
 }
@@ -358,12 +359,19 @@ impl Cli {
                 };
                 match inject::inject_yaml(&input, &options) {
                     Ok(injected) => {
+                        for warning in &injected.warnings {
+                            eprintln!("llmslo: warning: {warning}");
+                        }
                         for bypass in &injected.bypasses {
                             eprintln!("llmslo: {bypass}");
                         }
                         let bypassed = injected.bypasses.iter().filter(|b| !b.rewritten).count();
-                        if args.strict && bypassed > 0 {
-                            eprintln!("llmslo: --strict: {bypassed} Service port(s) would bypass the sidecar");
+                        if args.strict && bypassed + injected.warnings.len() > 0 {
+                            eprintln!(
+                                "llmslo: --strict: {bypassed} Service port(s) would bypass the sidecar, {} \
+                                 llmslo.io/ label or annotation warning(s)",
+                                injected.warnings.len()
+                            );
                             return ExitCode::FAILURE;
                         }
                         write_stdout(&injected.output);

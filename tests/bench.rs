@@ -104,6 +104,7 @@ fn bad_flags_are_clear_errors() {
 }
 
 #[test]
+#[ignore = "long proof (40 s: it waits for the pooled connections to close): CI runs it with --include-ignored"]
 fn a_short_soak_samples_memory_fds_and_scrapes_and_gives_its_fds_back() {
     // The pooled engine connections close after 90 s idle: the wait covers that.
     let mut args = vec!["soak", "--streams", "8", "--duration", "4s", "--sample-every", "1s"];

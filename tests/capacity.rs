@@ -343,6 +343,7 @@ fn around(low: f64, high: f64) -> Vec<f64> {
 }
 
 #[tokio::test(start_paused = true)]
+#[ignore = "long proof (2 min on 2 cores for the file): CI runs it with --include-ignored"]
 async fn poisson_95() {
     let case = Case {
         rates: around(30.0, 42.0),
@@ -352,6 +353,7 @@ async fn poisson_95() {
 }
 
 #[tokio::test(start_paused = true)]
+#[ignore = "long proof (2 min on 2 cores for the file): CI runs it with --include-ignored"]
 async fn poisson_99() {
     let case = Case {
         objective: 99,
@@ -362,6 +364,7 @@ async fn poisson_99() {
 }
 
 #[tokio::test(start_paused = true)]
+#[ignore = "long proof (2 min on 2 cores for the file): CI runs it with --include-ignored"]
 async fn prefill_a_third_of_a_step() {
     let case = Case {
         prefill_per_token: Duration::from_micros(150),
@@ -372,6 +375,7 @@ async fn prefill_a_third_of_a_step() {
 }
 
 #[tokio::test(start_paused = true)]
+#[ignore = "long proof (2 min on 2 cores for the file): CI runs it with --include-ignored"]
 async fn noisy_engine() {
     let case = Case {
         step_jitter: 0.5,
@@ -382,6 +386,7 @@ async fn noisy_engine() {
 }
 
 #[tokio::test(start_paused = true)]
+#[ignore = "long proof (2 min on 2 cores for the file): CI runs it with --include-ignored"]
 async fn two_models_share_the_engine() {
     let case = Case {
         models: &["llama", "qwen"],
@@ -392,6 +397,7 @@ async fn two_models_share_the_engine() {
 }
 
 #[tokio::test(start_paused = true)]
+#[ignore = "long proof (2 min on 2 cores for the file): CI runs it with --include-ignored"]
 async fn bursty_arrivals() {
     let case = Case {
         bursts: Some(Bursts {

@@ -295,6 +295,41 @@ fn inject_warns_about_a_service_that_would_bypass_the_sidecar() {
 }
 
 #[test]
+fn inject_warns_about_a_misspelt_annotation_and_strict_fails_on_it() {
+    let file = std::env::temp_dir().join(format!("llmslo-cli-{}-typo.yaml", std::process::id()));
+    std::fs::write(
+        &file,
+        "apiVersion: v1\nkind: Pod\nmetadata:\n  name: vllm\n  labels: {llmslo.io/inject: \"true\"}\n  \
+         annotations: {llmslo.io/slo-config-map: chat-slos}\nspec:\n  containers:\n    - name: vllm\n      \
+         image: vllm\n      ports: [{name: http, containerPort: 8000}]\n",
+    )
+    .unwrap();
+    let inject = |extra: &[&str]| {
+        let output = llmslo()
+            .args(["inject", "-f", file.to_str().unwrap(), "--image", "llmslo:test"])
+            .args(extra)
+            .output()
+            .unwrap();
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        (output.status.code(), text(&output.stdout), text(&output.stderr))
+    };
+    let (code, stdout, stderr) = inject(&[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("llmslo: warning: Pod/vllm: unknown annotation llmslo.io/slo-config-map, ignored (did you mean llmslo.io/slo-configmap"),
+        "{stderr}"
+    );
+    assert!(stdout.contains("name: llmslo"));
+    let (code, stdout, stderr) = inject(&["--strict"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stdout.is_empty());
+    assert!(
+        stderr.contains("1 llmslo.io/ label or annotation warning(s)"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn inject_without_an_image_says_how_to_build_one() {
     let file = bypassing_stream("bypass-no-image");
     let output = llmslo()

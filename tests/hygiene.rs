@@ -113,13 +113,16 @@ async fn prompts_completions_and_credentials_never_reach_the_logs() {
                 break;
             }
             log.extend_from_slice(&buf[..n]);
-            let _ = tx.send(String::from_utf8_lossy(&log).into_owned());
+            // Only the new bytes: the whole log each time would hold its square in memory,
+            // in the process whose memory the test beside this one measures.
+            let _ = tx.send(String::from_utf8_lossy(&buf[..n]).into_owned());
         }
         String::from_utf8_lossy(&log).into_owned()
     });
+    let mut start = String::new();
     let proxy = loop {
-        let log = rx.recv_timeout(Duration::from_secs(20)).expect("no start-up line");
-        if let Some(rest) = log.split("\"proxy_addr\":\"").nth(1) {
+        start.push_str(&rx.recv_timeout(Duration::from_secs(20)).expect("no start-up line"));
+        if let Some(rest) = start.split("\"proxy_addr\":\"").nth(1) {
             break rest.split('"').next().unwrap().parse::<std::net::SocketAddr>().unwrap();
         }
     };
@@ -163,6 +166,15 @@ async fn prompts_completions_and_credentials_never_reach_the_logs() {
         log.contains("\"token_count_source\":\"usage\""),
         "the count source is logged:\n{log}"
     );
+    // One line per request, with plain values.
+    let per_request: Vec<&str> = log.lines().filter(|l| l.contains("\"model\"")).collect();
+    assert_eq!(per_request.len(), 3, "{per_request:#?}");
+    assert!(
+        per_request.iter().all(|l| l.contains("request finished")),
+        "{per_request:#?}"
+    );
+    let ours: Vec<&str> = log.lines().filter(|l| l.contains("\"target\":\"llmslo")).collect();
+    assert!(ours.iter().all(|l| !l.contains("Some(")), "{ours:#?}");
     for secret in [PROMPT_SECRET, COMPLETION_SECRET, KEY_SECRET, MODEL_SECRET] {
         assert!(!log.contains(secret), "`{secret}` leaked into the log");
     }

@@ -94,3 +94,85 @@ async fn prometheus_rules_agree_with_the_sidecar_and_the_page_fires() {
     sidecar.shutdown().await;
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs promtool (apt-get install prometheus); run with cargo test -- --include-ignored"]
+async fn promtool_check_metrics_passes_on_the_page_curl_gets() {
+    let Some(promtool) = required_tool("promtool", &[], "apt-get install prometheus") else {
+        return;
+    };
+    // Every family llmslo writes, the engine's merged in: requests that succeed and fail.
+    let (engine, _stop) = start_engine(llmslo::tools::simulate::SimOptions {
+        error_rate: 0.3,
+        ..timed_engine(2, 1)
+    })
+    .await;
+    let sidecar = start_sidecar(
+        engine,
+        "engine: vllm\nengine_metrics_interval: 1s\n\
+         slos:\n  - name: ttft\n    objective: 99\n    ttft: 500ms\n",
+    )
+    .await;
+    for _ in 0..10 {
+        post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(4, true, true)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let page = http_get_text(sidecar.metrics_addr, "/metrics", "*/*").await;
+    assert!(
+        page.contains("llmslo_requests_total") && page.contains("llmslo_engine_"),
+        "{page}"
+    );
+    let (passed, problems) = promtool_check_metrics(&promtool, &page);
+    assert!(passed, "promtool check metrics: {problems}");
+
+    // Merged, the engine's own families keep their names, and vLLM's `vllm:` prefix is the
+    // one thing promtool objects to (as it does on vLLM's own page).
+    let merged = start_sidecar(
+        engine,
+        "engine: vllm\nengine_metrics: merge\nengine_metrics_interval: 1s\n",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let page = http_get_text(merged.metrics_addr, "/metrics", "*/*").await;
+    assert!(page.contains("vllm:"), "{page}");
+    let (_, problems) = promtool_check_metrics(&promtool, &page);
+    let problems: Vec<&str> = problems.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!problems.is_empty());
+    for problem in problems {
+        assert!(
+            problem.starts_with("vllm:") && problem.ends_with("metric names should not contain ':'"),
+            "{problem}"
+        );
+    }
+}
+
+/// Whether `promtool check metrics` passes `page`, and what it said.
+fn promtool_check_metrics(promtool: &std::path::Path, page: &str) -> (bool, String) {
+    use std::io::Write;
+    let mut check = std::process::Command::new(promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    check.stdin.take().unwrap().write_all(page.as_bytes()).unwrap();
+    let output = check.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (output.status.success(), said)
+}
+
+/// `path` as text, asking for `accept`.
+async fn http_get_text(addr: std::net::SocketAddr, path: &str, accept: &str) -> String {
+    use http_body_util::BodyExt;
+    let request = http::Request::get(format!("http://{addr}{path}"))
+        .header(http::header::ACCEPT, accept)
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    String::from_utf8(response.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+}

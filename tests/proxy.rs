@@ -394,12 +394,35 @@ async fn metrics_port_serves_protobuf_to_a_scraper_that_prefers_it() {
     assert!(measured.bucket.len() > 30, "and the classic buckets");
     assert!(families.iter().any(|f| f.name == "llmslo_build_info"));
     // The text exposition is unchanged for everyone else.
-    let (_, content_type, _) = get(sidecar.metrics_addr, "/metrics").await;
+    let (_, content_type, _) = get_accepting(sidecar.metrics_addr, "/metrics", PROMETHEUS_TEXT_ACCEPT).await;
     assert!(content_type
         .unwrap()
         .to_str()
         .unwrap()
         .starts_with("application/openmetrics-text"));
+}
+
+/// What a Prometheus without native histograms asks for.
+const PROMETHEUS_TEXT_ACCEPT: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;\
+     version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+
+async fn get_accepting(
+    addr: std::net::SocketAddr,
+    path: &str,
+    accept: &str,
+) -> (StatusCode, Option<http::HeaderValue>, Bytes) {
+    let request = Request::get(format!("http://{addr}{path}"))
+        .header(header::ACCEPT, accept)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    let status = response.status();
+    let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
+    (
+        status,
+        content_type,
+        response.into_body().collect().await.unwrap().to_bytes(),
+    )
 }
 
 /// Polls `path` until it answers `want`, for up to 2.5 s.
@@ -418,7 +441,7 @@ async fn metrics_port_serves_openmetrics_health_and_readiness() {
     let (engine, stop) = start_engine(timed_engine(1, 1)).await;
     let sidecar = start_sidecar(engine, "health_interval: 100ms\n").await;
     let metrics = sidecar.metrics_addr;
-    let (status, content_type, body) = get(metrics, "/metrics").await;
+    let (status, content_type, body) = get_accepting(metrics, "/metrics", PROMETHEUS_TEXT_ACCEPT).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         content_type.unwrap(),
@@ -427,6 +450,22 @@ async fn metrics_port_serves_openmetrics_health_and_readiness() {
     let text = String::from_utf8(body.to_vec()).unwrap();
     assert!(text.contains("# TYPE llmslo_requests_refused counter"));
     assert!(text.contains("llmslo_build_info{version=\"0.1.0\"} 1"));
+    assert!(text.ends_with("# EOF\n"));
+    // curl (`*/*`) and a client with no preference get the classic text format, which
+    // names a counter family with its `_total`.
+    for accept in ["*/*", "text/plain;version=0.0.4"] {
+        let (_, content_type, body) = get_accepting(metrics, "/metrics", accept).await;
+        assert_eq!(content_type.unwrap(), "text/plain; version=0.0.4; charset=utf-8");
+        let text = String::from_utf8(body.to_vec()).unwrap();
+        assert!(
+            text.contains("# TYPE llmslo_requests_refused_total counter"),
+            "{accept}"
+        );
+        assert!(text.contains("# TYPE llmslo_build_info gauge"));
+        assert!(!text.contains("# EOF") && !text.contains("_created"));
+    }
+    let (_, content_type, _) = get(metrics, "/metrics").await;
+    assert_eq!(content_type.unwrap(), "text/plain; version=0.0.4; charset=utf-8");
     assert_eq!(get(metrics, "/healthz").await.0, StatusCode::OK);
     assert_eq!(get(metrics, "/nope").await.0, StatusCode::NOT_FOUND);
     assert!(

@@ -227,3 +227,79 @@ async fn batching_tpot_is_the_step_model_at_every_concurrency() {
         stop.cancel();
     }
 }
+
+/// What the simulator answers on `path` (`GET` for the read-only routes, else a small `POST`).
+async fn answers(engine: std::net::SocketAddr, path: &str) -> bool {
+    let get = matches!(path, "/health" | "/metrics" | "/v1/models" | "/info");
+    let request = if get {
+        Request::get(format!("http://{engine}{path}")).body(Full::new(Bytes::new()))
+    } else {
+        let body = r#"{"model":"sim","prompt":"hi","input":"hi","inputs":"hi","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}"#;
+        Request::post(format!("http://{engine}{path}"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+    };
+    let response = client().request(request.unwrap()).await.unwrap();
+    let status = response.status();
+    response.into_body().collect().await.unwrap();
+    status != http::StatusCode::NOT_FOUND
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_docs_name_exactly_the_routes_the_simulator_serves() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let docs = std::fs::read_to_string(root.join("docs/development.md")).unwrap();
+    let sentence = &docs[docs.find("`simulate` serves").expect("the routes sentence")..];
+    let sentence = &sentence[..sentence.find(" with vLLM-shaped").unwrap()].replace('\n', " ");
+    let (vllm, tgi) = sentence.split_once("`--flavor tgi`").unwrap();
+    let paths = |text: &str| -> Vec<String> {
+        text.split('`')
+            .skip(1)
+            .step_by(2)
+            .filter(|p| p.starts_with('/'))
+            .map(str::to_string)
+            .collect()
+    };
+    let candidates = [
+        "/health",
+        "/metrics",
+        "/v1/models",
+        "/info",
+        "/v1/chat/completions",
+        "/v1/completions",
+        "/v1/responses",
+        "/v1/messages",
+        "/v1/embeddings",
+        "/generate",
+        "/generate_stream",
+        "/pooling",
+        "/classify",
+        "/score",
+        "/rerank",
+        "/v1/audio/transcriptions",
+    ];
+    for (flavor, documented) in [
+        (llmslo::tools::simulate::shape::Flavor::Vllm, paths(vllm)),
+        (
+            llmslo::tools::simulate::shape::Flavor::Tgi,
+            [paths(vllm), paths(tgi)].concat(),
+        ),
+    ] {
+        let (engine, stop) = start_engine(SimOptions {
+            flavor,
+            ..timed_engine(1, 1)
+        })
+        .await;
+        let mut served = Vec::new();
+        for path in candidates {
+            if answers(engine, path).await {
+                served.push(path.to_string());
+            }
+        }
+        let mut documented = documented.clone();
+        documented.sort();
+        served.sort();
+        assert_eq!(documented, served, "{flavor:?}");
+        stop.cancel();
+    }
+}

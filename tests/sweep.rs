@@ -9,7 +9,7 @@ use llmslo::slo::spec::SloSet;
 use llmslo::tools::simulate::SimOptions;
 use llmslo::tools::sweep::client::Endpoint;
 use llmslo::tools::sweep::stats::{Judgement, Load};
-use llmslo::tools::sweep::{LoadPlan, SweepError, SweepOptions};
+use llmslo::tools::sweep::{LoadPlan, SweepOptions};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -160,7 +160,7 @@ async fn poisson_steps_report_the_arrival_rate_and_the_knee() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn failed_requests_are_counted_and_every_failure_is_fatal() {
+async fn failed_requests_are_counted_and_a_step_where_all_fail_is_a_miss() {
     let (flaky, stop_flaky) = start_engine(SimOptions {
         error_rate: 0.2,
         seed: 7,
@@ -186,17 +186,54 @@ async fn failed_requests_are_counted_and_every_failure_is_fatal() {
         ..timed_engine(20, 5)
     })
     .await;
-    let error = llmslo::tools::sweep::run(options(format!("http://{broken}"), LoadPlan::Concurrency(vec![2])))
+    // A load at which every request fails is kept as a miss, with the reason.
+    let report = llmslo::tools::sweep::run(options(format!("http://{broken}"), LoadPlan::Concurrency(vec![2])))
         .await
-        .unwrap_err();
-    assert!(matches!(error, SweepError::Target(_)));
+        .unwrap();
+    let step = &report.steps[0];
+    assert_eq!(step.verdict(), Judgement::Missed);
+    let note = step.note().unwrap();
+    assert!(note.contains("every request failed (upstream_error: 500"), "{note}");
+    assert!(report.measured_nothing());
     assert!(
-        error
-            .to_string()
-            .contains("c=2: every request failed (upstream_error: 500"),
-        "{error}"
+        report.render().contains("c=2: every request failed"),
+        "{}",
+        report.render()
     );
+    assert_eq!(report.knee.load, None);
     stop_broken.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_step_that_sends_no_request_is_reported_and_the_rest_is_kept() {
+    let (engine, stop) = start_engine(knee_40_engine()).await;
+    // At 0.01 requests per second, a 10 s window almost never sees an arrival (this seed: none).
+    let mut options = options(format!("http://{engine}"), LoadPlan::Rate(vec![20.0, 0.01, 120.0]));
+    options.duration = Duration::from_secs(10);
+    let report = llmslo::tools::sweep::run(options).await.unwrap();
+    let [empty, met, missed] = &report.steps[..] else {
+        panic!()
+    };
+    assert_eq!(empty.requests, 0);
+    assert_eq!(empty.verdict(), Judgement::Unjudged);
+    assert!(empty.note().unwrap().contains("no request was sent in the 10s window"));
+    assert_eq!((met.verdict(), missed.verdict()), (Judgement::Met, Judgement::Missed));
+    assert_eq!(report.knee.load, Some(Load::Rate(20.0)), "{}", report.render());
+    assert!(!report.measured_nothing());
+    let table = report.render();
+    assert!(table.contains("0.01 req/s: no request was sent"), "{table}");
+    let json = report.to_json();
+    assert!(json["steps"][0]["note"]
+        .as_str()
+        .unwrap()
+        .contains("no request was sent"));
+    assert_eq!(json["steps"][0]["requests"], 0);
+    assert!(plot_renders(&report));
+    stop.cancel();
+}
+
+fn plot_renders(report: &llmslo::tools::sweep::report::Report) -> bool {
+    llmslo::tools::sweep::plot::render(report).is_ok_and(|svg| svg.contains("<svg"))
 }
 
 #[tokio::test(start_paused = true)]

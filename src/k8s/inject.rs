@@ -26,6 +26,8 @@ pub const INJECT_LABEL: &str = "llmslo.io/inject";
 pub const CONTAINER: &str = "llmslo";
 /// The name the engine's own port gets.
 pub const ENGINE_PORT_NAME: &str = "llmslo-engine";
+/// The annotation the injector leaves when the engine's port had no name.
+const NOTE: &str = "llmslo.io/note";
 /// The sidecar's metrics port name (for PodMonitors).
 pub const METRICS_PORT_NAME: &str = "llmslo-metrics";
 /// Per-pod annotations.
@@ -106,6 +108,9 @@ pub struct Injected {
     pub changed: usize,
     /// Service ports in the stream that reach an engine without going through its sidecar.
     pub bypasses: Vec<Bypass>,
+    /// `llmslo.io/*` labels and annotations that are misspelt, misplaced or not strings,
+    /// each with the object it is on.
+    pub warnings: Vec<String>,
 }
 
 /// Injects every document of a YAML stream, then finds (and with
@@ -113,6 +118,7 @@ pub struct Injected {
 pub fn inject_yaml(input: &str, options: &InjectOptions) -> Result<Injected, InjectError> {
     let mut documents = Vec::new();
     let mut changed = 0;
+    let mut warnings = Vec::new();
     for document in serde_yaml::Deserializer::from_str(input) {
         let mut value: Value = serde::Deserialize::deserialize(document).map_err(|e| InjectError {
             object: "input".into(),
@@ -120,6 +126,18 @@ pub fn inject_yaml(input: &str, options: &InjectOptions) -> Result<Injected, Inj
         })?;
         if value.is_null() {
             continue;
+        }
+        for object in objects(&value) {
+            let template = template_pointer(object["kind"].as_str().unwrap_or_default())
+                .and_then(|pointer| object.pointer(pointer));
+            let name = format!(
+                "{}/{}",
+                object["kind"].as_str().unwrap_or("?"),
+                object["metadata"]["name"].as_str().unwrap_or("?")
+            );
+            for warning in template.map(metadata_warnings).unwrap_or_default() {
+                warnings.push(format!("{name}: {warning}"));
+            }
         }
         changed += inject_object(&mut value, options)?;
         documents.push(value);
@@ -140,6 +158,7 @@ pub fn inject_yaml(input: &str, options: &InjectOptions) -> Result<Injected, Inj
         output,
         changed,
         bypasses,
+        warnings,
     })
 }
 
@@ -334,10 +353,10 @@ pub fn inject_object(object: &mut Value, options: &InjectOptions) -> Result<usiz
 /// already has the sidecar.
 pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<bool, String> {
     let meta = pod.get("metadata").cloned().unwrap_or(Value::Null);
-    if meta["labels"][INJECT_LABEL].as_str() != Some("true") {
+    if as_text(&meta["labels"][INJECT_LABEL]).as_deref() != Some("true") {
         return Ok(false);
     }
-    let annotation = |key: &str| meta["annotations"][key].as_str().map(str::to_string);
+    let annotation = |key: &str| as_text(&meta["annotations"][key]);
     let spec = pod
         .get_mut("spec")
         .and_then(Value::as_object_mut)
@@ -360,19 +379,23 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
             ))
         }
     };
-    let (engine_index, port_index) = find_engine_port(spec, annotation(annotations::ENGINE_PORT).as_deref())?;
-    let engine_port = spec["containers"][engine_index]["ports"][port_index].clone();
-    let engine_number = engine_port["containerPort"]
-        .as_u64()
-        .ok_or("the engine's port has no containerPort")?;
-    let service_name = engine_port["name"].as_str().map(str::to_string);
-    let used = used_ports(spec);
+    let (engine_index, engine_number, service_name) =
+        match find_engine_port(spec, annotation(annotations::ENGINE_PORT).as_deref())? {
+            EnginePort::Declared { container, port } => {
+                let entry = &mut spec.get_mut("containers").expect("found above")[container]["ports"][port];
+                let number = entry["containerPort"]
+                    .as_u64()
+                    .ok_or("the engine's port has no containerPort")?;
+                let name = entry["name"].as_str().map(str::to_string);
+                // The engine keeps listening where it did; its port entry is renamed.
+                entry["name"] = json!(ENGINE_PORT_NAME);
+                (container, number, name)
+            }
+            EnginePort::Undeclared(number) => (0, number, None),
+        };
+    let used = [used_ports(spec), vec![engine_number]].concat();
     let listen = free_port(&used, 8080);
     let metrics = free_port(&[used.as_slice(), &[listen]].concat(), 9464);
-
-    // The engine keeps listening where it did; its port entry is renamed.
-    let port_entry = &mut spec.get_mut("containers").expect("found above")[engine_index]["ports"][port_index];
-    port_entry["name"] = json!(ENGINE_PORT_NAME);
 
     if let Some(name) = &service_name {
         keep_probes_on_the_engine(spec, name);
@@ -394,9 +417,14 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
         SidecarMode::Native => {
             // Named ports of init containers are not resolved for Services before 1.32:
             // declare them on the engine container, in the shared network namespace.
-            let engine = &mut spec.get_mut("containers").expect("found above")[engine_index];
-            let ports = engine["ports"].as_array_mut().expect("found above");
-            ports.extend(sidecar_ports.as_array().expect("built above").iter().cloned());
+            let engine = spec.get_mut("containers").expect("found above")[engine_index]
+                .as_object_mut()
+                .ok_or("a container is not a map")?;
+            let ports = engine.entry("ports").or_insert_with(|| json!([]));
+            ports
+                .as_array_mut()
+                .ok_or("a container's ports is not a list")?
+                .extend(sidecar_ports.as_array().expect("built above").iter().cloned());
             sidecar["restartPolicy"] = json!("Always");
             let init = spec.entry("initContainers").or_insert_with(|| json!([]));
             init.as_array_mut()
@@ -429,11 +457,25 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
     annotations.insert(annotations::INJECTED.into(), json!(env!("CARGO_PKG_VERSION")));
     if service_name.is_none() {
         annotations.insert(
-            "llmslo.io/note".into(),
+            NOTE.into(),
             json!("the engine's port had no name: point Services at targetPort llmslo-http to go through llmslo"),
         );
     }
+    quote_llmslo_values(metadata);
     Ok(true)
+}
+
+/// Writes the `llmslo.io/` labels and annotations that are numbers or booleans as the strings
+/// Kubernetes requires (they were read as such).
+fn quote_llmslo_values(metadata: &mut Value) {
+    for place in ["labels", "annotations"] {
+        let entries = metadata.get_mut(place).and_then(Value::as_object_mut);
+        for (key, value) in entries.into_iter().flatten() {
+            if key.starts_with("llmslo.io/") && (value.is_boolean() || value.is_number()) {
+                *value = json!(as_text(value));
+            }
+        }
+    }
 }
 
 /// Points the containers' probes that name the engine's port (now llmslo's) at the renamed
@@ -455,9 +497,18 @@ fn keep_probes_on_the_engine(spec: &mut Map<String, Value>, port_name: &str) {
     }
 }
 
-/// The container and port index of the engine's port: the annotated one (name or number),
-/// else the first port of the first container that has one.
-fn find_engine_port(spec: &Map<String, Value>, wanted: Option<&str>) -> Result<(usize, usize), String> {
+/// The engine's port, as the pod declares it or only by the annotated number.
+enum EnginePort {
+    /// A declared container port: the container's and the port's index.
+    Declared { container: usize, port: usize },
+    /// A number no container declares (ports: is informational in Kubernetes): the engine
+    /// is taken to be the first container.
+    Undeclared(u64),
+}
+
+/// The engine's port: the annotated one (a declared port's name or number, or any number),
+/// else the first port of the first container that declares one.
+fn find_engine_port(spec: &Map<String, Value>, wanted: Option<&str>) -> Result<EnginePort, String> {
     let containers = spec
         .get("containers")
         .and_then(Value::as_array)
@@ -472,20 +523,91 @@ fn find_engine_port(spec: &Map<String, Value>, wanted: Option<&str>) -> Result<(
                 }
             };
             if matches {
-                return Ok((c, p));
+                return Ok(EnginePort::Declared { container: c, port: p });
             }
         }
     }
-    Err(match wanted {
-        Some(w) => format!(
-            "annotation {}: no container port named or numbered `{w}`",
+    match wanted {
+        Some(w) => match w.parse::<u16>() {
+            Ok(number) if number > 0 && !containers.is_empty() => Ok(EnginePort::Undeclared(number.into())),
+            _ => Err(format!(
+                "annotation {}: no container port is named `{w}`; give a declared port's name, or the \
+                 engine's port number (like \"8000\")",
+                annotations::ENGINE_PORT
+            )),
+        },
+        None => Err(format!(
+            "no container declares a port to take over: set the annotation {}: \"PORT\" to the engine's \
+             port number (like \"8000\")",
             annotations::ENGINE_PORT
-        ),
-        None => format!(
-            "no container declares a port to take over; set the {} annotation",
-            annotations::ENGINE_PORT
-        ),
-    })
+        )),
+    }
+}
+
+/// A label or annotation value as text: strings as they are; numbers and booleans, which
+/// Kubernetes refuses there, as YAML would print them ([`metadata_warnings`] says so).
+fn as_text(value: &Value) -> Option<String> {
+    match value {
+        Value::String(s) => Some(s.clone()),
+        Value::Bool(b) => Some(b.to_string()),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// The `llmslo.io/` labels and annotations, and which of the two each belongs in.
+const KNOWN_KEYS: &[(&str, &str)] = &[
+    (INJECT_LABEL, "labels"),
+    (annotations::ENGINE_PORT, "annotations"),
+    (annotations::ENGINE, "annotations"),
+    (annotations::CONFIG_MAP, "annotations"),
+    (annotations::CPU, "annotations"),
+    (annotations::MEMORY, "annotations"),
+    (annotations::SIDECAR, "annotations"),
+    (annotations::IMAGE, "annotations"),
+    (annotations::GPUS, "annotations"),
+    (annotations::INJECTED, "annotations"),
+    (NOTE, "annotations"),
+];
+
+/// What is wrong with a pod template's `llmslo.io/` labels and annotations: a key llmslo does
+/// not know (with the nearest it does), a key in the wrong one of the two, a value that is not
+/// a string (Kubernetes refuses those: quote it).
+pub fn metadata_warnings(pod: &Value) -> Vec<String> {
+    let mut warnings = Vec::new();
+    for place in ["labels", "annotations"] {
+        let entries = pod["metadata"][place].as_object().into_iter().flatten();
+        for (key, value) in entries.filter(|(key, _)| key.starts_with("llmslo.io/")) {
+            let singular = place.trim_end_matches('s');
+            match KNOWN_KEYS.iter().find(|(known, _)| known == key) {
+                Some((_, home)) if *home != place => warnings.push(format!(
+                    "{singular} {key} belongs in metadata.{home}, where llmslo reads it"
+                )),
+                Some(_) => {}
+                None => {
+                    let nearest = KNOWN_KEYS
+                        .iter()
+                        .map(|(known, home)| (strsim::damerau_levenshtein(key, known), *known, *home))
+                        .min_by_key(|(distance, _, _)| *distance)
+                        .filter(|(distance, _, _)| *distance <= 3);
+                    warnings.push(match nearest {
+                        Some((_, known, home)) => {
+                            format!("unknown {singular} {key}, ignored (did you mean {known}, in metadata.{home}?)")
+                        }
+                        None => format!("unknown {singular} {key}, ignored"),
+                    });
+                }
+            }
+            if !value.is_string() {
+                warnings.push(format!(
+                    "{singular} {key}: {value} is not a string, and Kubernetes takes only strings there: \
+                     quote it (\"{}\")",
+                    as_text(value).unwrap_or_default()
+                ));
+            }
+        }
+    }
+    warnings
 }
 
 fn used_ports(spec: &Map<String, Value>) -> Vec<u64> {

@@ -2,7 +2,7 @@
 //! sidecar into Pods created with `llmslo.io/inject: "true"`, answering with a JSONPatch.
 //! It never fails a Pod: anything it does not understand is allowed unchanged, with a warning.
 
-use crate::k8s::inject::{inject_pod_template, InjectOptions};
+use crate::k8s::inject::{self, inject_pod_template, InjectOptions};
 use base64::Engine as _;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
@@ -156,6 +156,13 @@ pub fn review(body: &[u8], options: &InjectOptions) -> Result<Value, String> {
         .as_str()
         .ok_or("not an AdmissionReview: no request.uid")?;
     let mut response = json!({"uid": uid, "allowed": true});
+    let mut warnings: Vec<String> = match request.get("object") {
+        Some(pod) if request["kind"]["kind"] == "Pod" => inject::metadata_warnings(pod)
+            .into_iter()
+            .map(|w| format!("llmslo: {w}"))
+            .collect(),
+        _ => Vec::new(),
+    };
     match mutate(request, options) {
         Ok(Some(patch)) => {
             response["patchType"] = json!("JSONPatch");
@@ -164,8 +171,11 @@ pub fn review(body: &[u8], options: &InjectOptions) -> Result<Value, String> {
         Ok(None) => {}
         Err(warning) => {
             tracing::warn!(%warning, "admitted unchanged");
-            response["warnings"] = json!([format!("llmslo: admitted unchanged: {warning}")]);
+            warnings.push(format!("llmslo: admitted unchanged: {warning}"));
         }
+    }
+    if !warnings.is_empty() {
+        response["warnings"] = json!(warnings);
     }
     Ok(json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}))
 }
@@ -284,6 +294,23 @@ mod tests {
         )
         .unwrap();
         assert_eq!(answer["response"]["allowed"], true);
+    }
+
+    #[test]
+    fn a_misspelt_annotation_is_returned_as_a_warning_beside_the_patch() {
+        let mut typo = pod(true);
+        typo["metadata"]["annotations"] = json!({"llmslo.io/slo-config-map": "chat-slos"});
+        let answer = review(
+            &admission(typo, "Pod", "CREATE"),
+            &InjectOptions::with_image("llmslo:test"),
+        )
+        .unwrap();
+        assert!(patch_of(&answer).is_some());
+        assert_eq!(
+            answer["response"]["warnings"],
+            json!(["llmslo: unknown annotation llmslo.io/slo-config-map, ignored \
+                    (did you mean llmslo.io/slo-configmap, in metadata.annotations?)"])
+        );
     }
 
     #[test]

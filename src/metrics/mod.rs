@@ -1,6 +1,7 @@
 //! The Prometheus registry: the families, per-request recording, and encoding.
 
 pub mod buckets;
+pub mod classic_text;
 pub mod config_status;
 pub mod labels;
 pub mod native;

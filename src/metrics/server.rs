@@ -1,8 +1,8 @@
-//! The metrics port: `/metrics` (OpenMetrics text, or protobuf with native histograms for a
-//! scraper that prefers it), `/healthz` (process up), `/readyz` (upstream answering).
+//! The metrics port: `/metrics` (OpenMetrics text for Prometheus, protobuf with native
+//! histograms for a scraper that prefers it, the classic text format for everyone else), `/healthz` (process up), `/readyz` (upstream answering).
 
 use super::native::PROTOBUF_CONTENT_TYPE;
-use super::{Metrics, OPENMETRICS_CONTENT_TYPE};
+use super::{classic_text, Metrics, OPENMETRICS_CONTENT_TYPE};
 use crate::health::Readiness;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
@@ -21,10 +21,13 @@ pub async fn handle<B>(
     }
     Ok(match request.uri().path() {
         "/metrics" => {
-            let (content_type, body) = if prefers_protobuf(request.headers().get(header::ACCEPT)) {
-                (PROTOBUF_CONTENT_TYPE, Bytes::from(metrics.encode_protobuf()))
-            } else {
-                (OPENMETRICS_CONTENT_TYPE, Bytes::from(metrics.encode()))
+            let (content_type, body) = match negotiate(request.headers().get(header::ACCEPT)) {
+                Format::Protobuf => (PROTOBUF_CONTENT_TYPE, Bytes::from(metrics.encode_protobuf())),
+                Format::OpenMetrics => (OPENMETRICS_CONTENT_TYPE, Bytes::from(metrics.encode())),
+                Format::Classic => (
+                    classic_text::CONTENT_TYPE,
+                    Bytes::from(classic_text::from_openmetrics(&metrics.encode())),
+                ),
             };
             metrics.count_scrape();
             Response::builder()
@@ -49,13 +52,26 @@ pub async fn handle<B>(
     })
 }
 
-/// Whether `accept` ranks Prometheus's delimited protobuf above every text format: what a
-/// Prometheus with native histograms enabled sends. Anything else, or no header, gets text.
-fn prefers_protobuf(accept: Option<&HeaderValue>) -> bool {
+/// The exposition formats of `/metrics`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    /// Prometheus's delimited protobuf, with native histograms.
+    Protobuf,
+    /// OpenMetrics 1.0 text.
+    OpenMetrics,
+    /// Prometheus's classic text format 0.0.4.
+    Classic,
+}
+
+/// The format `accept` ranks highest: protobuf only above every text format (what a
+/// Prometheus with native histograms sends), OpenMetrics when asked for by name at least as
+/// high as plain text (what every Prometheus sends), else the classic text, which is also
+/// what a client with no preference (`*/*`, no header) gets.
+fn negotiate(accept: Option<&HeaderValue>) -> Format {
     let Some(accept) = accept.and_then(|v| v.to_str().ok()) else {
-        return false;
+        return Format::Classic;
     };
-    let (mut protobuf, mut text) = (0.0_f64, 0.0_f64);
+    let (mut protobuf, mut openmetrics, mut classic) = (0.0_f64, 0.0_f64, 0.0_f64);
     for range in accept.split(',') {
         let mut parts = range.split(';').map(str::trim);
         let media_type = parts.next().unwrap_or_default().to_ascii_lowercase();
@@ -74,11 +90,18 @@ fn prefers_protobuf(accept: Option<&HeaderValue>) -> bool {
         }
         match media_type.as_str() {
             "application/vnd.google.protobuf" if proto && delimited => protobuf = protobuf.max(q),
-            "application/openmetrics-text" | "text/plain" | "text/*" | "*/*" => text = text.max(q),
+            "application/openmetrics-text" => openmetrics = openmetrics.max(q),
+            "text/plain" | "text/*" | "*/*" => classic = classic.max(q),
             _ => {}
         }
     }
-    protobuf > 0.0 && protobuf > text
+    if protobuf > 0.0 && protobuf > openmetrics.max(classic) {
+        Format::Protobuf
+    } else if openmetrics > 0.0 && openmetrics >= classic {
+        Format::OpenMetrics
+    } else {
+        Format::Classic
+    }
 }
 
 fn plain(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
@@ -93,42 +116,62 @@ fn plain(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
 mod tests {
     use super::*;
 
-    fn prefers(accept: &str) -> bool {
-        prefers_protobuf(Some(&HeaderValue::from_str(accept).unwrap()))
+    fn format(accept: &str) -> Format {
+        negotiate(Some(&HeaderValue::from_str(accept).unwrap()))
     }
 
     #[test]
     fn protobuf_only_when_ranked_above_text() {
         // Prometheus 2.42 with native histograms enabled.
-        assert!(prefers(
-            "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.7,\
-             text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
-        ));
+        assert_eq!(
+            format(
+                "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.7,\
+                 text/plain;version=0.0.4;q=0.3,*/*;q=0.2"
+            ),
+            Format::Protobuf
+        );
         // Prometheus 3 with `scrape_protocols: [PrometheusProto, OpenMetricsText1.0.0]`.
-        assert!(prefers(
-            "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.5,\
-             application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.4"
-        ));
-        // Prometheus without native histograms, curl, a browser, no header.
-        assert!(!prefers(
-            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,\
-             text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
-        ));
-        assert!(!prefers("*/*"));
-        assert!(!prefers_protobuf(None));
+        assert_eq!(
+            format(
+                "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.5,\
+                 application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.4"
+            ),
+            Format::Protobuf
+        );
         // Ranked below text, the wrong message, the length-prefix framing missing, q=0.
-        assert!(!prefers(
-            "text/plain;q=0.9,application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.5"
-        ));
-        assert!(!prefers(
-            "application/vnd.google.protobuf;proto=other.Message;encoding=delimited"
-        ));
-        assert!(!prefers(
-            "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily"
-        ));
-        assert!(!prefers(
-            "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0"
-        ));
-        assert!(!prefers("application/vnd.google.protobuf;;q=oops,,"));
+        for accept in [
+            "text/plain;q=0.9,application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0.5",
+            "application/vnd.google.protobuf;proto=other.Message;encoding=delimited",
+            "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily",
+            "application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;encoding=delimited;q=0",
+            "application/vnd.google.protobuf;;q=oops,,",
+        ] {
+            assert_ne!(format(accept), Format::Protobuf, "{accept}");
+        }
+    }
+
+    #[test]
+    fn openmetrics_when_asked_for_by_name_else_the_classic_text() {
+        // Prometheus without native histograms.
+        assert_eq!(
+            format(
+                "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,\
+                 text/plain;version=0.0.4;q=0.5,*/*;q=0.1"
+            ),
+            Format::OpenMetrics
+        );
+        assert_eq!(format("application/openmetrics-text"), Format::OpenMetrics);
+        // curl, promtool's users, a browser, an old scraper, no header.
+        assert_eq!(format("*/*"), Format::Classic);
+        assert_eq!(format("text/plain;version=0.0.4"), Format::Classic);
+        assert_eq!(
+            format("text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"),
+            Format::Classic
+        );
+        assert_eq!(
+            format("text/plain;version=0.0.4,application/openmetrics-text;q=0.5"),
+            Format::Classic
+        );
+        assert_eq!(negotiate(None), Format::Classic);
     }
 }

@@ -367,6 +367,7 @@ impl RequestTracker {
             model = %record.model,
             operation = record.operation.as_str(),
             outcome = record.outcome.as_str(),
+            streamed = record.count_source.is_some(),
             ttft_ms = record.ttft.map(|d| d.as_secs_f64() * 1e3),
             answer_ttft_ms = record.answer_ttft.map(|d| d.as_secs_f64() * 1e3),
             first_token_event_ms = first_event.map(|d| d.as_secs_f64() * 1e3),

@@ -195,13 +195,6 @@ impl Shared {
             }
         };
         let mut tracker = self.track(operation, &fields, t0);
-        debug!(
-            operation = tracker.operation().as_str(),
-            model = tracker.model(),
-            stream = ?fields.stream,
-            injected_usage,
-            "measuring request"
-        );
         if injected_usage {
             tracker.strip_usage_chunk();
         }

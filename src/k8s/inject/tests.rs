@@ -392,3 +392,108 @@ fn without_an_image_injection_says_how_to_build_one() {
     );
     assert_eq!(inject_yaml(&annotated, &options).unwrap().changed, 1);
 }
+
+#[test]
+fn the_engine_port_annotation_works_without_a_ports_entry() {
+    let portless = DEPLOYMENT
+        .replace("          ports: [{name: http, containerPort: 8000}]\n", "")
+        .replace(
+            "labels: {app: vllm, llmslo.io/inject: \"true\"}",
+            "labels: {app: vllm, llmslo.io/inject: \"true\"}\n      annotations: {llmslo.io/engine-port: \"8000\"}",
+        );
+    for mode in [SidecarMode::Native, SidecarMode::Classic] {
+        let d = inject(&portless, mode);
+        let spec = &d["spec"]["template"]["spec"];
+        let sidecar = spec["initContainers"][0].clone();
+        let sidecar = if sidecar.is_null() {
+            spec["containers"][1].clone()
+        } else {
+            sidecar
+        };
+        let args = sidecar["args"].as_array().unwrap();
+        assert!(args.contains(&json!("http://127.0.0.1:8000")), "{args:?}");
+        assert!(args.contains(&json!("0.0.0.0:8080")), "{args:?}");
+        let ports = match mode {
+            SidecarMode::Native => port_names(&spec["containers"][0]),
+            SidecarMode::Classic => port_names(&sidecar),
+        };
+        assert_eq!(ports, [("llmslo-http".into(), 8080), ("llmslo-metrics".into(), 9464)]);
+        assert!(d["spec"]["template"]["metadata"]["annotations"]["llmslo.io/note"]
+            .as_str()
+            .unwrap()
+            .contains("llmslo-http"));
+    }
+    // The listen port never collides with the undeclared engine port.
+    let on_8080 = DEPLOYMENT
+        .replace("          ports: [{name: http, containerPort: 8000}]\n", "")
+        .replace(
+            "labels: {app: vllm, llmslo.io/inject: \"true\"}",
+            "labels: {app: vllm, llmslo.io/inject: \"true\"}\n      annotations: {llmslo.io/engine-port: \"8080\"}",
+        );
+    let d = inject(&on_8080, SidecarMode::Native);
+    let args = &d["spec"]["template"]["spec"]["initContainers"][0]["args"];
+    assert!(args.as_array().unwrap().contains(&json!("0.0.0.0:8081")), "{args}");
+    // Without the annotation, the error says what to set, and that works (above).
+    let bare = DEPLOYMENT.replace("          ports: [{name: http, containerPort: 8000}]\n", "");
+    let message = inject_yaml(&bare, &options()).unwrap_err().message;
+    assert!(
+        message.contains("llmslo.io/engine-port: \"PORT\"") && message.contains("(like \"8000\")"),
+        "{message}"
+    );
+}
+
+#[test]
+fn unknown_misplaced_and_unquoted_llmslo_keys_are_warned_with_the_nearest_key() {
+    let annotated = |annotations: &str| {
+        DEPLOYMENT.replace(
+            "labels: {app: vllm, llmslo.io/inject: \"true\"}",
+            &format!("labels: {{app: vllm, llmslo.io/inject: \"true\"}}\n      annotations: {{{annotations}}}"),
+        )
+    };
+    let typo = inject_yaml(&annotated("llmslo.io/slo-config-map: chat-slos"), &options()).unwrap();
+    assert_eq!(typo.changed, 1, "a typo warns, it does not stop the injection");
+    assert_eq!(
+        typo.warnings,
+        ["Deployment/vllm: unknown annotation llmslo.io/slo-config-map, ignored \
+          (did you mean llmslo.io/slo-configmap, in metadata.annotations?)"]
+    );
+    let far = inject_yaml(&annotated("llmslo.io/whatever-else: x"), &options()).unwrap();
+    assert_eq!(
+        far.warnings,
+        ["Deployment/vllm: unknown annotation llmslo.io/whatever-else, ignored"]
+    );
+    let misplaced = inject_yaml(&annotated("llmslo.io/inject: \"true\""), &options()).unwrap();
+    assert_eq!(
+        misplaced.warnings,
+        ["Deployment/vllm: annotation llmslo.io/inject belongs in metadata.labels, where llmslo reads it"]
+    );
+    // Unquoted values are read as the strings they spell, warned, and written quoted.
+    let unquoted = DEPLOYMENT.replace(
+        "llmslo.io/inject: \"true\"}",
+        "llmslo.io/inject: true}\n      annotations: {llmslo.io/engine-port: 8000}",
+    );
+    let injected = inject_yaml(&unquoted, &options()).unwrap();
+    assert_eq!(injected.changed, 1, "an unquoted true still opts in");
+    assert_eq!(
+        injected.warnings,
+        [
+            "Deployment/vllm: label llmslo.io/inject: true is not a string, and Kubernetes takes only strings \
+             there: quote it (\"true\")",
+            "Deployment/vllm: annotation llmslo.io/engine-port: 8000 is not a string, and Kubernetes takes only \
+             strings there: quote it (\"8000\")",
+        ]
+    );
+    let d: Value = serde_yaml::from_str(&injected.output).unwrap();
+    let metadata = &d["spec"]["template"]["metadata"];
+    assert_eq!(metadata["labels"]["llmslo.io/inject"], "true");
+    assert_eq!(metadata["annotations"]["llmslo.io/engine-port"], "8000");
+    // A template that does not opt in is still checked: a misspelt label is why.
+    let misspelt = DEPLOYMENT.replace("llmslo.io/inject: \"true\"", "llmslo.io/injct: \"true\"");
+    let untouched = inject_yaml(&misspelt, &options()).unwrap();
+    assert_eq!(untouched.changed, 0);
+    assert_eq!(
+        untouched.warnings,
+        ["Deployment/vllm: unknown label llmslo.io/injct, ignored (did you mean llmslo.io/inject, in metadata.labels?)"]
+    );
+    assert!(inject_yaml(DEPLOYMENT, &options()).unwrap().warnings.is_empty());
+}

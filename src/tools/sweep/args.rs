@@ -205,5 +205,9 @@ pub async fn run(args: SweepArgs) -> ExitCode {
             return fail(SweepError::Usage(format!("{}: {e}", path.display())));
         }
     }
+    if report.measured_nothing() {
+        eprintln!("llmslo sweep: no step served a request: see the notes above");
+        return ExitCode::FAILURE;
+    }
     ExitCode::SUCCESS
 }

@@ -184,7 +184,8 @@ pub async fn run(options: SweepOptions) -> Result<Report, SweepError> {
     })
 }
 
-/// Measures one step, with its progress bar; fails when every request of it failed.
+/// Measures one step, with its progress bar; a step with nothing to judge by is kept, with
+/// its reason.
 async fn measure(
     requester: &Requester,
     bodies: Arc<Bodies>,
@@ -211,22 +212,8 @@ async fn measure(
     } else {
         eprintln!("llmslo sweep: {line}");
     }
-    if step.requests == 0 {
-        return Err(SweepError::Target(format!(
-            "{load}: no request was sent in the {:?} window (each takes longer than the window?): lengthen --duration",
-            plan.duration
-        )));
-    }
-    if step.failed() == step.requests {
-        let reasons: Vec<String> = step
-            .error_examples
-            .iter()
-            .map(|(outcome, message)| format!("{outcome}: {message}"))
-            .collect();
-        return Err(SweepError::Target(format!(
-            "{load}: every request failed ({})",
-            reasons.join("; ")
-        )));
+    if let Some(note) = step.note() {
+        eprintln!("llmslo sweep: {}: {note}; the sweep goes on", step.load);
     }
     Ok(step)
 }

@@ -37,6 +37,8 @@ pub struct Knee {
     pub reached_max: bool,
     /// At the knee, the deciding SLOs too few requests judged: (name, events, events needed).
     pub unjudged: Vec<(String, u64, u64)>,
+    /// The lowest load that missed, when one did.
+    pub first_missed: Option<Load>,
 }
 
 impl Knee {
@@ -52,6 +54,7 @@ impl Knee {
             goodput_output_tokens_per_second: passing.map_or(f64::NAN, |s| s.goodput_output_tokens_per_second),
             limited_by,
             reached_max,
+            first_missed: first_fail.map(|i| steps[i].load),
             unjudged: passing
                 .map(|s| {
                     s.unjudged()
@@ -69,10 +72,11 @@ impl Knee {
             (None, Some(slo)) => format!("no load met the SLOs: `{slo}` fails even at the lowest load"),
             (None, None) => "no load met the SLOs".to_string(),
             (Some(load), limited_by) => {
-                let limit = match (limited_by, self.reached_max) {
-                    (_, true) => " (the highest load tried: the knee is above it)".to_string(),
-                    (Some(slo), _) => format!(", limited by `{slo}`"),
-                    (None, _) => " (the SLOs held at every load measured)".to_string(),
+                let limit = match (limited_by, self.reached_max, self.first_missed) {
+                    (_, true, _) => " (the highest load tried: the knee is above it)".to_string(),
+                    (Some(slo), _, _) => format!(", limited by `{slo}`"),
+                    (None, _, Some(missed)) => format!(", every request failed at {missed}"),
+                    (None, _, None) => " (the SLOs held at every load measured)".to_string(),
                 };
                 let unjudged: Vec<String> = self
                     .unjudged
@@ -187,10 +191,20 @@ impl Report {
             out.push_str(cells.join("  ").trim_end());
             out.push('\n');
         }
+        for step in &self.steps {
+            if let Some(note) = step.note() {
+                out.push_str(&format!("\n{}: {note}", step.load));
+            }
+        }
         out.push('\n');
         out.push_str(&self.knee.describe());
         out.push('\n');
         out
+    }
+
+    /// Whether no step served a single request: nothing was measured.
+    pub fn measured_nothing(&self) -> bool {
+        self.steps.iter().all(|s| s.requests == s.failed())
     }
 
     /// The JSON document `--json` writes.
@@ -269,6 +283,9 @@ impl Report {
                 s.insert("verdicts".into(), Value::Object(verdicts));
                 s.insert("verdict".into(), json!(step.verdict()));
                 s.insert("meets_slos".into(), json!(step.verdict() == Judgement::Met));
+                if let Some(note) = step.note() {
+                    s.insert("note".into(), json!(note));
+                }
                 Value::Object(s)
             })
             .collect();

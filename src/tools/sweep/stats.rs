@@ -285,6 +285,10 @@ impl StepResult {
     /// The step's verdict on the SLOs that decide the knee: missed when one of them missed,
     /// unjudged when one had too few requests, met when all held.
     pub fn verdict(&self) -> Judgement {
+        if self.requests > 0 && self.failed() == self.requests {
+            // Nothing was served at this load: a miss whatever the SLOs count.
+            return Judgement::Missed;
+        }
         let verdicts: Vec<Judgement> = self
             .attainment
             .iter()
@@ -298,6 +302,26 @@ impl StepResult {
         } else {
             Judgement::Met
         }
+    }
+
+    /// Why the step has nothing to judge by, when it has not: no request in its window, or
+    /// every request failed (with one reason per kind of failure).
+    pub fn note(&self) -> Option<String> {
+        if self.requests == 0 {
+            return Some(format!(
+                "no request was sent in the {}s window (each takes longer than the window?): lengthen --duration",
+                self.window_s
+            ));
+        }
+        if self.failed() < self.requests {
+            return None;
+        }
+        let reasons: Vec<String> = self
+            .error_examples
+            .iter()
+            .map(|(outcome, message)| format!("{outcome}: {message}"))
+            .collect();
+        Some(format!("every request failed ({})", reasons.join("; ")))
     }
 
     /// The deciding SLOs too few requests judged, with how many each had and needed.
