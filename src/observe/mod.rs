@@ -16,6 +16,7 @@ pub mod repeat;
 pub mod responses;
 pub mod route;
 pub mod sse;
+pub mod steps;
 pub mod stream;
 pub mod strip;
 pub mod tgi;

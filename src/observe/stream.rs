@@ -4,6 +4,7 @@ use super::event::{EngineTiming, EventSummary, Fault, Usage};
 use super::repeat::RepeatSummariser;
 use super::route::Protocol;
 use super::sse::SseParser;
+use super::steps::DecodeSteps;
 use super::tokens::TokenCounter;
 use super::{messages, openai, responses};
 use std::sync::Arc;
@@ -55,6 +56,8 @@ struct Facts {
     stated_tokens: u64,
     /// Token events that stated no count.
     unstated_events: u64,
+    /// Read each choice's gaps as decode steps: its deltas may hold back tokens.
+    count_steps: bool,
     /// Generated text went past what is kept (or past the tracked choices).
     text_overflow: bool,
     text_bytes: usize,
@@ -80,6 +83,8 @@ struct ChoiceFacts {
     text: String,
     /// How much of `text` its first token event carried.
     first_text_bytes: usize,
+    /// The gaps between its deltas as decode steps (Responses and Messages only).
+    steps: DecodeSteps,
 }
 
 /// Where a response's output token count came from (`llmslo_token_count_source_total`).
@@ -161,7 +166,10 @@ impl StreamObserver {
             parser: SseParser::new(max_event_bytes),
             repeat: RepeatSummariser::new(protocol),
             counting: Counting::default(),
-            facts: Facts::default(),
+            facts: Facts {
+                count_steps: matches!(protocol, Protocol::Responses | Protocol::Messages),
+                ..Facts::default()
+            },
             removable: strip_usage.then(Vec::new),
         }
     }
@@ -282,13 +290,16 @@ impl StreamObserver {
     /// TPOT where the engine sends no delta for held-back tokens (Responses, Messages), so
     /// that `n` tokens arrive in fewer deltas. The decode clock starts at the first token:
     /// an event that marks it (vLLM's `message_start`), when its lead over the first delta
-    /// fits the held-back tokens; else the first delta, counted as the tokens it carries
-    /// (the tokenizer's count of its text; without one, its own token plus its share, by
-    /// characters of text, of the tokens that had no delta of their own). It stops at the last token: the last delta, or the first event after it that
+    /// fits the held-back tokens. Else it starts at the first delta, over the steps after it:
+    /// the tokenizer's count of the first delta's text says how many tokens it carried;
+    /// without one, the gap pattern says how many steps each later gap spanned
+    /// ([`DecodeSteps`]), the rest of the held-back tokens being the first delta's; with too
+    /// few gaps for a pattern, the first delta takes its share by characters of text. The
+    /// clock stops at the last token: the last delta, or the first event after it that
     /// closes the output, when the last tokens' text was held back to the end.
     fn delta_tpot(&self, choice: &ChoiceFacts, n: u64) -> Option<Duration> {
-        let (first, last) = (choice.first?, choice.last?);
-        let last = self.facts.generation_end.map_or(last, |end| end.max(last));
+        let (first, last_delta) = (choice.first?, choice.last?);
+        let last = self.facts.generation_end.map_or(last_delta, |end| end.max(last_delta));
         let deltas = choice.events;
         let held_back = n.saturating_sub(deltas);
         let mark_fits = |mark: Instant| {
@@ -299,32 +310,37 @@ impl StreamObserver {
                         .mul_f64(held_back as f64 + 0.5)
                         .div_f64((deltas - 1) as f64)
         };
-        let (start, carried) = match self.facts.first_token_mark {
-            Some(mark) if mark_fits(mark) => (mark, 1),
-            _ => (first, self.first_delta_tokens(choice, held_back)),
-        };
-        (n > carried && last > start).then(|| (last - start).div_f64((n - carried) as f64))
+        if let Some(mark) = self.facts.first_token_mark.filter(|&mark| mark_fits(mark)) {
+            return (n > 1 && last > mark).then(|| (last - mark).div_f64((n - 1) as f64));
+        }
+        if let Some(carried) = self.first_delta_tokenized(choice) {
+            return (n > carried && last > first).then(|| (last - first).div_f64((n - carried) as f64));
+        }
+        if let Some(steps) = choice.steps.count(last - last_delta) {
+            let gaps = deltas - 1;
+            let after_first = gaps + held_back.min(steps.between - gaps + steps.tail);
+            let end = if steps.tail > 0 { last } else { last_delta };
+            return (after_first > 0 && end > first).then(|| (end - first).div_f64(after_first as f64));
+        }
+        let carried = self.first_delta_share(choice, held_back);
+        (n > carried && last > first).then(|| (last - first).div_f64((n - carried) as f64))
     }
 
-    /// How many tokens a choice's first delta carried (see [`Self::delta_tpot`]).
-    fn first_delta_tokens(&self, choice: &ChoiceFacts, held_back: u64) -> u64 {
-        let counted = self
-            .counting
-            .tokenizer
-            .as_ref()
-            .filter(|_| !self.facts.text_overflow)
-            .and_then(|t| {
-                let first = choice.text.get(..choice.first_text_bytes).filter(|f| !f.is_empty())?;
-                t.count(first)
-            });
-        match counted {
-            Some(tokens) => tokens.max(1),
-            None if choice.chars == 0 => 1,
-            None => {
-                let share = f64::from(choice.first_chars) / choice.chars as f64;
-                1 + (held_back as f64 * share).round() as u64
-            }
+    /// How many tokens a choice's first delta carried, by the tokenizer's count of its text.
+    fn first_delta_tokenized(&self, choice: &ChoiceFacts) -> Option<u64> {
+        let tokenizer = self.counting.tokenizer.as_ref().filter(|_| !self.facts.text_overflow)?;
+        let first = choice.text.get(..choice.first_text_bytes).filter(|f| !f.is_empty())?;
+        tokenizer.count(first).map(|tokens| tokens.max(1))
+    }
+
+    /// How many tokens a choice's first delta carried, by characters: its own token plus its
+    /// share of the held-back ones.
+    fn first_delta_share(&self, choice: &ChoiceFacts, held_back: u64) -> u64 {
+        if choice.chars == 0 {
+            return 1;
         }
+        let share = f64::from(choice.first_chars) / choice.chars as f64;
+        1 + (held_back as f64 * share).round() as u64
     }
 
     /// The tokenizer's count of each active choice's unstated tokens (in order, for those
@@ -452,6 +468,9 @@ impl Facts {
         choice.chars += u64::from(summary.text_chars);
         if let Some(previous) = choice.last.replace(now) {
             on_gap(now - previous);
+            if self.count_steps {
+                choice.steps.push(now - previous);
+            }
         }
     }
 
@@ -752,23 +771,49 @@ mod tests {
         assert!(s.saw_done);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn without_a_tokenizer_the_first_delta_takes_its_share_of_the_held_back_tokens() {
-        // 10 tokens in 6 deltas: 4 held back. The first delta holds 4 of the 14 characters.
+    /// A Responses stream of `deltas` (text, ms) closed at `end` ms, `tokens` in all.
+    fn responses(deltas: &[(&str, u64)], end: u64, tokens: u64) -> (StreamSummary, Instant) {
         let t0 = Instant::now();
         let mut obs = StreamObserver::new(Protocol::Responses, 1 << 20, false);
         let at = |ms| t0 + Duration::from_millis(ms);
-        let delta = |text: &str| format!("event: response.output_text.delta\ndata: {{\"delta\":\"{text}\"}}\n\n");
-        obs.feed(delta("abcd").as_bytes(), at(100), |_| {});
-        for i in 1..6 {
-            obs.feed(delta("ef").as_bytes(), at(100 + 20 * i), |_| {});
+        for (text, ms) in deltas {
+            let delta = format!("event: response.output_text.delta\ndata: {{\"delta\":\"{text}\"}}\n\n");
+            obs.feed(delta.as_bytes(), at(*ms), |_| {});
         }
-        let completed = b"event: response.completed\ndata: {\"response\":{\"status\":\"completed\",\"usage\":{\"output_tokens\":10}}}\n\n";
-        obs.feed(completed, at(200), |_| {});
-        let s = obs.summary();
-        // 1 + round(4 x 4 / 14) = 2 tokens in the first delta: 100 ms over 10 - 2 steps.
-        assert_eq!(s.tpot_per_choice, [Duration::from_micros(12_500)]);
-        assert_eq!(s.first_answer_token, Some(at(100)));
+        let completed = format!(
+            "event: response.completed\ndata: {{\"response\":{{\"status\":\"completed\",\"usage\":{{\"output_tokens\":{tokens}}}}}}}\n\n"
+        );
+        obs.feed(completed.as_bytes(), at(end), |_| {});
+        (obs.summary(), t0)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_gap_pattern_says_where_the_held_back_tokens_went() {
+        // 10 tokens in 6 deltas, 20 ms a step: 4 held back. The third delta came two steps
+        // after the second (one held-back token, here the rest of a character beyond ASCII);
+        // the rest of the gaps are single steps, so the first delta carried the other three.
+        let (s, t0) = responses(
+            &[
+                ("\\u00e4bcd", 100),
+                ("ef", 120),
+                ("é f", 160),
+                ("ef", 180),
+                ("ef", 200),
+                ("ef", 220),
+            ],
+            221,
+            10,
+        );
+        assert_eq!(s.tpot_per_choice, [Duration::from_millis(20)]);
+        assert_eq!(s.first_answer_token, Some(t0 + Duration::from_millis(100)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_too_few_gaps_for_a_pattern_the_first_delta_takes_its_share_by_characters() {
+        // 7 tokens in 3 deltas: 4 held back. The first delta holds 4 of the 8 characters:
+        // 1 + round(4 x 4 / 8) = 3 tokens in the first delta, 40 ms over 7 - 3 steps.
+        let (s, _) = responses(&[("abcd", 100), ("ef", 120), ("ef", 140)], 140, 7);
+        assert_eq!(s.tpot_per_choice, [Duration::from_millis(10)]);
     }
 
     #[test]
