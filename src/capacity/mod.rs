@@ -10,6 +10,7 @@ pub mod model;
 pub mod window;
 
 use crate::observe::record::{Outcome, RequestRecord};
+use crate::slo::cause::DecodeFit;
 use crate::slo::SloEngine;
 use headroom::{Capacities, Estimate, Previous, Recent, SloCapacity};
 use meter::{InFlight, LoadMeter};
@@ -39,8 +40,8 @@ struct EngineState {
     /// The last capacities and when they were estimated: each new one is blended into them,
     /// and they stand while the traffic is too thin to scale.
     previous: Option<(Instant, Capacities)>,
-    /// The last fit's TPOT with one request in flight, when TPOT had a fit.
-    tpot_alone: Option<f64>,
+    /// The last fit of TPOT against the requests sharing the decode, when TPOT had one.
+    decode_fit: Option<DecodeFit>,
 }
 
 /// The live capacity estimate of the engine.
@@ -63,7 +64,7 @@ impl CapacityEngine {
                 window: SampleWindow::new(window),
                 recent: VecDeque::new(),
                 previous: None,
-                tpot_alone: None,
+                decode_fit: None,
             }),
         });
         registry.register_collector(Box::new(CapacityCollector(engine.clone())));
@@ -101,9 +102,10 @@ impl CapacityEngine {
         state.recent.push_back((now, sample));
     }
 
-    /// TPOT with one request in flight, as the last estimate's fit says (none before a fit).
-    pub fn tpot_alone(&self) -> Option<f64> {
-        self.state.lock().expect("capacity lock").tpot_alone
+    /// The last estimate's fit of TPOT against the requests sharing the decode (none before
+    /// a fit).
+    pub fn decode_fit(&self) -> Option<DecodeFit> {
+        self.state.lock().expect("capacity lock").decode_fit
     }
 
     /// The engine's estimate at `now` (the fit runs outside the lock).
@@ -133,7 +135,10 @@ impl CapacityEngine {
         let alone = estimate.tpot_base + estimate.tpot_per_request;
         let mut state = self.state.lock().expect("capacity lock");
         state.previous = Some((now, estimate.capacities.clone()));
-        state.tpot_alone = alone.is_finite().then_some(alone);
+        state.decode_fit = (alone.is_finite() && estimate.tpot_per_request.is_finite()).then_some(DecodeFit {
+            alone,
+            per_request: estimate.tpot_per_request,
+        });
         drop(state);
         estimate
     }

@@ -50,6 +50,8 @@ pub struct EngineMoment {
     pub waiting: Option<f64>,
     /// Preemptions since it started.
     pub preemptions: Option<f64>,
+    /// Requests it runs at once (its batch).
+    pub running: Option<f64>,
 }
 
 /// What the engine's pages showed around one request: the last page before it arrived, and
@@ -60,6 +62,9 @@ pub struct EngineContext {
     pub waiting_at_arrival: Option<f64>,
     /// The engine preempted requests while it ran (engine-wide: not necessarily this one).
     pub preemptions_during: bool,
+    /// The most requests the engine ran at once on those two pages: two or more show it
+    /// batching.
+    pub running: Option<f64>,
 }
 
 impl EngineContext {
@@ -68,6 +73,10 @@ impl EngineContext {
         Self {
             waiting_at_arrival: arrival.waiting,
             preemptions_during: matches!((arrival.preemptions, end.preemptions), (Some(a), Some(b)) if b > a),
+            running: match (arrival.running, end.running) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            },
         }
     }
 }
@@ -170,6 +179,7 @@ impl EngineView {
         state.signals.map_or_else(EngineMoment::default, |s| EngineMoment {
             waiting: s.waiting,
             preemptions: s.preemptions,
+            running: s.running,
         })
     }
 
@@ -311,7 +321,9 @@ mod tests {
         exposition::parse(
             &format!(
                 "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting {waiting}\n\
-                 # TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total {preemptions}\n"
+                 # TYPE vllm:num_requests_running gauge\nvllm:num_requests_running {}\n\
+                 # TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total {preemptions}\n",
+                preemptions + 1
             ),
             100,
         )
@@ -340,6 +352,7 @@ mod tests {
         let context = EngineContext::between(arrival, view.moment());
         assert_eq!(context.waiting_at_arrival, Some(4.0));
         assert!(context.preemptions_during);
+        assert_eq!(context.running, Some(3.0), "the larger batch of the two pages");
         assert!(!EngineContext::between(view.moment(), view.moment()).preemptions_during);
     }
 

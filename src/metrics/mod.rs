@@ -647,7 +647,7 @@ impl Metrics {
         let labels = self.outcome_labels(&labels, record.outcome);
         self.requests.get_or_create(&labels).inc();
         self.duration.observe(&labels, record.e2e.as_secs_f64(), exemplar);
-        self.slo.record(record, || self.capacity.tpot_alone());
+        self.slo.record(record, || self.capacity.decode_fit());
         self.capacity.record(record);
         if let Some(otlp) = &self.otlp {
             otlp.record(record, self.provider());

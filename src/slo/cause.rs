@@ -12,8 +12,10 @@
 //! TPOT: `outside_engine` when the engine states a TPOT of its own within the threshold (the
 //! tokens were made in time and slowed on their way); else `preemption` when the engine
 //! preempted requests while it ran; else `decode_contention` when it shared the decode with at
-//! least one other request on average and the fitted model says it would have met the
-//! threshold alone (or there is no model yet); else `unknown`.
+//! least one other request on average, the engine is seen batching (its page showed two or
+//! more requests running, or the fitted model's TPOT grows with the requests sharing the
+//! decode) and the fit, if any, says it would have met the threshold alone; else `unknown` (on
+//! an engine that does not batch, capping the batch is no cure).
 //!
 //! End to end: whichever of the wait for the first token and the decode after it was longer
 //! is judged by the rule of that phase.
@@ -104,20 +106,40 @@ const fn diagnosis(cause: Cause, evidence: Evidence) -> Diagnosis {
 
 /// Mean requests in flight over a decode from which it counts as shared.
 const SHARED_DECODE: f64 = 1.5;
+/// How much the fit must say sharing slowed a decode, relative to TPOT alone, for it to show
+/// batching.
+const BATCHING_GROWTH: f64 = 0.05;
 
-/// Why `record` failed the latency SLO of `kind`; `tpot_alone` is the fitted model's TPOT
-/// with one request in flight, when there is a model.
-pub fn diagnose(kind: SloKind, record: &RequestRecord, tpot_alone: Option<f64>) -> Diagnosis {
+/// The capacity model's fit of TPOT against the requests sharing the decode.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecodeFit {
+    /// TPOT with one request in flight, in seconds.
+    pub alone: f64,
+    /// What each further request sharing the decode adds to it, in seconds.
+    pub per_request: f64,
+}
+
+impl DecodeFit {
+    /// Whether the engine batches as the fit sees it: a decode shared by `load` requests on
+    /// average is measurably slower than one alone.
+    fn shows_batching(&self, load: f64) -> bool {
+        self.per_request * (load - 1.0) >= BATCHING_GROWTH * self.alone
+    }
+}
+
+/// Why `record` failed the latency SLO of `kind`; `fit` is the capacity model's TPOT fit,
+/// when there is one.
+pub fn diagnose(kind: SloKind, record: &RequestRecord, fit: Option<DecodeFit>) -> Diagnosis {
     match kind {
         SloKind::Ttft(_) => first_token(record, record.ttft),
         SloKind::AnswerTtft(_) => first_token(record, record.answer_ttft),
-        SloKind::Tpot(threshold) => decode(record, Some(threshold), tpot_alone),
+        SloKind::Tpot(threshold) => decode(record, Some(threshold), fit),
         SloKind::E2e(_) => {
             let wait = record.ttft.unwrap_or(record.e2e);
             if wait >= record.e2e.saturating_sub(wait) {
                 first_token(record, Some(wait))
             } else {
-                decode(record, None, tpot_alone)
+                decode(record, None, fit)
             }
         }
         SloKind::Availability => diagnosis(Cause::Unknown, Evidence::None),
@@ -151,7 +173,7 @@ fn first_token(record: &RequestRecord, waited: Option<Duration>) -> Diagnosis {
 }
 
 /// The decode, judged against a TPOT `threshold` when the SLO has one.
-fn decode(record: &RequestRecord, threshold: Option<Duration>, tpot_alone: Option<f64>) -> Diagnosis {
+fn decode(record: &RequestRecord, threshold: Option<Duration>, fit: Option<DecodeFit>) -> Diagnosis {
     let engine_tpot = record.engine.and_then(|e| e.tpot);
     let made_in_time = match (engine_tpot, threshold, record.tpot()) {
         (Some(engine), Some(threshold), _) => engine <= threshold.as_secs_f64(),
@@ -165,13 +187,18 @@ fn decode(record: &RequestRecord, threshold: Option<Duration>, tpot_alone: Optio
     if record.engine_context.is_some_and(|c| c.preemptions_during) {
         return diagnosis(Cause::Preemption, Evidence::EngineMetrics);
     }
-    let shared = record.load.and_then(|l| l.decode).is_some_and(|l| l >= SHARED_DECODE);
-    let alone_in_time = match (tpot_alone, threshold) {
-        (Some(alone), Some(threshold)) => alone <= threshold.as_secs_f64(),
-        _ => true,
-    };
-    if shared && alone_in_time {
-        return diagnosis(Cause::DecodeContention, Evidence::Load);
+    if let Some(load) = record.load.and_then(|l| l.decode).filter(|&l| l >= SHARED_DECODE) {
+        let batch_on_page = record.engine_context.and_then(|c| c.running).is_some_and(|r| r >= 2.0);
+        let alone_in_time = match (fit, threshold) {
+            (Some(fit), Some(threshold)) => fit.alone <= threshold.as_secs_f64(),
+            _ => true,
+        };
+        if alone_in_time && batch_on_page {
+            return diagnosis(Cause::DecodeContention, Evidence::EngineMetrics);
+        }
+        if alone_in_time && fit.is_some_and(|fit| fit.shows_batching(load)) {
+            return diagnosis(Cause::DecodeContention, Evidence::Load);
+        }
     }
     let evidence = match (engine_tpot, record.load) {
         (Some(_), _) => Evidence::Request,
@@ -245,6 +272,7 @@ mod tests {
         r.engine_context = Some(EngineContext {
             waiting_at_arrival: Some(3.0),
             preemptions_during: false,
+            running: None,
         });
         assert_eq!(
             diagnose(TTFT, &r, None),
@@ -267,21 +295,55 @@ mod tests {
         r.engine_context = Some(EngineContext {
             waiting_at_arrival: Some(0.0),
             preemptions_during: true,
+            running: None,
         });
-        assert_eq!(diagnose(TPOT, &r, Some(0.02)).cause, Cause::Preemption);
+        let batching = |alone| {
+            Some(DecodeFit {
+                alone,
+                per_request: 0.002,
+            })
+        };
+        assert_eq!(diagnose(TPOT, &r, batching(0.02)).cause, Cause::Preemption);
         r.engine_context = None;
         assert_eq!(
-            diagnose(TPOT, &r, Some(0.02)),
+            diagnose(TPOT, &r, batching(0.02)),
             diagnosis(Cause::DecodeContention, Evidence::Load)
         );
         assert_eq!(
-            diagnose(TPOT, &r, Some(0.07)).cause,
+            diagnose(TPOT, &r, batching(0.07)).cause,
             Cause::Unknown,
             "too slow even alone"
         );
+        // An engine whose TPOT does not grow with the requests sharing it does not batch:
+        // capping the batch would cure nothing. Nor is there evidence before a fit.
+        let flat = Some(DecodeFit {
+            alone: 0.02,
+            per_request: 0.0,
+        });
+        assert_eq!(diagnose(TPOT, &r, flat), diagnosis(Cause::Unknown, Evidence::Request));
+        assert_eq!(diagnose(TPOT, &r, None).cause, Cause::Unknown);
+        // The engine's own page showing a batch is evidence enough, before any fit.
+        r.engine_context = Some(EngineContext {
+            running: Some(12.0),
+            ..EngineContext::default()
+        });
+        assert_eq!(
+            diagnose(TPOT, &r, None),
+            diagnosis(Cause::DecodeContention, Evidence::EngineMetrics)
+        );
+        r.engine_context = Some(EngineContext {
+            running: Some(1.0),
+            ..EngineContext::default()
+        });
+        assert_eq!(
+            diagnose(TPOT, &r, None).cause,
+            Cause::Unknown,
+            "one at a time: no batch"
+        );
+        r.engine_context = None;
         r.load = load(1.0);
         assert_eq!(
-            diagnose(TPOT, &r, Some(0.02)).cause,
+            diagnose(TPOT, &r, batching(0.02)).cause,
             Cause::Unknown,
             "it had the engine to itself"
         );
@@ -294,10 +356,11 @@ mod tests {
         assert_eq!(diagnose(SloKind::E2e(ms(1000)), &r, None).cause, Cause::Queueing);
         let mut r = record(100, 60, 6000);
         r.load = load(20.0);
-        assert_eq!(
-            diagnose(SloKind::E2e(ms(1000)), &r, None).cause,
-            Cause::DecodeContention
-        );
+        let fit = Some(DecodeFit {
+            alone: 0.02,
+            per_request: 0.002,
+        });
+        assert_eq!(diagnose(SloKind::E2e(ms(1000)), &r, fit).cause, Cause::DecodeContention);
         r.engine = timing(0.0, 0.05, 0.01);
         assert_eq!(diagnose(SloKind::E2e(ms(1000)), &r, None).cause, Cause::OutsideEngine);
     }

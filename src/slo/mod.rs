@@ -260,21 +260,21 @@ impl SloEngine {
     }
 
     /// Judges a finished request against every SLO and goodput, and finds the cause of each
-    /// latency SLO it missed; `tpot_alone` gives the capacity model's TPOT with one request in
-    /// flight, when there is a model.
-    pub fn record(&self, record: &RequestRecord, tpot_alone: impl FnOnce() -> Option<f64>) {
+    /// latency SLO it missed; `decode_fit` gives the capacity model's TPOT fit, when there is
+    /// one.
+    pub fn record(&self, record: &RequestRecord, decode_fit: impl FnOnce() -> Option<cause::DecodeFit>) {
         let set = self.set();
         let now = Instant::now();
         let verdicts: Vec<Verdict> = set.slos.iter().map(|slo| classify(slo, record)).collect();
         let missed_latency =
             |(slo, verdict): (&spec::Slo, &Verdict)| *verdict == Verdict::Bad && slo.kind != SloKind::Availability;
         // Asked only when a cause is to be found, and before the state lock is taken.
-        let tpot_alone = set
+        let decode_fit = set
             .slos
             .iter()
             .zip(&verdicts)
             .any(missed_latency)
-            .then(tpot_alone)
+            .then(decode_fit)
             .flatten();
         let good = is_goodput(&set, record, &verdicts);
         let tokens = if good { record.output_tokens.unwrap_or(0) } else { 0 };
@@ -293,7 +293,7 @@ impl SloEngine {
             self.events.get_or_create(&labels).inc();
             self.bad_events.get_or_create(&labels).inc_by(bad);
             if missed_latency((slo, verdict)) {
-                let diagnosis = cause::diagnose(slo.kind, record, tpot_alone);
+                let diagnosis = cause::diagnose(slo.kind, record, decode_fit);
                 self.bad_events_by_cause
                     .get_or_create(&CauseLabels {
                         slo_service: labels.slo_service.clone(),
