@@ -35,6 +35,32 @@ pub struct Cli {
     log_format: Option<LogFormat>,
     #[command(subcommand)]
     command: Command,
+    /// The settings whose value came from the environment ([`Cli::parse_noting_sources`]).
+    #[arg(skip)]
+    from_env: Vec<&'static str>,
+}
+
+impl Cli {
+    /// Parses the command line (exiting with clap's message on a bad one), noting which of
+    /// the settings `run` and `check-config` share came from the environment, so that an
+    /// error names the variable rather than the flag.
+    pub fn parse_noting_sources() -> Self {
+        use clap::{CommandFactory, FromArgMatches};
+        let matches = Self::command().get_matches();
+        let mut cli = Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+        let sub = matches.subcommand().map(|(_, m)| m);
+        for key in ["upstream", "listen", "metrics_listen", "engine", "log", "log_format"] {
+            let source = [sub, Some(&matches)]
+                .into_iter()
+                .flatten()
+                .find(|m| m.ids().any(|id| id.as_str() == key))
+                .and_then(|m| m.value_source(key));
+            if source == Some(clap::parser::ValueSource::EnvVariable) {
+                cli.from_env.push(key);
+            }
+        }
+        cli
+    }
 }
 
 #[derive(Debug, Subcommand)]
@@ -193,21 +219,39 @@ struct Endpoints {
     /// Address for /metrics, /healthz and /readyz [default: 0.0.0.0:9464].
     #[arg(long, env = "LLMSLO_METRICS_LISTEN")]
     metrics_listen: Option<String>,
-    /// The engine kind, exported as `provider` [default: auto].
-    #[arg(long, env = "LLMSLO_ENGINE", value_enum)]
-    engine: Option<EngineSetting>,
+    /// The engine kind, exported as `provider`: auto, vllm, tgi, sglang, llamacpp or openai
+    /// [default: auto].
+    #[arg(long, env = "LLMSLO_ENGINE")]
+    engine: Option<String>,
 }
 
 impl Endpoints {
-    fn overrides(self, log: Option<String>, log_format: Option<LogFormat>) -> Overrides {
-        Overrides {
+    /// The settings given by flags and the environment (`from_env` names the keys the
+    /// environment gave); an unknown engine is an error that names where it came from.
+    fn overrides(
+        self,
+        log: Option<String>,
+        log_format: Option<LogFormat>,
+        from_env: Vec<&'static str>,
+    ) -> Result<Overrides, String> {
+        let engine = match self.engine {
+            None => None,
+            Some(name) => Some(<EngineSetting as clap::ValueEnum>::from_str(&name, true).map_err(|_| {
+                format!(
+                    "{}: `{name}` is not an engine: auto, vllm, tgi, sglang, llamacpp or openai",
+                    crate::config::origin_label("engine", from_env.contains(&"engine"))
+                )
+            })?),
+        };
+        Ok(Overrides {
             upstream: self.upstream,
             listen: self.listen,
             metrics_listen: self.metrics_listen,
             log,
             log_format,
-            engine: self.engine,
-        }
+            engine,
+            from_env,
+        })
     }
 }
 
@@ -403,7 +447,13 @@ impl Cli {
                 }
             },
             Command::CheckConfig(args) => {
-                let overrides = args.endpoints.overrides(self.log, self.log_format);
+                let overrides = match args.endpoints.overrides(self.log, self.log_format, self.from_env) {
+                    Ok(overrides) => overrides,
+                    Err(e) => {
+                        eprintln!("llmslo: {e}");
+                        return ExitCode::from(EXIT_CONFIG);
+                    }
+                };
                 match Config::check(overrides, &args.file) {
                     Ok((config, upstream_given)) => {
                         for note in rules::left_out(&config.slos) {
@@ -440,7 +490,13 @@ impl Cli {
                 }
             }
             Command::Run(args) => {
-                let overrides = args.endpoints.overrides(self.log, self.log_format);
+                let overrides = match args.endpoints.overrides(self.log, self.log_format, self.from_env) {
+                    Ok(overrides) => overrides,
+                    Err(e) => {
+                        eprintln!("llmslo: {e}");
+                        return ExitCode::from(EXIT_CONFIG);
+                    }
+                };
                 let config = match Config::load_fail_open(overrides, args.config.as_deref()) {
                     Ok(config) => config,
                     Err(e) => {

@@ -1,6 +1,5 @@
 //! The `llmslo` binary: a thin shell over the library's CLI.
 
-use clap::Parser;
 use std::process::ExitCode;
 
 /// mimalloc gives freed memory back to the system: after a burst of connections, glibc's
@@ -10,7 +9,7 @@ use std::process::ExitCode;
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
-    let cli = llmslo::cli::Cli::parse();
+    let cli = llmslo::cli::Cli::parse_noting_sources();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

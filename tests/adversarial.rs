@@ -437,6 +437,7 @@ async fn running_out_of_file_descriptors_is_the_sidecars_exhaustion_not_the_engi
 const MEMORY_LIMIT: u64 = 128 << 20;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "long proof (35 s: every attack in turn against the running binary): CI runs it with --include-ignored"]
 async fn every_attack_leaves_the_sidecar_serving_within_its_memory_budget() {
     use llmslo::tools::bench::attacks::Attack;
     let (upstream, _) = start_engine(timed_engine(5, 5)).await;
@@ -574,6 +575,8 @@ async fn h2c_connections_are_told_their_stream_limit_in_settings() {
         settings.contains(&(0x3, 7)),
         "SETTINGS_MAX_CONCURRENT_STREAMS in {settings:?}"
     );
+    // Gone before the drain, which would otherwise wait for this idle connection to time out.
+    drop(stream);
     sidecar.shutdown().await;
 }
 

@@ -96,13 +96,36 @@ fn missing_or_bad_flags_and_env_exit_64() {
         stderr.contains("upstream") && stderr.contains("LLMSLO_UPSTREAM"),
         "{stderr}"
     );
+    // One format, naming where the value came from.
     let (code, stderr) = run_and_fail(llmslo().arg("run").env("LLMSLO_UPSTREAM", "ftp://engine"));
     assert_eq!(code, 64);
-    assert!(stderr.contains("`upstream`"), "{stderr}");
+    assert_eq!(
+        stderr.trim(),
+        "llmslo: environment variable LLMSLO_UPSTREAM: `ftp://engine` must start with http://"
+    );
     let (code, stderr) =
         run_and_fail(llmslo().args(["run", "--upstream", "http://127.0.0.1:1", "--listen", "everywhere"]));
     assert_eq!(code, 64);
-    assert!(stderr.contains("`listen`"), "{stderr}");
+    assert_eq!(
+        stderr.trim(),
+        "llmslo: flag --listen: `everywhere` is not an address like 0.0.0.0:8080 or :8080"
+    );
+    let (code, stderr) = run_and_fail(
+        llmslo()
+            .args(["run", "--upstream", "http://127.0.0.1:1"])
+            .env("LLMSLO_ENGINE", "triton"),
+    );
+    assert_eq!(code, 64);
+    assert_eq!(
+        stderr.trim(),
+        "llmslo: environment variable LLMSLO_ENGINE: `triton` is not an engine: auto, vllm, tgi, sglang, llamacpp or openai"
+    );
+    let (code, stderr) = run_and_fail(llmslo().args(["check-config", "/dev/null", "--engine", "triton"]));
+    assert_eq!(code, 64);
+    assert!(
+        stderr.starts_with("llmslo: flag --engine: `triton` is not an engine"),
+        "{stderr}"
+    );
     let (code, stderr) = run_and_fail(llmslo().args(["simulate", "--ttft", "soon"]));
     assert_eq!(code, 2, "clap usage error");
     assert!(stderr.contains("--ttft"), "{stderr}");
@@ -219,6 +242,8 @@ fn demo_runs_and_prints_a_table() {
         !stdout.contains('\x1b'),
         "no redraw codes when stdout is not a terminal"
     );
+    let widest = stdout.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+    assert!(widest <= 120, "the view fits 120 columns: {widest}\n{stdout}");
 }
 
 #[test]

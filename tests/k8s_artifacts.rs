@@ -228,3 +228,16 @@ async fn the_injected_sidecar_runs_as_declared() {
     terminate(&mut child);
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+#[test]
+fn the_docs_name_the_webhook_path_the_chart_configures() {
+    let chart = read("helm/llmslo/templates/webhook.yaml");
+    let path = chart
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("path: "))
+        .expect("the chart's MutatingWebhookConfiguration names a path");
+    assert!(
+        read("docs/kubernetes.md").contains(&format!("`{path}`")),
+        "docs/kubernetes.md names the webhook path {path}"
+    );
+}

@@ -276,6 +276,7 @@ fn args(list: &[&str]) -> Vec<String> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "long proof (30 s of real time through the binary): CI runs it with --include-ignored"]
 async fn the_binary_finds_the_knee_within_ten_percent_and_writes_json_and_plot() {
     let (engine, stop) = start_engine(knee_40_engine()).await;
     let config = write_config("cli", TPOT_30MS);

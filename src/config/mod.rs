@@ -45,6 +45,16 @@ pub enum ConfigError {
         /// What is wrong with it.
         message: String,
     },
+    /// A value given by a flag or an environment variable is out of range or malformed.
+    #[error("{origin}: {message}")]
+    InvalidGiven {
+        /// `flag --listen` or `environment variable LLMSLO_LISTEN`.
+        origin: String,
+        /// The key the value stands for.
+        key: String,
+        /// What is wrong with it.
+        message: String,
+    },
     /// A value is out of range or malformed.
     #[error("config key `{key}`: {message}")]
     Invalid {
@@ -59,7 +69,9 @@ impl ConfigError {
     /// The key an invalid value was given for, when the error is about one.
     pub fn key(&self) -> Option<&str> {
         match self {
-            ConfigError::Invalid { key, .. } | ConfigError::InvalidAt { key, .. } => Some(key),
+            ConfigError::Invalid { key, .. }
+            | ConfigError::InvalidAt { key, .. }
+            | ConfigError::InvalidGiven { key, .. } => Some(key),
             _ => None,
         }
     }
@@ -74,6 +86,17 @@ impl ConfigError {
                     key,
                     message,
                 },
+                None => ConfigError::Invalid { key, message },
+            },
+            other => other,
+        }
+    }
+
+    /// Names the flag or environment variable an invalid value came from, when one did.
+    fn given_by(self, overrides: &Overrides) -> Self {
+        match self {
+            ConfigError::Invalid { key, message } => match overrides.origin(&key) {
+                Some(origin) => ConfigError::InvalidGiven { origin, key, message },
                 None => ConfigError::Invalid { key, message },
             },
             other => other,
@@ -173,6 +196,34 @@ pub struct Overrides {
     pub log_format: Option<LogFormat>,
     /// `--engine` / `LLMSLO_ENGINE`.
     pub engine: Option<EngineSetting>,
+    /// The keys above whose value came from the environment rather than a flag.
+    pub from_env: Vec<&'static str>,
+}
+
+impl Overrides {
+    /// Where the value of `key` came from: its flag, its environment variable, or (when
+    /// neither gave it) `None`, the file or the default.
+    fn origin(&self, key: &str) -> Option<String> {
+        let given = match key {
+            "upstream" => self.upstream.is_some(),
+            "listen" => self.listen.is_some(),
+            "metrics_listen" => self.metrics_listen.is_some(),
+            "log" => self.log.is_some(),
+            "log_format" => self.log_format.is_some(),
+            "engine" => self.engine.is_some(),
+            _ => false,
+        };
+        given.then(|| origin_label(key, self.from_env.contains(&key)))
+    }
+}
+
+/// `flag --metrics-listen` or `environment variable LLMSLO_METRICS_LISTEN`.
+pub fn origin_label(key: &str, from_env: bool) -> String {
+    if from_env {
+        format!("environment variable LLMSLO_{}", key.to_ascii_uppercase())
+    } else {
+        format!("flag --{}", key.replace('_', "-"))
+    }
 }
 
 /// The YAML file's schema; every key is optional.
@@ -516,7 +567,12 @@ impl Config {
         Self::merge(Overrides::default(), file).map_err(|e| e.located(inline, text))
     }
 
-    fn merge(o: Overrides, mut f: FileConfig) -> Result<Self, ConfigError> {
+    fn merge(o: Overrides, f: FileConfig) -> Result<Self, ConfigError> {
+        let overrides = o.clone();
+        Self::merge_unlabelled(o, f).map_err(|e| e.given_by(&overrides))
+    }
+
+    fn merge_unlabelled(o: Overrides, mut f: FileConfig) -> Result<Self, ConfigError> {
         let slos = slo_set(&mut f)?;
         let overrides = o.clone();
         let upstream = o.upstream.or(f.upstream).ok_or_else(|| {
@@ -1005,10 +1061,18 @@ fn with_hint(message: &str) -> String {
     message.to_string()
 }
 
+/// A listen address: `HOST:PORT`, or `:PORT` for every interface (as Go programs write it).
 fn parse_addr(key: &str, value: &str) -> Result<SocketAddr, ConfigError> {
-    value
-        .parse()
-        .map_err(|_| ConfigError::invalid(key, format!("`{value}` is not an address like 0.0.0.0:8080")))
+    let every_interface;
+    let full = match value.strip_prefix(':') {
+        Some(port) => {
+            every_interface = format!("0.0.0.0:{port}");
+            every_interface.as_str()
+        }
+        None => value,
+    };
+    full.parse()
+        .map_err(|_| ConfigError::invalid(key, format!("`{value}` is not an address like 0.0.0.0:8080 or :8080")))
 }
 
 fn parse_upstream(value: &str) -> Result<Uri, ConfigError> {
@@ -1242,6 +1306,41 @@ mod tests {
         let c = Config::merge(flags, file).unwrap();
         assert_eq!(c.upstream.host(), Some("flag"));
         assert_eq!(c.listen, "127.0.0.1:1".parse().unwrap());
+    }
+
+    #[test]
+    fn a_bad_value_names_the_flag_or_variable_it_came_from_and_a_bare_port_listens_everywhere() {
+        let up = "upstream: http://127.0.0.1:8000\n";
+        let file = || parse_yaml(&format!("{up}listen: 127.0.0.1:1\n")).unwrap();
+        let flags = Overrides {
+            metrics_listen: Some(":18404".into()),
+            listen: Some(":8443".into()),
+            ..Overrides::default()
+        };
+        let c = Config::merge(flags, file()).unwrap();
+        assert_eq!(c.listen, "0.0.0.0:8443".parse().unwrap());
+        assert_eq!(c.metrics_listen, "0.0.0.0:18404".parse().unwrap());
+        let bad = |from_env: Vec<&'static str>| {
+            let given = Overrides {
+                listen: Some("nowhere".into()),
+                from_env,
+                ..Overrides::default()
+            };
+            Config::merge(given, file()).unwrap_err().to_string()
+        };
+        assert_eq!(
+            bad(vec![]),
+            "flag --listen: `nowhere` is not an address like 0.0.0.0:8080 or :8080"
+        );
+        assert_eq!(
+            bad(vec!["listen"]),
+            "environment variable LLMSLO_LISTEN: `nowhere` is not an address like 0.0.0.0:8080 or :8080"
+        );
+        // The file's own bad value still names its key.
+        let error = Config::from_yaml(&format!("{up}listen: nowhere\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains(":2: config key `listen`: `nowhere`"), "{error}");
     }
 
     #[test]

@@ -61,8 +61,9 @@ impl EnginePhases {
                 &self.prefill,
             ),
             (
-                "llmslo_engine_time_to_first_token",
-                "The engine's own time to first token: its queue time plus its prefill time",
+                "llmslo_engine_queued_to_first_token",
+                "The engine's time from queueing the request to its first token (queue plus prefill): not \
+                 vLLM's time_to_first_token, which counts from arrival at its API server",
                 &self.ttft,
             ),
             (

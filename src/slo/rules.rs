@@ -342,8 +342,10 @@ fn alert_group(set: &SloSet, slo: &Slo) -> Group {
                     ),
                 ),
                 ("slo".into(), slo.name.clone()),
-                ("runbook_url".into(), slo.runbook_url.clone()),
-            ]),
+            ])
+            .into_iter()
+            .chain(runbook(slo))
+            .collect(),
             ..Rule::default()
         }
     };
@@ -384,8 +386,10 @@ fn alert_group(set: &SloSet, slo: &Slo) -> Group {
                         .into(),
                 ),
                 ("slo".into(), slo.name.clone()),
-                ("runbook_url".into(), slo.runbook_url.clone()),
-            ]),
+            ])
+            .into_iter()
+            .chain(runbook(slo))
+            .collect(),
             ..Rule::default()
         });
     }
@@ -393,6 +397,11 @@ fn alert_group(set: &SloSet, slo: &Slo) -> Group {
         name: format!("llmslo-alerts-{}", sloth_id(set, slo)),
         rules,
     }
+}
+
+/// The `runbook_url` annotation, when the SLO names a runbook (an empty one is left out).
+fn runbook(slo: &Slo) -> Option<(String, String)> {
+    (!slo.runbook_url.trim().is_empty()).then(|| ("runbook_url".into(), slo.runbook_url.clone()))
 }
 
 fn goodput_group() -> Group {
@@ -530,6 +539,17 @@ mod tests {
         )
         .unwrap();
         SloSet::validate(Some("chat".into()), None, None, file).unwrap()
+    }
+
+    #[test]
+    fn an_slo_without_a_runbook_gets_no_empty_runbook_url() {
+        let text = render(&set(), RulesFormat::Prometheus, Scope::All);
+        assert_eq!(
+            text.matches("runbook_url:").count(),
+            3,
+            "the TPOT SLO's three alerts only"
+        );
+        assert!(!text.contains("runbook_url: ''") && !text.contains("runbook_url: \"\""));
     }
 
     #[test]

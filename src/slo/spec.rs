@@ -27,7 +27,8 @@ pub struct SloFile {
 pub struct SloEntry {
     /// `name`.
     pub name: String,
-    /// `objective`, percent of valid requests.
+    /// `objective`, percent of valid requests: `99.9`, or `"99.9%"`.
+    #[serde(deserialize_with = "percent")]
     pub objective: f64,
     /// `ttft`: threshold on time to first token.
     #[serde(default, with = "humantime_serde")]
@@ -55,6 +56,33 @@ pub struct SloEntry {
     /// `runbook_url`, carried into the alerts' annotations.
     #[serde(default)]
     pub runbook_url: Option<String>,
+}
+
+/// A percentage as written: a number, or a string with or without its `%` sign.
+fn percent<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<f64, D::Error> {
+    struct Percent;
+    impl serde::de::Visitor<'_> for Percent {
+        type Value = f64;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a percentage like 99.9 or \"99.9%\"")
+        }
+        fn visit_f64<E: serde::de::Error>(self, v: f64) -> Result<f64, E> {
+            Ok(v)
+        }
+        fn visit_i64<E: serde::de::Error>(self, v: i64) -> Result<f64, E> {
+            Ok(v as f64)
+        }
+        fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<f64, E> {
+            Ok(v as f64)
+        }
+        fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<f64, E> {
+            let number = v.trim().strip_suffix('%').unwrap_or(v.trim()).trim();
+            number
+                .parse()
+                .map_err(|_| E::invalid_type(serde::de::Unexpected::Str(v), &self))
+        }
+    }
+    deserializer.deserialize_any(Percent)
 }
 
 /// `goodput:` as written.
@@ -395,6 +423,26 @@ mod tests {
 
     fn validate(yaml: &str) -> Result<SloSet, SpecError> {
         SloSet::validate(Some("chat".into()), None, None, file(yaml))
+    }
+
+    #[test]
+    fn an_objective_may_be_written_with_its_percent_sign() {
+        for written in ["99", "99.0", "\"99%\"", "\"99 %\"", "'99'"] {
+            let set = validate(&format!("slos:\n  - {{name: t, objective: {written}, ttft: 1s}}\n")).unwrap();
+            assert!((set.slos[0].objective - 0.99).abs() < 1e-12, "{written}");
+        }
+        let error = serde_yaml::from_str::<SloFile>("slos:\n  - {name: t, objective: lots, ttft: 1s}\n").unwrap_err();
+        assert!(
+            error
+                .to_string()
+                .contains("objective: invalid type: string \"lots\", expected a percentage like 99.9 or \"99.9%\""),
+            "{error}"
+        );
+        // A ratio in a string is still caught for what it is.
+        assert!(validate("slos:\n  - {name: t, objective: \"0.99\", ttft: 1s}\n")
+            .unwrap_err()
+            .1
+            .contains("did you mean 99?"));
     }
 
     #[test]

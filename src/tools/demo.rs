@@ -178,6 +178,7 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
                     render_slos(&text, share_of(started.elapsed(), period)),
                     render_causes(&text),
                 );
+                let view = fit_width(&view, WIDTH);
                 if redraw {
                     print!("\x1b[2J\x1b[H{view}");
                 } else {
@@ -198,7 +199,7 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
         at: started,
     };
     println!("whole run ({:.0?}):", started.elapsed());
-    print!("{}", render_table(&text, &mut whole_run, &exact));
+    print!("{}", fit_width(&render_table(&text, &mut whole_run, &exact), WIDTH));
     sidecar.shutdown().await;
     let _ = engine_task.await;
     Ok(())
@@ -531,6 +532,41 @@ fn render_slos(text: &str, period_share: f64) -> String {
            burn rate 1 spends the budget in exactly its period; budget spent: of the whole period's, so far)\n\n"
 }
 
+/// The widest the view is drawn: it fits a 120-column terminal.
+const WIDTH: usize = 120;
+
+/// `text` with every line longer than `width` broken at its last space that fits, the rest
+/// indented by four.
+fn fit_width(text: &str, width: usize) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let (mut rest, newline) = match line.strip_suffix('\n') {
+            Some(body) => (body, "\n"),
+            None => (line, ""),
+        };
+        let mut indent = "";
+        while indent.len() + rest.chars().count() > width {
+            // Up to and with the first character past the width: a space there still fits.
+            let fits = rest
+                .char_indices()
+                .nth(width - indent.len())
+                .map_or(rest.len(), |(i, c)| i + c.len_utf8());
+            let Some(cut) = rest[..fits].rfind(' ').filter(|&cut| cut > 0) else {
+                break;
+            };
+            out.push_str(indent);
+            out.push_str(rest[..cut].trim_end());
+            out.push('\n');
+            rest = rest[cut..].trim_start();
+            indent = "    ";
+        }
+        out.push_str(indent);
+        out.push_str(rest);
+        out.push_str(newline);
+    }
+    out
+}
+
 /// How much of the SLO period `uptime` is (at most all of it).
 fn share_of(uptime: Duration, period: Duration) -> f64 {
     uptime.min(period).as_secs_f64() / period.as_secs_f64()
@@ -597,6 +633,16 @@ impl<'a> Exposition<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_lines_are_broken_at_a_space_to_fit_the_width() {
+        let text = "short\nfirst second third fourth fifth\nunbreakable-long-word\n";
+        assert_eq!(
+            fit_width(text, 16),
+            "short\nfirst second\n    third fourth\n    fifth\nunbreakable-long-word\n"
+        );
+        assert_eq!(fit_width("no newline at the end", 100), "no newline at the end");
+    }
 
     #[test]
     fn the_load_ramps_up_to_the_peak_and_back() {
