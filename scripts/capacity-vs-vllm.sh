@@ -7,6 +7,7 @@
 #
 #   scripts/capacity-vs-vllm.sh                       tpot 100 ms at 95 %
 #   TPOT=80ms RATES=1,2,3,4 STEP=60s PHASE=120s scripts/capacity-vs-vllm.sh
+#   TRUTH=target/sweep.json scripts/capacity-vs-vllm.sh   the live phases against an earlier truth
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PORT=${PORT:-18000}          # vLLM; the sidecar takes PORT+1 (proxy) and PORT+2 (metrics)
@@ -30,15 +31,22 @@ goodput:
   require: [tpot]
 YAML
 
-echo "the truth: llmslo sweep --rate $RATES against vLLM ..."
-"${PIN_CLIENT[@]}" "$ROOT/target/release/llmslo" sweep --target "http://127.0.0.1:$PORT" --model small \
-    --config "$WORK/llmslo.yaml" --dataset "$WORK/prompts.jsonl" --output-tokens "$OUTPUT_LEN" \
-    --rate "$RATES" --duration "$STEP" --warmup 10s --json "$WORK/sweep.json" | tee "$WORK/sweep.txt"
+if [ -n "${TRUTH:-}" ]; then
+    echo "the truth: $TRUTH, an earlier run's sweep"
+    cp "$TRUTH" "$WORK/sweep.json"
+else
+    echo "the truth: llmslo sweep --rate $RATES against vLLM ..."
+    "${PIN_CLIENT[@]}" "$ROOT/target/release/llmslo" sweep --target "http://127.0.0.1:$PORT" --model small \
+        --config "$WORK/llmslo.yaml" --dataset "$WORK/prompts.jsonl" --output-tokens "$OUTPUT_LEN" \
+        --rate "$RATES" --duration "$STEP" --warmup 10s --json "$WORK/sweep.json" | tee "$WORK/sweep.txt"
+fi
 
 # The first miss the next step confirms, interpolated from the step before it.
 knee=$(python3 - "$WORK/sweep.json" <<'PY'
 import json, sys
 steps = json.load(open(sys.argv[1]))["steps"]
+# Steps with too few requests to judge (the sweep's own verdict) say nothing either way.
+steps = [s for s in steps if s["verdicts"]["tpot"]["verdict"] != "unjudged"]
 margins = [s["attainment"]["tpot"] - 0.95 for s in steps]
 rates = [s["rate"] for s in steps]
 miss = next((k for k in range(1, len(steps)) if margins[k] < 0 and (k + 1 == len(steps) or margins[k + 1] < 0)), None)

@@ -134,17 +134,18 @@ fn missing_or_bad_flags_and_env_exit_64() {
     assert!(stderr.contains("--step-jitter"), "{stderr}");
 }
 
-/// Starts `llmslo run` and returns it with the metrics address from its start-up log line.
-fn start_run(command: &mut Command) -> (std::process::Child, String) {
+/// Starts `llmslo run` and returns it with the metrics address from its start-up log line,
+/// and the rest of its log once it exits.
+fn start_run(command: &mut Command) -> (std::process::Child, String, std::thread::JoinHandle<Vec<String>>) {
     let mut child = command.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let metrics = lines.by_ref().take(50).map_while(Result::ok).find_map(|line| {
         let rest = &line[line.find("\"metrics_addr\":\"")? + 16..];
         Some(rest[..rest.find('"')?].to_string())
     });
-    std::thread::spawn(move || lines.for_each(drop));
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).collect());
     match metrics {
-        Some(addr) => (child, addr),
+        Some(addr) => (child, addr, rest),
         None => {
             child.kill().unwrap();
             child.wait().unwrap();
@@ -171,7 +172,7 @@ fn flags_beat_env_beat_file_and_sigterm_exits_0() {
         "precedence",
         "upstream: http://127.0.0.1:1\nlisten: \"not an address\"\nmetrics_listen: 127.0.0.1:1\n",
     );
-    let (mut child, metrics) = start_run(
+    let (mut child, metrics, log) = start_run(
         llmslo()
             .args(["run", "--config"])
             .arg(&path)
@@ -187,6 +188,13 @@ fn flags_beat_env_beat_file_and_sigterm_exits_0() {
     let metrics_text = http_get(&metrics, "/metrics");
     assert!(metrics_text.contains("llmslo_build_info"));
     terminate(&mut child);
+    // Between SIGTERM and the exit, the log says what the drain does.
+    let log = log.join().unwrap();
+    let stopping = log
+        .iter()
+        .position(|l| l.contains("stopping: new connections are refused"));
+    let stopped = log.iter().position(|l| l.contains("llmslo sidecar stopped"));
+    assert!(matches!((stopping, stopped), (Some(a), Some(b)) if a < b), "{log:#?}");
     std::fs::remove_file(path).unwrap();
 }
 
