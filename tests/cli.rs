@@ -293,18 +293,21 @@ fn bypassing_stream(name: &str) -> std::path::PathBuf {
     )
 }
 
+/// `llmslo inject -f FILE --image llmslo:test EXTRA…`: its exit code, stdout and stderr.
+fn inject_file(file: &std::path::Path, extra: &[&str]) -> (Option<i32>, String, String) {
+    let output = llmslo()
+        .args(["inject", "-f", file.to_str().unwrap(), "--image", "llmslo:test"])
+        .args(extra)
+        .output()
+        .unwrap();
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (output.status.code(), text(&output.stdout), text(&output.stderr))
+}
+
 #[test]
 fn inject_warns_about_a_service_that_would_bypass_the_sidecar() {
     let file = bypassing_stream("bypass-warn");
-    let inject = |extra: &[&str]| {
-        let output = llmslo()
-            .args(["inject", "-f", file.to_str().unwrap(), "--image", "llmslo:test"])
-            .args(extra)
-            .output()
-            .unwrap();
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        (output.status.code(), text(&output.stdout), text(&output.stderr))
-    };
+    let inject = |extra: &[&str]| inject_file(&file, extra);
     let (code, stdout, stderr) = inject(&[]);
     assert_eq!(code, Some(0));
     assert!(
@@ -337,15 +340,7 @@ fn inject_warns_about_a_misspelt_annotation_and_strict_fails_on_it() {
          image: vllm\n      ports: [{name: http, containerPort: 8000}]\n",
     )
     .unwrap();
-    let inject = |extra: &[&str]| {
-        let output = llmslo()
-            .args(["inject", "-f", file.to_str().unwrap(), "--image", "llmslo:test"])
-            .args(extra)
-            .output()
-            .unwrap();
-        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-        (output.status.code(), text(&output.stdout), text(&output.stderr))
-    };
+    let inject = |extra: &[&str]| inject_file(&file, extra);
     let (code, stdout, stderr) = inject(&[]);
     assert_eq!(code, Some(0), "{stderr}");
     assert!(

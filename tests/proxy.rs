@@ -337,17 +337,7 @@ async fn h2c_clients_are_proxied_and_measured() {
 }
 
 async fn get(addr: std::net::SocketAddr, path: &str) -> (StatusCode, Option<http::HeaderValue>, Bytes) {
-    let request = Request::get(format!("http://{addr}{path}"))
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let response = client().request(request).await.unwrap();
-    let status = response.status();
-    let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
-    (
-        status,
-        content_type,
-        response.into_body().collect().await.unwrap().to_bytes(),
-    )
+    get_with(Request::get(format!("http://{addr}{path}"))).await
 }
 
 #[tokio::test]
@@ -411,11 +401,15 @@ async fn get_accepting(
     path: &str,
     accept: &str,
 ) -> (StatusCode, Option<http::HeaderValue>, Bytes) {
-    let request = Request::get(format!("http://{addr}{path}"))
-        .header(header::ACCEPT, accept)
-        .body(Full::new(Bytes::new()))
+    get_with(Request::get(format!("http://{addr}{path}")).header(header::ACCEPT, accept)).await
+}
+
+/// Sends a GET built as `request`; its status, content type and body.
+async fn get_with(request: http::request::Builder) -> (StatusCode, Option<http::HeaderValue>, Bytes) {
+    let response = client()
+        .request(request.body(Full::new(Bytes::new())).unwrap())
+        .await
         .unwrap();
-    let response = client().request(request).await.unwrap();
     let status = response.status();
     let content_type = response.headers().get(header::CONTENT_TYPE).cloned();
     (
