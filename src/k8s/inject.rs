@@ -130,11 +130,7 @@ pub fn inject_yaml(input: &str, options: &InjectOptions) -> Result<Injected, Inj
         for object in objects(&value) {
             let template = template_pointer(object["kind"].as_str().unwrap_or_default())
                 .and_then(|pointer| object.pointer(pointer));
-            let name = format!(
-                "{}/{}",
-                object["kind"].as_str().unwrap_or("?"),
-                object["metadata"]["name"].as_str().unwrap_or("?")
-            );
+            let name = object_label(object);
             for warning in template.map(metadata_warnings).unwrap_or_default() {
                 warnings.push(format!("{name}: {warning}"));
             }
@@ -328,11 +324,19 @@ fn check_service(service: &mut Value, takeovers: &[Takeover], rewrite: bool) -> 
     found
 }
 
+/// `Kind/name` of an object, as errors and warnings name it.
+fn object_label(object: &Value) -> String {
+    format!(
+        "{}/{}",
+        object["kind"].as_str().unwrap_or_default(),
+        object["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
 /// Injects one object (a List's items too); returns how many pod templates changed.
 pub fn inject_object(object: &mut Value, options: &InjectOptions) -> Result<usize, InjectError> {
     let kind = object["kind"].as_str().unwrap_or_default().to_string();
-    let name = object["metadata"]["name"].as_str().unwrap_or("?").to_string();
-    let label = format!("{kind}/{name}");
+    let label = object_label(object);
     if kind == "List" {
         let mut changed = 0;
         for item in object["items"].as_array_mut().into_iter().flatten() {

@@ -12,7 +12,7 @@ const KEPT_GAPS: usize = 256;
 /// The unit gaps are kept in: 50 µs, so that a `u16` holds up to 3.3 s.
 const UNIT_NANOS: u64 = 50_000;
 /// Fewest gaps that show a pattern.
-pub const MIN_GAPS: u64 = 3;
+const MIN_GAPS: u64 = 3;
 
 /// What the gaps of one choice say, in decode steps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,21 +55,18 @@ impl DecodeSteps {
         }
     }
 
-    /// Gaps seen.
-    pub fn gaps(&self) -> u64 {
-        self.gaps
-    }
-
     /// The decode steps the gaps span, and those in `tail`, the time from the last delta to
     /// the event that closed the output; `None` with fewer than [`MIN_GAPS`] gaps.
     pub fn count(&self, tail: Duration) -> Option<Steps> {
         if self.gaps < MIN_GAPS {
             return None;
         }
-        let step = self.step.unwrap_or_else(|| step_of(&self.kept));
-        let between = match self.step {
-            Some(_) => self.counted,
-            None => self.kept.iter().map(|&g| gap_steps(g, step)).sum(),
+        let (step, between) = match self.step {
+            Some(step) => (step, self.counted),
+            None => {
+                let step = step_of(&self.kept);
+                (step, self.kept.iter().map(|&g| gap_steps(g, step)).sum())
+            }
         };
         Some(Steps {
             between,
@@ -103,15 +100,12 @@ fn step_of(gaps: &[u16]) -> u64 {
     let mut sorted = gaps.to_vec();
     sorted.sort_unstable();
     let median = sorted.get(sorted.len() / 2).map_or(0, |&g| u64::from(g));
-    let singles: Vec<u64> = sorted
+    let (sum, count) = sorted
         .iter()
         .map(|&g| u64::from(g))
         .filter(|&g| 2 * g < 3 * median)
-        .collect();
-    match singles.len() {
-        0 => median,
-        count => singles.iter().sum::<u64>() / count as u64,
-    }
+        .fold((0, 0), |(sum, count), g| (sum + g, count + 1));
+    sum.checked_div(count).unwrap_or(median)
 }
 
 #[cfg(test)]
@@ -156,7 +150,6 @@ mod tests {
         for i in 0..1000 {
             steps.push(ms(if i % 10 == 0 { 40.0 } else { 20.0 }));
         }
-        assert_eq!(steps.gaps(), 1000);
         assert_eq!(steps.count(Duration::ZERO).unwrap().between, 1100);
         assert!(steps.kept.capacity() == 0, "the kept gaps are let go");
         // Gaps longer than a u16 of units saturate instead of wrapping.
