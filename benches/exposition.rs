@@ -4,10 +4,10 @@
 //! cost of the engine's page: a real vLLM page and the largest page the bounds allow, read.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use llmslo::config::Engine;
 use llmslo::metrics::{Metrics, MetricsConfig};
-use llmslo::observe::record::{Outcome, RequestRecord};
-use llmslo::observe::route::Operation;
+use llmslo::record::Engine;
+use llmslo::record::Operation;
+use llmslo::record::{Outcome, RequestRecord};
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -52,6 +52,8 @@ fn busy_metrics() -> Metrics {
                     engine: None,
                     engine_context: None,
                     trace: None,
+                    provider: None,
+                    unmeasured: None,
                 });
             }
         }

@@ -4,9 +4,9 @@
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use llmslo::observe::repeat::RepeatSummariser;
-use llmslo::observe::route::Protocol;
 use llmslo::observe::sse::SseParser;
 use llmslo::observe::stream::StreamObserver;
+use llmslo::record::Protocol;
 use std::hint::black_box;
 use std::time::Duration;
 use tokio::time::Instant;

@@ -38,11 +38,9 @@ pub fn app(upstream: Uri, metrics: Arc<Metrics>) -> Router {
         client.request(request)
     });
     let observed = ServiceBuilder::new()
-        .layer(HandleErrorLayer::new(
-            |error: llmslo::proxy::idle::BoxError| async move {
-                (StatusCode::BAD_GATEWAY, format!("the engine failed: {error}"))
-            },
-        ))
+        .layer(HandleErrorLayer::new(|error: llmslo::upstream::BoxError| async move {
+            (StatusCode::BAD_GATEWAY, format!("the engine failed: {error}"))
+        }))
         .layer(ObserveLayer::new(metrics.clone(), ObserveSettings::default()))
         .service(forward);
     Router::new()

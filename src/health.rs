@@ -3,8 +3,8 @@
 
 use crate::metrics::Metrics;
 use crate::provider;
-use crate::proxy::client::UpstreamClient;
-use crate::proxy::error::innermost_cause;
+use crate::upstream::innermost_cause;
+use crate::upstream::UpstreamClient;
 use http::StatusCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

@@ -24,12 +24,15 @@ pub mod k8s;
 pub mod metrics;
 pub mod observe;
 pub mod otel;
+pub mod proto;
 pub mod provider;
 pub mod proxy;
 pub mod quantile;
+pub mod record;
 pub mod serve;
 pub mod sidecar;
 pub mod slo;
 pub mod tools;
+pub mod upstream;
 
 pub use proxy::observe::{Observe, ObserveLayer, ObserveSettings};

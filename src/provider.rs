@@ -11,7 +11,7 @@
 //!
 //! Until one of these answers, requests are labelled `provider="unknown"`.
 
-use crate::config::Engine;
+use crate::record::Engine;
 use http::HeaderMap;
 use serde::Deserialize;
 use std::sync::OnceLock;

@@ -6,9 +6,9 @@
 mod common;
 
 use common::*;
-use llmslo::observe::event::Fault;
-use llmslo::observe::route::Protocol;
 use llmslo::observe::stream::{StreamObserver, StreamSummary};
+use llmslo::record::Fault;
+use llmslo::record::Protocol;
 use std::time::Duration;
 use tokio::time::Instant;
 

@@ -4,8 +4,8 @@
 mod common;
 
 use common::fixture;
-use llmslo::observe::route::Protocol;
 use llmslo::observe::stream::{StreamObserver, StreamSummary};
+use llmslo::record::Protocol;
 use std::time::Duration;
 use tokio::time::Instant;
 

@@ -24,13 +24,13 @@
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use hyper::body::{Body, Frame};
-use llmslo::config::Engine;
 use llmslo::metrics::{Metrics, MetricsConfig};
 use llmslo::observe::body::ObservedBody;
-use llmslo::observe::route::{Operation, Protocol};
 use llmslo::observe::sse::SseParser;
 use llmslo::observe::stream::StreamObserver;
 use llmslo::observe::tracker::RequestTracker;
+use llmslo::record::Engine;
+use llmslo::record::{Operation, Protocol};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::VecDeque;

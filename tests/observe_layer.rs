@@ -7,8 +7,8 @@ mod common;
 mod example;
 
 use common::*;
-use llmslo::config::Engine;
 use llmslo::metrics::{Metrics, MetricsConfig};
+use llmslo::record::Engine;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;

@@ -367,7 +367,7 @@ async fn metrics_port_serves_protobuf_to_a_scraper_that_prefers_it() {
     let mut body = &response.into_body().collect().await.unwrap().to_bytes()[..];
     let mut families = Vec::new();
     while !body.is_empty() {
-        families.push(llmslo::metrics::native::proto::MetricFamily::decode_length_delimited(&mut body).unwrap());
+        families.push(llmslo::proto::MetricFamily::decode_length_delimited(&mut body).unwrap());
     }
     let tpot = families
         .iter()

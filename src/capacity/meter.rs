@@ -3,6 +3,7 @@
 //! and the engine's recent traffic (arrival rate and mean in flight) from a reading kept each
 //! second. O(1) per request, nothing per chunk, and the lock is never held across an await.
 
+use crate::record::RequestLoad;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -218,20 +219,6 @@ pub struct InFlight {
     meter: Arc<LoadMeter>,
     arrival: Reading,
     first_token: Option<Reading>,
-}
-
-/// The load one request ran under, in requests in flight (itself included).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RequestLoad {
-    /// In flight when it arrived, itself included: the load its TTFT met.
-    pub arrival: f64,
-    /// Time-weighted mean in flight from its first token to its end: the load its decode met.
-    pub decode: Option<f64>,
-    /// Time-weighted mean in flight from its arrival to its end: the load its e2e met.
-    pub whole: Option<f64>,
-    /// Requests that arrived per second from its first token to its end: the prefills its
-    /// decode shared steps with.
-    pub decode_arrivals: Option<f64>,
 }
 
 impl InFlight {

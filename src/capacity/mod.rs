@@ -9,7 +9,7 @@ pub mod meter;
 pub mod model;
 pub mod window;
 
-use crate::observe::record::{Outcome, RequestRecord};
+use crate::record::{Outcome, RequestRecord};
 use crate::slo::cause::DecodeFit;
 use crate::slo::SloEngine;
 use headroom::{Capacities, Estimate, Previous, Recent, SloCapacity};

@@ -7,6 +7,7 @@ pub mod memory;
 use crate::engine::EngineMetricsMode;
 use crate::metrics::buckets::BucketOverrides;
 use crate::otel::settings::{OtelConfig, OtelSettings, SettingError};
+use crate::record::Engine;
 use crate::slo::spec::{GoodputEntry, SloEntry, SloFile, SloSet};
 use http::Uri;
 use serde::Deserialize;
@@ -149,34 +150,6 @@ impl EngineSetting {
             EngineSetting::Sglang => Some(Engine::Sglang),
             EngineSetting::Llamacpp => Some(Engine::Llamacpp),
             EngineSetting::Openai => Some(Engine::Openai),
-        }
-    }
-}
-
-/// A known engine kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Engine {
-    /// vLLM.
-    Vllm,
-    /// Text Generation Inference.
-    Tgi,
-    /// SGLang.
-    Sglang,
-    /// llama.cpp server.
-    Llamacpp,
-    /// Any other OpenAI-compatible engine.
-    Openai,
-}
-
-impl Engine {
-    /// The `provider` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Engine::Vllm => "vllm",
-            Engine::Tgi => "tgi",
-            Engine::Sglang => "sglang",
-            Engine::Llamacpp => "llamacpp",
-            Engine::Openai => "openai",
         }
     }
 }

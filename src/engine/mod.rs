@@ -7,6 +7,7 @@ pub mod protobuf;
 pub mod scrape;
 pub mod signals;
 
+use crate::record::EngineMoment;
 use exposition::{OwnNames, Page};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -39,44 +40,6 @@ impl EngineMetricsMode {
             EngineMetricsMode::Off => "off",
             EngineMetricsMode::Map => "map",
             EngineMetricsMode::Merge => "merge",
-        }
-    }
-}
-
-/// What the engine looked like at one moment, for a request's diagnosis.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct EngineMoment {
-    /// Requests waiting in its queue.
-    pub waiting: Option<f64>,
-    /// Preemptions since it started.
-    pub preemptions: Option<f64>,
-    /// Requests it runs at once (its batch).
-    pub running: Option<f64>,
-}
-
-/// What the engine's pages showed around one request: the last page before it arrived, and
-/// the last before it ended.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct EngineContext {
-    /// Requests waiting in the engine's queue when it arrived.
-    pub waiting_at_arrival: Option<f64>,
-    /// The engine preempted requests while it ran (engine-wide: not necessarily this one).
-    pub preemptions_during: bool,
-    /// The most requests the engine ran at once on those two pages: two or more show it
-    /// batching.
-    pub running: Option<f64>,
-}
-
-impl EngineContext {
-    /// The context of a request that arrived at `arrival` and ended at `end`.
-    pub fn between(arrival: EngineMoment, end: EngineMoment) -> Self {
-        Self {
-            waiting_at_arrival: arrival.waiting,
-            preemptions_during: matches!((arrival.preemptions, end.preemptions), (Some(a), Some(b)) if b > a),
-            running: match (arrival.running, end.running) {
-                (Some(a), Some(b)) => Some(a.max(b)),
-                (a, b) => a.or(b),
-            },
         }
     }
 }
@@ -198,10 +161,7 @@ impl EngineView {
 
     /// The last good page as protobuf families, without any that would write a series name
     /// of the families named `own`; empty unless `merge` is on.
-    pub fn merged_protobuf<'a>(
-        &self,
-        own: impl IntoIterator<Item = &'a str>,
-    ) -> Vec<crate::metrics::native::proto::MetricFamily> {
+    pub fn merged_protobuf<'a>(&self, own: impl IntoIterator<Item = &'a str>) -> Vec<crate::proto::MetricFamily> {
         let page = self.state.read().expect("engine view lock").page.clone();
         let Some(page) = page else {
             return Vec::new();
@@ -316,6 +276,7 @@ impl Collector for EngineCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::EngineContext;
 
     fn page(waiting: u32, preemptions: u32) -> Page {
         exposition::parse(

@@ -3,7 +3,7 @@
 //! OpenMetrics merge writes, each sample's labels parsed into pairs.
 
 use super::exposition::{group_by, label_pairs, mergeable, without_label, Family, Kind, OwnNames, Page, Sample};
-use crate::metrics::native::proto;
+use crate::proto;
 
 /// The mergeable families of `page` as protobuf messages (the same the OpenMetrics merge
 /// writes), and how many samples were left out for a name `own` holds.

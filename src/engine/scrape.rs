@@ -4,8 +4,8 @@
 
 use super::exposition;
 use super::EngineView;
-use crate::proxy::client::UpstreamClient;
-use crate::proxy::error::innermost_cause;
+use crate::upstream::innermost_cause;
+use crate::upstream::UpstreamClient;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;

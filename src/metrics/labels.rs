@@ -1,9 +1,9 @@
 //! Label sets and the bounded model-name normaliser.
 
-use crate::observe::record::Outcome;
-use crate::observe::route::Operation;
-use crate::observe::stream::CountSource;
-use crate::otel::context::TraceRef;
+use crate::record::CountSource;
+use crate::record::Operation;
+use crate::record::Outcome;
+use crate::record::{TraceRef, UnmeasuredReason};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use std::collections::HashSet;
 use std::fmt::Write;
@@ -162,35 +162,6 @@ impl EncodeLabelValue for ClientTimeout {
 pub struct ClientTimeoutLabels {
     /// The deadline that passed.
     pub timeout: ClientTimeout,
-}
-
-/// Why a successful response could not be measured (`llmslo_unmeasured_responses_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum UnmeasuredReason {
-    /// A `Content-Encoding` llmslo cannot decode.
-    ContentEncoding,
-    /// A compressed body that failed to decode part-way.
-    DecodeError,
-    /// A stream event over `max_event_bytes` stopped interpretation.
-    OversizedEvent,
-}
-
-impl UnmeasuredReason {
-    /// Every reason, in label order.
-    pub const ALL: [UnmeasuredReason; 3] = [
-        UnmeasuredReason::ContentEncoding,
-        UnmeasuredReason::DecodeError,
-        UnmeasuredReason::OversizedEvent,
-    ];
-
-    /// The `reason` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            UnmeasuredReason::ContentEncoding => "content_encoding",
-            UnmeasuredReason::DecodeError => "decode_error",
-            UnmeasuredReason::OversizedEvent => "oversized_event",
-        }
-    }
 }
 
 impl EncodeLabelValue for UnmeasuredReason {

@@ -11,14 +11,15 @@ pub mod server;
 
 use crate::capacity::meter::InFlight;
 use crate::capacity::CapacityEngine;
-use crate::config::Engine;
 use crate::engine::{EngineCollector, EngineMetricsMode, EngineView};
 use crate::gpu::{GpuCollector, GpuState};
-use crate::observe::record::{Outcome, RequestRecord};
-use crate::observe::route::Operation;
-use crate::observe::stream::CountSource;
 use crate::otel::metrics::{Boundaries, OtelMetrics, OtlpGaps};
 use crate::provider::Provider;
+use crate::record::CountSource;
+use crate::record::Engine;
+use crate::record::Operation;
+use crate::record::UnmeasuredReason;
+use crate::record::{Outcome, RequestRecord};
 use crate::slo::spec::{SloKind, SloSet};
 use crate::slo::SloEngine;
 use buckets::{BucketOverrides, Buckets};
@@ -26,7 +27,7 @@ use labels::{
     BuildLabels, ClientTimeoutLabels, CountSourceLabels, ExemplarLabels, InFlightLabels, ModelNames, OutcomeLabels,
     RefusalLabels, RequestLabels, TokenLabels, UnmeasuredLabels,
 };
-pub use labels::{ClientTimeout, RefusalReason, UnmeasuredReason};
+pub use labels::{ClientTimeout, RefusalReason};
 use native::{ClassicAndNative, ExemplarHistograms};
 use opentelemetry::metrics::Meter;
 use prometheus_client::metrics::counter::Counter;
@@ -768,6 +769,8 @@ mod tests {
             engine: None,
             engine_context: None,
             trace: None,
+            provider: None,
+            unmeasured: None,
         });
         drop(handles);
         let text = m.encode();
@@ -790,11 +793,11 @@ mod tests {
     }
 
     /// `bytes` as Prometheus's length-delimited `MetricFamily` messages.
-    fn decode(mut bytes: &[u8]) -> Vec<native::proto::MetricFamily> {
+    fn decode(mut bytes: &[u8]) -> Vec<crate::proto::MetricFamily> {
         use prost::Message;
         let mut families = Vec::new();
         while !bytes.is_empty() {
-            families.push(native::proto::MetricFamily::decode_length_delimited(&mut bytes).unwrap());
+            families.push(crate::proto::MetricFamily::decode_length_delimited(&mut bytes).unwrap());
         }
         families
     }
@@ -802,7 +805,7 @@ mod tests {
     #[test]
     fn protobuf_carries_every_family_and_native_buckets_beside_the_classic_ones() {
         let m = metrics(&["llama"]);
-        let trace = crate::otel::context::TraceRef {
+        let trace = crate::record::TraceRef {
             trace_id: opentelemetry::trace::TraceId::from_hex("0af7651916cd43dd8448eb211c80319c").unwrap(),
             span_id: opentelemetry::trace::SpanId::from_hex("b7ad6b7169203331").unwrap(),
         };
@@ -824,6 +827,8 @@ mod tests {
                 engine: None,
                 engine_context: None,
                 trace: Some(trace),
+                provider: None,
+                unmeasured: None,
             });
         }
         let families = decode(&m.encode_protobuf());
@@ -843,7 +848,7 @@ mod tests {
         }
         let histograms = families
             .iter()
-            .filter(|f| f.r#type == native::proto::MetricType::Histogram as i32);
+            .filter(|f| f.r#type == crate::proto::MetricType::Histogram as i32);
         let mut checked = 0;
         for family in histograms {
             for metric in &family.metric {

@@ -14,9 +14,8 @@
 //! second registry), and [`encode_protobuf`] copies each twin's native buckets into its series.
 
 use super::buckets::Buckets;
+use crate::proto;
 use prometheus_client::encoding::prometheus_protobuf;
-/// Prometheus's `io.prometheus.client` messages.
-pub use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model as proto;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::{Family, MetricConstructor};
@@ -25,11 +24,6 @@ use prometheus_client::registry::{Registry, Unit};
 use prost::Message;
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
-
-/// The content type of the protobuf exposition (Prometheus's `io.prometheus.client` messages,
-/// each preceded by its length).
-pub const PROTOBUF_CONTENT_TYPE: &str =
-    "application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; encoding=delimited";
 
 /// Native histogram schema: buckets grow by 2^(2^-4) ≈ 1.044.
 pub const SCHEMA: i8 = 4;

@@ -5,7 +5,7 @@
 use super::buckets::{self, BucketOverrides, Buckets};
 use super::labels::RequestLabels;
 use super::native::ClassicAndNative;
-use crate::observe::event::EngineTiming;
+use crate::record::EngineTiming;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};

@@ -1,9 +1,9 @@
 //! The metrics port: `/metrics` (OpenMetrics text for Prometheus, protobuf with native
 //! histograms for a scraper that prefers it, the classic text format for everyone else), `/healthz` (process up), `/readyz` (upstream answering).
 
-use super::native::PROTOBUF_CONTENT_TYPE;
 use super::{classic_text, Metrics, OPENMETRICS_CONTENT_TYPE};
 use crate::health::Readiness;
+use crate::proto::PROTOBUF_CONTENT_TYPE;
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;

@@ -2,6 +2,7 @@
 //! wire protocol: each interpreter (`openai`, `responses`, `messages`, `tgi`) reduces its
 //! events to an [`EventSummary`], and the stream observer only reads summaries.
 
+use crate::record::{EngineTiming, Fault};
 use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
@@ -28,48 +29,6 @@ impl Usage {
             output_tokens: newer.output_tokens.or(self.output_tokens),
             reasoning_tokens: newer.reasoning_tokens.or(self.reasoning_tokens),
         }
-    }
-}
-
-/// Whose fault an error reported inside a successful answer is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
-    /// The request was invalid (code 400/422, `invalid_request_error`, `BadRequestError`):
-    /// `client_error`, never counted against the engine.
-    Client,
-    /// Overload, an internal error, or anything not known to be the client's: `upstream_error`.
-    Engine,
-}
-
-/// The engine's own account of one request, where its answer states one (vLLM's per-request
-/// metrics: `metrics` in the usage chunk or in `response.completed`), in seconds.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct EngineTiming {
-    /// Time in the engine's queue, from entering it to being scheduled (`queue_time_ms`).
-    pub queue: Option<f64>,
-    /// From being scheduled to the first token: prefill, and the steps it shared
-    /// (`time_to_first_token_ms`, which vLLM counts from scheduling).
-    pub prefill: Option<f64>,
-    /// Mean time between output tokens inside the engine (`mean_itl_ms`).
-    pub tpot: Option<f64>,
-    /// Share of draft tokens accepted by speculative decoding
-    /// (`speculative_decoding.draft_acceptance_rate`).
-    pub draft_acceptance: Option<f64>,
-    /// Fields the engine stated that could not be read (not a number, not finite, out of
-    /// range): each left out on its own, never the event.
-    pub unreadable: u32,
-}
-
-impl EngineTiming {
-    /// The engine's time to first token: its queue and its prefill, when it states both.
-    pub fn ttft(&self) -> Option<f64> {
-        Some(self.queue? + self.prefill?)
-    }
-
-    /// The time outside the engine, in seconds, of a request llmslo saw take `ttft` to its
-    /// first token: llmslo's TTFT minus the engine's (never below 0), when both are known.
-    pub fn outside(&self, ttft: Option<std::time::Duration>) -> Option<f64> {
-        Some((ttft?.as_secs_f64() - self.ttft()?).max(0.0))
     }
 }
 

@@ -8,7 +8,8 @@
 //! events say what failed (`overloaded_error` is the engine's, `invalid_request_error` the
 //! client's).
 
-use super::event::{event_name, fault_of, fault_of_event, EventSummary, Fault, TextChars, TypedUsage};
+use super::event::{event_name, fault_of, fault_of_event, EventSummary, TextChars, TypedUsage};
+use crate::record::Fault;
 use serde::Deserialize;
 use serde_json::Value;
 

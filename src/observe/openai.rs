@@ -369,7 +369,7 @@ pub fn generated_text(data: &[u8], mut on_text: impl FnMut(u32, &str)) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::event::Fault;
+    use crate::record::Fault;
 
     #[test]
     fn role_only_chunk_is_not_a_token() {

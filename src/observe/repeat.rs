@@ -11,8 +11,8 @@
 //! numbers every event, so its deltas never repeat: they always go to the interpreter.)
 
 use super::event::EventSummary;
-use super::route::Protocol;
 use super::{messages, openai, responses, tgi};
+use crate::record::Protocol;
 use sonic_rs::{pointer, JsonPointer};
 
 /// After this many events in a row miss the template, the next visible event replaces it.

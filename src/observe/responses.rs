@@ -11,8 +11,9 @@
 //! terminal event's `response.usage`.
 
 use super::event::{
-    event_name, fault_of, fault_of_event, with_odd_numbers_quoted, EventSummary, Fault, TypedUsage, WireEngineMetrics,
+    event_name, fault_of, fault_of_event, with_odd_numbers_quoted, EventSummary, TypedUsage, WireEngineMetrics,
 };
+use crate::record::Fault;
 use serde::Deserialize;
 use serde_json::Value;
 

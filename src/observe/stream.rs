@@ -1,12 +1,13 @@
 //! The streaming observer: SSE parsing plus interpretation plus timestamps for one response.
 
-use super::event::{EngineTiming, EventSummary, Fault, Usage};
+use super::event::{EventSummary, Usage};
 use super::repeat::RepeatSummariser;
-use super::route::Protocol;
 use super::sse::SseParser;
 use super::steps::DecodeSteps;
 use super::tokens::TokenCounter;
 use super::{messages, openai, responses};
+use crate::record::Protocol;
+use crate::record::{CountSource, EngineTiming, Fault, Outcome, RequestRecord};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -87,41 +88,6 @@ struct ChoiceFacts {
     steps: DecodeSteps,
 }
 
-/// Where a response's output token count came from (`llmslo_token_count_source_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum CountSource {
-    /// The engine's `usage.completion_tokens` (or TGI's `details.generated_tokens`).
-    Usage,
-    /// Counts every event stated: `token_ids` or `logprobs.content` lengths, or TGI's
-    /// one-token events.
-    TokenIds,
-    /// The configured tokenizer, over the generated text.
-    Tokenizer,
-    /// Only the events could be counted, and an event may hold several tokens: the token
-    /// count and TPOT are unknown.
-    Events,
-}
-
-impl CountSource {
-    /// Every source, in label order.
-    pub const ALL: [CountSource; 4] = [
-        CountSource::Usage,
-        CountSource::TokenIds,
-        CountSource::Tokenizer,
-        CountSource::Events,
-    ];
-
-    /// The `source` label value.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CountSource::Usage => "usage",
-            CountSource::TokenIds => "token_ids",
-            CountSource::Tokenizer => "tokenizer",
-            CountSource::Events => "events",
-        }
-    }
-}
-
 /// What the stream showed once it ended.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StreamSummary {
@@ -155,6 +121,28 @@ pub struct StreamSummary {
     pub saw_done: bool,
     /// An oversized event stopped interpretation part-way.
     pub gave_up: bool,
+}
+
+impl StreamSummary {
+    /// Writes the stream's measurements into `record`, timed from the request head at `t0`;
+    /// returns the outcome the events imply when they show a failure (an error payload: the
+    /// client's fault or the engine's; or a stream cut short before its end signal).
+    pub fn apply_to(self, record: &mut RequestRecord, t0: Instant) -> Option<Outcome> {
+        record.ttft = self.first_token.map(|first| first - t0);
+        record.answer_ttft = self.first_answer_token.map(|first| first - t0);
+        record.tpot_per_choice = self.tpot_per_choice;
+        record.count_source = self.count_source;
+        record.output_tokens = self.output_tokens;
+        record.input_tokens = self.input_tokens;
+        record.reasoning_tokens = self.reasoning_tokens;
+        record.engine = self.engine;
+        record.token_events = self.token_events;
+        let cut_short = !self.saw_done && !self.gave_up;
+        match self.error {
+            Some(fault) => Some(Outcome::of_fault(fault)),
+            None => cut_short.then_some(Outcome::UpstreamError),
+        }
+    }
 }
 
 impl StreamObserver {

@@ -6,7 +6,8 @@
 //! details were asked for). There is no `[DONE]`: the final event plays its part. Errors are
 //! `{"error": "...", "error_type": "..."}`, e.g. `incomplete_generation_stream`.
 
-use super::event::{EventSummary, Fault, Usage};
+use super::event::{EventSummary, Usage};
+use crate::record::Fault;
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 

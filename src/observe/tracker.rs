@@ -3,17 +3,20 @@
 
 use super::decode::{Decoder, Encoding};
 use super::event::EventSummary;
-use super::record::{Outcome, RequestRecord};
-use super::route::{Operation, Protocol};
-use super::stream::{CountSource, Counting, StreamObserver};
+use super::stream::{Counting, StreamObserver};
 use super::strip::UsageStripper;
 use super::tokens::TokenCounter;
 use super::{messages, openai, responses, tgi};
-use crate::config::Engine;
-use crate::engine::{EngineContext, EngineMetricsMode, EngineMoment};
-use crate::metrics::{GapRecorder, Metrics, RequestHandles, UnmeasuredReason};
-use crate::otel::context::TraceRef;
+use crate::engine::EngineMetricsMode;
+use crate::metrics::{GapRecorder, Metrics, RequestHandles};
 use crate::otel::spans::RequestSpan;
+use crate::record::CountSource;
+use crate::record::Engine;
+use crate::record::TraceRef;
+use crate::record::UnmeasuredReason;
+use crate::record::{EngineContext, EngineMoment};
+use crate::record::{Operation, Protocol};
+use crate::record::{Outcome, RequestRecord};
 use bytes::Bytes;
 use http::{header, HeaderMap, StatusCode};
 use std::io::Write;
@@ -335,7 +338,7 @@ impl RequestTracker {
                     );
                     self.metrics.count_unmeasured(UnmeasuredReason::OversizedEvent);
                 }
-                record.apply_stream(summary, self.t0)
+                summary.apply_to(&mut record, self.t0)
             }
             ResponseKind::Json(decoder) => {
                 let sink = decoder.sink();

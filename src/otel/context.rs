@@ -1,32 +1,13 @@
 //! A request's W3C trace context (`traceparent`, `tracestate`): read from the client's
 //! headers, and written for the engine when llmslo's own span continues the trace.
 
+use crate::record::TraceRef;
 use http::HeaderMap;
 use opentelemetry::propagation::TextMapPropagator;
-use opentelemetry::trace::{SpanContext, SpanId, TraceContextExt, TraceId};
+use opentelemetry::trace::{SpanContext, TraceContextExt};
 use opentelemetry::Context;
 use opentelemetry_http::{HeaderExtractor, HeaderInjector};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
-
-/// The trace and span a measurement belongs to: an exemplar's labels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TraceRef {
-    /// The trace.
-    pub trace_id: TraceId,
-    /// The span within it: llmslo's own, or the client's when llmslo starts none.
-    pub span_id: SpanId,
-}
-
-impl TraceRef {
-    /// The reference of a sampled span context; an unsampled trace is kept nowhere, so an
-    /// exemplar pointing at it would lead nowhere.
-    pub fn of_sampled(span: &SpanContext) -> Option<TraceRef> {
-        (span.is_valid() && span.is_sampled()).then(|| TraceRef {
-            trace_id: span.trace_id(),
-            span_id: span.span_id(),
-        })
-    }
-}
 
 /// The client's trace context; empty when its headers carry none (or a malformed one).
 pub fn extract(headers: &HeaderMap) -> Context {
@@ -48,6 +29,7 @@ pub fn inject(span: &SpanContext, headers: &mut HeaderMap) {
 mod tests {
     use super::*;
     use http::HeaderValue;
+    use opentelemetry::trace::SpanId;
 
     fn headers(traceparent: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();

@@ -2,8 +2,8 @@
 //! attributes (`gen_ai.server.time_to_first_token`, …, `gen_ai.request.model`), plus llmslo's
 //! own counters; the same buckets as on `/metrics`. Recorded once per finished request.
 
-use crate::observe::record::{Outcome, RequestRecord};
-use crate::observe::route::Operation;
+use crate::record::Operation;
+use crate::record::{Outcome, RequestRecord};
 use opentelemetry::metrics::{Counter, Histogram, Meter};
 use opentelemetry::KeyValue;
 use std::sync::Arc;

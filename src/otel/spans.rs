@@ -3,9 +3,10 @@
 //! engine's. It carries the model, operation, provider, token usage, outcome and TTFT; never a
 //! prompt, a completion or any other client string.
 
-use super::context::{self, TraceRef};
-use crate::observe::record::{Outcome, RequestRecord};
-use crate::observe::route::Operation;
+use super::context;
+use crate::record::Operation;
+use crate::record::TraceRef;
+use crate::record::{Outcome, RequestRecord};
 use http::HeaderMap;
 use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _};
 use opentelemetry::KeyValue;

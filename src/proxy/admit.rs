@@ -5,9 +5,9 @@
 
 use super::error::ProxyError;
 use super::held::Held;
-use super::idle::BoxError;
 use super::UpstreamBody;
 use crate::metrics::RefusalReason;
+use crate::upstream::BoxError;
 use http::{Request, Response};
 use std::future::Future;
 use std::pin::Pin;

@@ -1,8 +1,8 @@
 //! The engine's response deadline, counted from when the request body has been sent: the time
 //! a client takes to upload is the client's, never the engine's.
 
-use super::idle::BoxError;
 use super::UpstreamBody;
+use crate::upstream::BoxError;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::BodyExt;

@@ -3,7 +3,7 @@
 use super::request_body::ClientFault;
 use super::ProxyBody;
 use crate::metrics::RefusalReason;
-use crate::observe::record::Outcome;
+use crate::record::Outcome;
 use bytes::Bytes;
 use http::{header, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -116,13 +116,4 @@ impl ProxyError {
             )
             .expect("static response parts are valid")
     }
-}
-
-/// The innermost cause of an error: "Connection refused" rather than "client error (Connect)".
-pub fn innermost_cause(error: &dyn std::error::Error) -> String {
-    let mut cause = error;
-    while let Some(source) = cause.source() {
-        cause = source;
-    }
-    cause.to_string()
 }

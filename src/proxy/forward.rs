@@ -1,12 +1,13 @@
 //! The innermost service: sends a request to the one upstream and hands back its response,
 //! the body under the stream idle timeout. Its errors are [`ProxyError`]s.
 
-use super::client::UpstreamClient;
-use super::error::{self, ProxyError};
+use super::error::ProxyError;
 use super::headers;
-use super::idle::{BoxError, IdleTimeoutBody};
+use super::idle::IdleTimeoutBody;
 use super::UpstreamBody;
 use crate::metrics::RefusalReason;
+use crate::upstream::UpstreamClient;
+use crate::upstream::{innermost_cause, BoxError};
 use http::{header, HeaderValue, Request, Response, StatusCode, Version};
 use hyper::body::Incoming;
 use std::future::Future;
@@ -87,7 +88,7 @@ impl tower::Service<Request<UpstreamBody>> for Forward {
                     }
                     ProxyError::Unavailable {
                         upstream: this.upstream.to_string(),
-                        reason: error::innermost_cause(&error),
+                        reason: innermost_cause(&error),
                         connect: error.is_connect(),
                     }
                 })?;

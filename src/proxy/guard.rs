@@ -4,15 +4,15 @@
 //! reads and to `request_body_min_rate` on average; every error from below becomes an
 //! OpenAI-shaped JSON answer, the client's fault first whenever its body failed.
 
-use super::error::{self, ProxyError};
+use super::error::ProxyError;
 use super::headers::content_length;
-use super::idle::BoxError;
 use super::request_body::{BodyDeadlines, ClientBody, ClientFault};
 use super::ProxyBody;
 use crate::metrics::Metrics;
-use crate::observe::record::Outcome;
-use crate::observe::route::Operation;
 use crate::observe::tracker::{End, RequestTracker};
+use crate::record::Operation;
+use crate::record::Outcome;
+use crate::upstream::BoxError;
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 use std::convert::Infallible;
@@ -166,7 +166,7 @@ impl Shared {
                 Ok(fault) => ProxyError::Client(*fault),
                 Err(error) => ProxyError::Unavailable {
                     upstream: settings.upstream.clone(),
-                    reason: error::innermost_cause(error.as_ref()),
+                    reason: crate::upstream::innermost_cause(error.as_ref()),
                     connect: false,
                 },
             },

@@ -2,6 +2,7 @@
 //! stream the engine stops sending. The timer is re-armed lazily, so a busy stream costs one
 //! timestamp per frame and no timer-wheel update.
 
+use crate::upstream::{BoxError, StreamIdle};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 use std::future::Future;
@@ -9,9 +10,6 @@ use std::pin::Pin;
 use std::task::{ready, Context, Poll};
 use std::time::Duration;
 use tokio::time::{sleep_until, Instant, Sleep};
-
-/// A boxed error, the error type of bodies that can fail in more than one way.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Fires once no activity has been seen for its limit.
 #[derive(Debug)]
@@ -56,11 +54,6 @@ impl IdleTimer {
         }
     }
 }
-
-/// The engine sent nothing on an open response body for `stream_idle_timeout`.
-#[derive(Debug, thiserror::Error)]
-#[error("the upstream sent nothing for {}", humantime::format_duration(*.0))]
-pub struct StreamIdle(pub Duration);
 
 /// A response body that fails with [`StreamIdle`] when the upstream goes quiet for too long.
 #[derive(Debug)]

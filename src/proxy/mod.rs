@@ -12,7 +12,6 @@
 //!    `stream_idle_timeout`.
 
 pub mod admit;
-pub mod client;
 pub mod deadline;
 pub mod error;
 pub mod forward;
@@ -25,16 +24,15 @@ pub mod peek;
 pub mod request_body;
 
 use crate::metrics::Metrics;
+use crate::upstream::{BoxError, UpstreamClient};
 use admit::{Admit, AdmitLayer};
 use bytes::Bytes;
-use client::UpstreamClient;
 use deadline::{ResponseDeadline, ResponseDeadlineLayer};
 use forward::{ClientAddr, Forward};
 use guard::{Guard, GuardLayer, GuardSettings};
 use http::{Request, Response};
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
-use idle::BoxError;
 use observe::{Observe, ObserveLayer, ObserveSettings};
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -42,8 +40,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower::{ServiceBuilder, ServiceExt};
 
-/// Body type sent to the upstream.
-pub type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
+pub use crate::upstream::UpstreamBody;
 /// Body type sent back to the client.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 

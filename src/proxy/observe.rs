@@ -16,20 +16,21 @@
 //! ```
 
 use super::error::ProxyError;
-use super::idle::BoxError;
 use super::peek::{self, PeekError, Peeked, RequestFields};
 use super::request_body::{ClientFault, FaultSlot, NotedBody};
 use super::{ProxyBody, UpstreamBody};
-use crate::config::{defaults, Engine};
+use crate::config::defaults;
 use crate::metrics::{Metrics, RefusalReason};
 use crate::observe::body::ObservedBody;
-use crate::observe::record::Outcome;
-use crate::observe::route::Operation;
 use crate::observe::tokens::TokenCounter;
 use crate::observe::tracker::{End, RequestTracker};
 use crate::otel::context;
 use crate::otel::spans::RequestSpans;
 use crate::provider;
+use crate::record::Engine;
+use crate::record::Operation;
+use crate::record::Outcome;
+use crate::upstream::BoxError;
 use bytes::Bytes;
 use http::{header, Request, Response};
 use http_body_util::BodyExt;

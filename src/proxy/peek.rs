@@ -2,9 +2,9 @@
 //! `model` and `stream` fields, then forwards the very same bytes.
 
 use super::held::Held;
-use super::idle::BoxError;
 use super::request_body::ClientFault;
 use super::UpstreamBody;
+use crate::upstream::BoxError;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, SizeHint};

@@ -4,7 +4,7 @@
 
 use super::UpstreamBody;
 use crate::metrics::{ClientTimeout, Metrics};
-use crate::observe::record::Outcome;
+use crate::record::Outcome;
 use bytes::Bytes;
 use http::StatusCode;
 use hyper::body::{Body, Frame, Incoming, SizeHint};

@@ -21,7 +21,7 @@
 //! is judged by the rule of that phase.
 
 use super::spec::SloKind;
-use crate::observe::record::RequestRecord;
+use crate::record::RequestRecord;
 use std::time::Duration;
 
 /// Why a request failed a latency SLO.
@@ -211,10 +211,10 @@ fn decode(record: &RequestRecord, threshold: Option<Duration>, fit: Option<Decod
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::capacity::meter::RequestLoad;
-    use crate::engine::EngineContext;
-    use crate::observe::event::EngineTiming;
-    use crate::observe::route::Operation;
+    use crate::record::EngineContext;
+    use crate::record::EngineTiming;
+    use crate::record::Operation;
+    use crate::record::RequestLoad;
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)

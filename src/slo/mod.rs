@@ -8,7 +8,7 @@ pub mod rules;
 pub mod spec;
 pub mod window;
 
-use crate::observe::record::{Outcome, RequestRecord};
+use crate::record::{Outcome, RequestRecord};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
@@ -499,7 +499,7 @@ impl Collector for SloCollector {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::route::Operation;
+    use crate::record::Operation;
     use spec::SloFile;
 
     const MIN: Duration = Duration::from_secs(60);
@@ -532,6 +532,8 @@ mod tests {
             engine: None,
             engine_context: None,
             trace: None,
+            provider: None,
+            unmeasured: None,
         }
     }
 

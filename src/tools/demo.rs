@@ -6,8 +6,8 @@
 //! rate and budget.
 
 use crate::config::Config;
-use crate::observe::record::RequestRecord;
 use crate::quantile::nearest_rank;
+use crate::record::RequestRecord;
 use crate::sidecar::{termination_signal, Sidecar};
 use crate::tools::simulate::batching::BatchingOptions;
 use crate::tools::simulate::{SimEngine, SimOptions};
@@ -654,11 +654,11 @@ mod tests {
         assert_eq!(clients_at(Duration::from_secs(7), 40, Duration::ZERO), 40, "no ramp");
     }
 
-    fn record(model: &str, operation: crate::observe::route::Operation, ttft_ms: f64, tpot_ms: f64) -> RequestRecord {
+    fn record(model: &str, operation: crate::record::Operation, ttft_ms: f64, tpot_ms: f64) -> RequestRecord {
         RequestRecord {
             model: model.into(),
             operation,
-            outcome: crate::observe::record::Outcome::Success,
+            outcome: crate::record::Outcome::Success,
             ttft: Some(Duration::from_secs_f64(ttft_ms / 1e3)),
             answer_ttft: Some(Duration::from_secs_f64(2.0 * ttft_ms / 1e3)),
             tpot_per_choice: vec![Duration::from_secs_f64(tpot_ms / 1e3)],
@@ -672,6 +672,8 @@ mod tests {
             engine: None,
             engine_context: None,
             trace: None,
+            provider: None,
+            unmeasured: None,
         }
     }
 
@@ -686,7 +688,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_tables_percentiles_are_the_exact_ones() {
-        use crate::observe::route::Operation;
+        use crate::record::Operation;
         let mut exact = Exact::default();
         // A constant 30 ms TPOT (which classic buckets read as 49.75 ms at p99) for one model,
         // a long-tailed one (median 30 ms, p99 near 80 ms) for the other.
@@ -721,7 +723,7 @@ mod tests {
 
     #[test]
     fn the_kept_figures_are_bounded() {
-        use crate::observe::route::Operation;
+        use crate::record::Operation;
         let mut exact = Exact::default();
         for _ in 0..Exact::KEEP + 10 {
             exact.add(&record("m", Operation::Chat, 1.0, 1.0));

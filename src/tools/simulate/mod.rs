@@ -11,7 +11,7 @@ pub mod shape;
 pub mod typed;
 
 use crate::metrics::GaugeGuard;
-use crate::observe::route::Operation;
+use crate::record::Operation;
 use batching::{Batcher, BatchingOptions, Occupancy, Step};
 use bytes::Bytes;
 use delay::Delay;

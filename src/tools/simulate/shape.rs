@@ -3,7 +3,7 @@
 //! vLLM serves them (in `typed`).
 
 use super::typed::{messages, responses};
-use crate::observe::route::Operation;
+use crate::record::Operation;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::io;

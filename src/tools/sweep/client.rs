@@ -2,9 +2,9 @@
 //! observer, from the moment the request is sent.
 
 use super::prompts::Prompt;
-use crate::observe::record::{Outcome, RequestRecord};
-use crate::observe::route::Operation;
 use crate::observe::stream::StreamObserver;
+use crate::record::Operation;
+use crate::record::{Outcome, RequestRecord};
 use bytes::Bytes;
 use http::{header, HeaderValue, Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full, Limited};
@@ -204,7 +204,7 @@ impl Requester {
         }
         let request = request.body(Full::new(body)).expect("a valid request");
         let response = self.client.request(request).await.map_err(|e| {
-            let cause = crate::proxy::error::innermost_cause(&e);
+            let cause = crate::upstream::innermost_cause(&e);
             (Outcome::ConnectError, format!("cannot reach {}: {cause}", self.uri))
         })?;
         let status = response.status();
@@ -241,15 +241,12 @@ impl Requester {
                     }
                 }
                 Err(e) => {
-                    broken = Some(format!(
-                        "the stream broke: {}",
-                        crate::proxy::error::innermost_cause(&e)
-                    ));
+                    broken = Some(format!("the stream broke: {}", crate::upstream::innermost_cause(&e)));
                     break;
                 }
             }
         }
-        let failed = sample.record.apply_stream(observer.summary(), sent);
+        let failed = observer.summary().apply_to(&mut sample.record, sent);
         match (broken, failed) {
             (Some(message), _) => Err((Outcome::UpstreamError, message)),
             (None, Some(outcome)) => Err((
@@ -274,7 +271,7 @@ impl Requester {
             .client
             .request(request)
             .await
-            .map_err(|e| format!("cannot reach {uri}: {}", crate::proxy::error::innermost_cause(&e)))?;
+            .map_err(|e| format!("cannot reach {uri}: {}", crate::upstream::innermost_cause(&e)))?;
         if response.status() != StatusCode::OK {
             return Ok(None);
         }

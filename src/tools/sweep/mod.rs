@@ -11,7 +11,7 @@ pub mod prompts;
 pub mod report;
 pub mod stats;
 
-use crate::observe::record::Outcome;
+use crate::record::Outcome;
 use crate::slo::spec::{SloKind, SloSet};
 use client::{Endpoint, RequestShape, Requester};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};

@@ -2,8 +2,8 @@
 //! attainment and goodput, judged with the sidecar's own classification.
 
 use super::client::Sample;
-use crate::observe::record::Outcome;
 use crate::quantile::nearest_rank;
+use crate::record::Outcome;
 use crate::slo::spec::SloSet;
 use crate::slo::{classify, is_goodput, Verdict};
 use serde::Serialize;
@@ -365,8 +365,8 @@ fn shortfall(a: &Attainment) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::observe::record::RequestRecord;
-    use crate::observe::route::Operation;
+    use crate::record::Operation;
+    use crate::record::RequestRecord;
     use crate::slo::spec::{GoodputEntry, SloEntry, SloFile};
     use tokio::time::Instant;
 
@@ -412,6 +412,8 @@ mod tests {
                 engine: None,
                 engine_context: None,
                 trace: None,
+                provider: None,
+                unmeasured: None,
             },
             gaps: vec![Duration::from_millis(tpot_ms); tokens as usize - 1],
             ttfb: Some(Duration::from_millis(ttft_ms)),

@@ -1,9 +1,10 @@
-//! The pooled HTTP client to the one configured upstream.
+//! The one engine the sidecar forwards to: the pooled HTTP client bound to it, the body
+//! type sent to it, and how its failures read.
 
-use super::UpstreamBody;
 use bytes::Bytes;
 use http::uri::{Authority, Scheme};
 use http::{Request, Response, StatusCode, Uri};
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -12,6 +13,25 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
+
+/// A boxed error, the error type of bodies that can fail in more than one way.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Body type sent to the upstream.
+pub type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// The engine sent nothing on an open response body for `stream_idle_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("the upstream sent nothing for {}", humantime::format_duration(*.0))]
+pub struct StreamIdle(pub Duration);
+
+/// The innermost cause of an error: "Connection refused" rather than "client error (Connect)".
+pub fn innermost_cause(error: &dyn std::error::Error) -> String {
+    let mut cause = error;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    cause.to_string()
+}
 
 /// How long a pooled upstream connection may sit idle.
 const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);

@@ -1,13 +1,22 @@
-//! The per-request record: what one finished request measured, ready for metrics and SLOs.
+//! The request record: what one finished request measured, and the words every reader of it
+//! shares (its operation, outcome, engine, token count source, the engine's own timing, the
+//! load it ran under, its trace). The observer produces records; the Prometheus families, the
+//! SLOs, the capacity model, the OTLP exporter and any other [`Reader`] read them.
+//!
+//! This module is the ground floor: it imports nothing else of the crate.
 
-use super::event::{EngineTiming, Fault};
-use super::route::Operation;
-use super::stream::{CountSource, StreamSummary};
-use crate::capacity::meter::RequestLoad;
-use crate::engine::EngineContext;
-use crate::otel::context::TraceRef;
+mod engine;
+mod load;
+mod operation;
+mod reader;
+mod trace;
+
+pub use engine::{Engine, EngineContext, EngineMoment, EngineTiming, Fault};
+pub use load::RequestLoad;
+pub use operation::{Operation, Protocol};
+pub use reader::{Ongoing, Reader, Readers, Started};
 use std::time::Duration;
-use tokio::time::Instant;
+pub use trace::TraceRef;
 
 /// How a request ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -103,6 +112,10 @@ pub struct RequestRecord {
     pub engine_context: Option<EngineContext>,
     /// The sampled trace it belongs to (llmslo's span, or the client's): its exemplar.
     pub trace: Option<TraceRef>,
+    /// The engine behind the sidecar as it ended, when configured or learned by then.
+    pub provider: Option<Engine>,
+    /// Why its successful response could not be read, when it could not.
+    pub unmeasured: Option<UnmeasuredReason>,
 }
 
 impl RequestRecord {
@@ -125,6 +138,8 @@ impl RequestRecord {
             engine: None,
             engine_context: None,
             trace: None,
+            provider: None,
+            unmeasured: None,
         }
     }
 
@@ -133,31 +148,75 @@ impl RequestRecord {
         self.tpot_per_choice.iter().max().copied()
     }
 
-    /// Takes the stream's measurements, timed from the request head at `t0`; returns the
-    /// outcome the events imply when they show a failure (an error payload: the client's
-    /// fault or the engine's; or a stream cut short before its end signal).
-    pub fn apply_stream(&mut self, summary: StreamSummary, t0: Instant) -> Option<Outcome> {
-        self.ttft = summary.first_token.map(|first| first - t0);
-        self.answer_ttft = summary.first_answer_token.map(|first| first - t0);
-        self.tpot_per_choice = summary.tpot_per_choice;
-        self.count_source = summary.count_source;
-        self.output_tokens = summary.output_tokens;
-        self.input_tokens = summary.input_tokens;
-        self.reasoning_tokens = summary.reasoning_tokens;
-        self.engine = summary.engine;
-        self.token_events = summary.token_events;
-        let cut_short = !summary.saw_done && !summary.gave_up;
-        match summary.error {
-            Some(fault) => Some(Outcome::of_fault(fault)),
-            None => cut_short.then_some(Outcome::UpstreamError),
-        }
-    }
-
     /// Mean output tokens per token-carrying stream event, when both are known.
     pub fn tokens_per_chunk(&self) -> Option<f64> {
         match (self.output_tokens, self.token_events) {
             (Some(n), events) if events > 0 => Some(n as f64 / events as f64),
             _ => None,
+        }
+    }
+}
+
+/// Where a response's output token count came from (`llmslo_token_count_source_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CountSource {
+    /// The engine's `usage.completion_tokens` (or TGI's `details.generated_tokens`).
+    Usage,
+    /// Counts every event stated: `token_ids` or `logprobs.content` lengths, or TGI's
+    /// one-token events.
+    TokenIds,
+    /// The configured tokenizer, over the generated text.
+    Tokenizer,
+    /// Only the events could be counted, and an event may hold several tokens: the token
+    /// count and TPOT are unknown.
+    Events,
+}
+
+impl CountSource {
+    /// Every source, in label order.
+    pub const ALL: [CountSource; 4] = [
+        CountSource::Usage,
+        CountSource::TokenIds,
+        CountSource::Tokenizer,
+        CountSource::Events,
+    ];
+
+    /// The `source` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CountSource::Usage => "usage",
+            CountSource::TokenIds => "token_ids",
+            CountSource::Tokenizer => "tokenizer",
+            CountSource::Events => "events",
+        }
+    }
+}
+
+/// Why a successful response could not be measured (`llmslo_unmeasured_responses_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum UnmeasuredReason {
+    /// A `Content-Encoding` llmslo cannot decode.
+    ContentEncoding,
+    /// A compressed body that failed to decode part-way.
+    DecodeError,
+    /// A stream event over `max_event_bytes` stopped interpretation.
+    OversizedEvent,
+}
+
+impl UnmeasuredReason {
+    /// Every reason, in label order.
+    pub const ALL: [UnmeasuredReason; 3] = [
+        UnmeasuredReason::ContentEncoding,
+        UnmeasuredReason::DecodeError,
+        UnmeasuredReason::OversizedEvent,
+    ];
+
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnmeasuredReason::ContentEncoding => "content_encoding",
+            UnmeasuredReason::DecodeError => "decode_error",
+            UnmeasuredReason::OversizedEvent => "oversized_event",
         }
     }
 }
