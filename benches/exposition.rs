@@ -4,10 +4,10 @@
 //! cost of the engine's page: a real vLLM page and the largest page the bounds allow, read.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use llmslo::metrics::{Metrics, MetricsConfig};
-use llmslo::record::Engine;
-use llmslo::record::Operation;
-use llmslo::record::{Outcome, RequestRecord};
+use llmslo::metrics::Metrics;
+use llmslo::observe::recorder::RecorderSettings;
+use llmslo::record::{Engine, Operation, Outcome, RequestRecord};
+use llmslo::{Measurement, MeasurementSettings};
 use std::hint::black_box;
 use std::time::Duration;
 
@@ -16,11 +16,13 @@ const MODELS: usize = 16;
 /// A sidecar's registry after 200 requests per model and API, latencies spread over a decade.
 fn busy_metrics() -> Metrics {
     let models: Vec<String> = (0..MODELS).map(|i| format!("model-{i}")).collect();
-    let metrics = Metrics::new(&MetricsConfig {
-        engine: Some(Engine::Vllm),
-        models: models.clone(),
-        max_models: MODELS,
-        ..MetricsConfig::default()
+    let measurement = Measurement::new(MeasurementSettings {
+        recorder: RecorderSettings {
+            engine: Some(Engine::Vllm),
+            models: models.clone(),
+            max_models: MODELS,
+        },
+        ..MeasurementSettings::default()
     });
     for model in &models {
         for operation in [
@@ -31,7 +33,7 @@ fn busy_metrics() -> Metrics {
         ] {
             for i in 0..200u64 {
                 let spread = 1.0 + (i % 20) as f64 / 2.0;
-                metrics.record(&RequestRecord {
+                measurement.recorder.finish(&RequestRecord {
                     model: model.clone(),
                     operation,
                     outcome: if i % 50 == 0 {
@@ -52,13 +54,13 @@ fn busy_metrics() -> Metrics {
                     engine: None,
                     engine_context: None,
                     trace: None,
-                    provider: None,
+                    provider: Some(Engine::Vllm),
                     unmeasured: None,
                 });
             }
         }
     }
-    metrics
+    std::sync::Arc::try_unwrap(measurement.metrics).expect("the only handle left")
 }
 
 fn exposition(c: &mut Criterion) {

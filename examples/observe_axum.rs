@@ -17,14 +17,13 @@ use http::{Request, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use llmslo::metrics::{Metrics, MetricsConfig};
 use llmslo::proxy::UpstreamBody;
-use llmslo::{ObserveLayer, ObserveSettings};
-use std::sync::Arc;
+use llmslo::{Measurement, MeasurementSettings, ObserveLayer, ObserveSettings};
 use tower::ServiceBuilder;
 
-/// The gateway: `/metrics`, and everything else observed on its way to `upstream`.
-pub fn app(upstream: Uri, metrics: Arc<Metrics>) -> Router {
+/// The gateway: `/metrics`, and everything else observed on its way to `upstream` and recorded
+/// into `measurement`'s readers.
+pub fn app(upstream: Uri, measurement: &Measurement) -> Router {
     let client: Client<HttpConnector, UpstreamBody> = Client::builder(TokioExecutor::new()).build_http();
     // The engine client: any tower service whose response body streams will do.
     let forward = tower::service_fn(move |mut request: Request<UpstreamBody>| {
@@ -41,8 +40,12 @@ pub fn app(upstream: Uri, metrics: Arc<Metrics>) -> Router {
         .layer(HandleErrorLayer::new(|error: llmslo::upstream::BoxError| async move {
             (StatusCode::BAD_GATEWAY, format!("the engine failed: {error}"))
         }))
-        .layer(ObserveLayer::new(metrics.clone(), ObserveSettings::default()))
+        .layer(ObserveLayer::new(
+            measurement.recorder.clone(),
+            ObserveSettings::default(),
+        ))
         .service(forward);
+    let metrics = measurement.metrics.clone();
     Router::new()
         .route("/metrics", get(move || async move { metrics.encode().into_response() }))
         .fallback_service(observed)
@@ -57,10 +60,12 @@ async fn main() {
         .parse()
         .expect("the first argument is the engine's URI");
     let listen = args.next().unwrap_or_else(|| "127.0.0.1:8080".into());
-    let metrics = Arc::new(Metrics::new(&MetricsConfig::default()));
+    let measurement = Measurement::new(MeasurementSettings::default());
     let listener = tokio::net::TcpListener::bind(&listen)
         .await
         .expect("the listen address is free");
     println!("observing {upstream} on http://{listen} (metrics on /metrics)");
-    axum::serve(listener, app(upstream, metrics)).await.expect("serving");
+    axum::serve(listener, app(upstream, &measurement))
+        .await
+        .expect("serving");
 }

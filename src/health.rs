@@ -1,7 +1,7 @@
 //! Upstream readiness and identity: a background probe of the engine's health path, and of
 //! `/v1/models` until the engine has said what it is and serves.
 
-use crate::metrics::Metrics;
+use crate::observe::recorder::Recorder;
 use crate::provider;
 use crate::upstream::innermost_cause;
 use crate::upstream::UpstreamClient;
@@ -71,7 +71,7 @@ pub struct Probe {
     /// Where a successful probe is recorded.
     pub readiness: Arc<Readiness>,
     /// Told the engine kind and served models, once `/v1/models` answers.
-    pub metrics: Arc<Metrics>,
+    pub recorder: Arc<Recorder>,
 }
 
 /// The route probed instead when the engine answers 404 on its health path (llama-cpp-python
@@ -91,7 +91,7 @@ pub async fn probe_upstream(client: UpstreamClient, probe: Probe, shutdown: Canc
     let timeout = probe.interval.max(RETRY);
     loop {
         if !identified {
-            identified = tokio::time::timeout(timeout, identify(&client, &probe.metrics))
+            identified = tokio::time::timeout(timeout, identify(&client, &probe.recorder))
                 .await
                 .unwrap_or(false);
         }
@@ -155,17 +155,17 @@ pub async fn probe_upstream(client: UpstreamClient, probe: Probe, shutdown: Canc
 }
 
 /// Asks `/v1/models` (then TGI's `/info`) what the engine is and serves; true once answered.
-async fn identify(client: &UpstreamClient, metrics: &Metrics) -> bool {
+async fn identify(client: &UpstreamClient, recorder: &Recorder) -> bool {
     if let Ok((status, body)) = client.get("/v1/models").await {
         if let (true, Some((engine, models))) = (status.is_success(), provider::from_models(&body)) {
-            metrics.learn_engine(engine);
-            metrics.learn_models(&models);
+            recorder.learn_engine(engine);
+            recorder.learn_models(&models);
             return true;
         }
     }
     if let Ok((status, body)) = client.get("/info").await {
         if let (true, Some(engine)) = (status.is_success(), provider::from_info(&body)) {
-            metrics.learn_engine(engine);
+            recorder.learn_engine(engine);
             return true;
         }
     }

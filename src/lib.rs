@@ -36,3 +36,4 @@ pub mod tools;
 pub mod upstream;
 
 pub use proxy::observe::{Observe, ObserveLayer, ObserveSettings};
+pub use sidecar::measurement::{Measurement, MeasurementSettings};

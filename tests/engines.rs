@@ -260,7 +260,7 @@ async fn an_engine_that_says_nothing_stays_unknown_until_it_does() {
     let (upstream, _) = scripted_upstream(json_script("404 Not Found", "{}")).await;
     let sidecar = start_sidecar(upstream, "engine: auto\nhealth_interval: 1s\n").await;
     tokio::time::sleep(std::time::Duration::from_secs(5)).await;
-    assert_eq!(sidecar.metrics.provider(), "unknown");
+    assert_eq!(sidecar.recorder.provider(), "unknown");
     let m = sidecar.metrics.encode();
     assert!(
         !m.contains("provider=\"unknown\""),

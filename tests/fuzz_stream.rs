@@ -24,13 +24,14 @@
 use bytes::Bytes;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use hyper::body::{Body, Frame};
-use llmslo::metrics::{Metrics, MetricsConfig};
 use llmslo::observe::body::ObservedBody;
+use llmslo::observe::recorder::{Recorder, RecorderSettings};
 use llmslo::observe::sse::SseParser;
 use llmslo::observe::stream::StreamObserver;
 use llmslo::observe::tracker::RequestTracker;
 use llmslo::record::Engine;
 use llmslo::record::{Operation, Protocol};
+use llmslo::{Measurement, MeasurementSettings};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::VecDeque;
@@ -187,14 +188,14 @@ impl Body for Frames {
 
 /// Forwards `pieces` through the real observed body; returns the bytes the client gets.
 fn forward(
-    metrics: &Arc<Metrics>,
+    recorder: &Arc<Recorder>,
     operation: Operation,
     strip: bool,
     max: usize,
     pieces: Vec<Bytes>,
     eager_end: bool,
 ) -> Vec<u8> {
-    let mut tracker = RequestTracker::start(metrics.clone(), Some("m"), operation, tokio::time::Instant::now(), max);
+    let mut tracker = RequestTracker::start(recorder.clone(), Some("m"), operation, tokio::time::Instant::now(), max);
     if strip {
         tracker.strip_usage_chunk();
     }
@@ -273,7 +274,7 @@ fn observed(
 }
 
 /// One execution: every invariant for one input under one split.
-fn execute(metrics: &Arc<Metrics>, rng: &mut SmallRng, fixtures: &[Vec<u8>]) {
+fn execute(recorder: &Arc<Recorder>, rng: &mut SmallRng, fixtures: &[Vec<u8>]) {
     let bytes = input(rng, fixtures);
     let max = [64, 256, 1024, 1 << 20][rng.random_range(0..4)];
     let (operation, protocol) = match rng.random_range(0..10) {
@@ -301,7 +302,7 @@ fn execute(metrics: &Arc<Metrics>, rng: &mut SmallRng, fixtures: &[Vec<u8>]) {
 
     // Stripping off: bytes out = bytes in.
     let eager_end = rng.random_bool(0.5);
-    let out = forward(metrics, operation, false, max, pieces.clone(), eager_end);
+    let out = forward(recorder, operation, false, max, pieces.clone(), eager_end);
     assert_eq!(out, bytes, "bytes changed without stripping");
 
     // Stripping on (only OpenAI streams are ever stripped): bytes in minus the usage spans.
@@ -313,7 +314,7 @@ fn execute(metrics: &Arc<Metrics>, rng: &mut SmallRng, fixtures: &[Vec<u8>]) {
             cursor = end as usize;
         }
         expected.extend_from_slice(&bytes[cursor..]);
-        let out = forward(metrics, operation, true, max, pieces, eager_end);
+        let out = forward(recorder, operation, true, max, pieces, eager_end);
         assert_eq!(
             out, expected,
             "stripping removed something other than the usage spans {spans:?}"
@@ -326,16 +327,20 @@ fn stream_path_invariants_hold_under_arbitrary_splits() {
     let executions: u64 = std::env::var("LLMSLO_FUZZ_EXECUTIONS").map_or(FUZZ_DEFAULT, |v| v.parse().unwrap());
     let first_seed: u64 = std::env::var("LLMSLO_FUZZ_SEED").map_or(0, |v| v.parse().unwrap());
     let fixtures: Vec<Vec<u8>> = FIXTURES.iter().map(|name| fixture(name)).collect();
-    let metrics = Arc::new(Metrics::new(&MetricsConfig {
-        engine: Some(Engine::Vllm),
-        max_models: 16,
-        ..MetricsConfig::default()
-    }));
+    let recorder = Measurement::new(MeasurementSettings {
+        recorder: RecorderSettings {
+            engine: Some(Engine::Vllm),
+            ..RecorderSettings::default()
+        },
+        ..MeasurementSettings::default()
+    })
+    .recorder;
     let started = std::time::Instant::now();
     // One seed per execution: a failure names the seed that reproduces it alone.
     for seed in first_seed..first_seed + executions {
         let mut rng = SmallRng::seed_from_u64(seed);
-        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| execute(&metrics, &mut rng, &fixtures)));
+        let outcome =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| execute(&recorder, &mut rng, &fixtures)));
         if outcome.is_err() {
             panic!("fuzz execution failed; reproduce with LLMSLO_FUZZ_SEED={seed} LLMSLO_FUZZ_EXECUTIONS=1");
         }

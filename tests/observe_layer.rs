@@ -7,8 +7,10 @@ mod common;
 mod example;
 
 use common::*;
-use llmslo::metrics::{Metrics, MetricsConfig};
+use llmslo::metrics::Metrics;
+use llmslo::observe::recorder::RecorderSettings;
 use llmslo::record::Engine;
+use llmslo::{Measurement, MeasurementSettings};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,15 +41,18 @@ fn request_families(text: &str) -> Vec<String> {
 }
 
 async fn start_gateway(upstream: SocketAddr) -> (SocketAddr, Arc<Metrics>) {
-    let metrics = Arc::new(Metrics::new(&MetricsConfig {
-        engine: Some(Engine::Vllm),
-        ..MetricsConfig::default()
-    }));
+    let measurement = Measurement::new(MeasurementSettings {
+        recorder: RecorderSettings {
+            engine: Some(Engine::Vllm),
+            ..RecorderSettings::default()
+        },
+        ..MeasurementSettings::default()
+    });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = example::app(format!("http://{upstream}").parse().unwrap(), metrics.clone());
+    let app = example::app(format!("http://{upstream}").parse().unwrap(), &measurement);
     tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (addr, metrics)
+    (addr, measurement.metrics)
 }
 
 #[tokio::test(start_paused = true)]

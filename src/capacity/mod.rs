@@ -9,11 +9,11 @@ pub mod meter;
 pub mod model;
 pub mod window;
 
-use crate::record::{Outcome, RequestRecord};
+use crate::record::{Outcome, Reader, RequestRecord};
 use crate::slo::cause::DecodeFit;
 use crate::slo::SloEngine;
 use headroom::{Capacities, Estimate, Previous, Recent, SloCapacity};
-use meter::{InFlight, LoadMeter};
+use meter::LoadMeter;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -40,8 +40,6 @@ struct EngineState {
     /// The last capacities and when they were estimated: each new one is blended into them,
     /// and they stand while the traffic is too thin to scale.
     previous: Option<(Instant, Capacities)>,
-    /// The last fit of TPOT against the requests sharing the decode, when TPOT had one.
-    decode_fit: Option<DecodeFit>,
 }
 
 /// The live capacity estimate of the engine.
@@ -54,27 +52,21 @@ pub struct CapacityEngine {
 }
 
 impl CapacityEngine {
-    /// An engine with a `window` of recent requests, judged by `slo`'s SLOs, its gauges
-    /// registered in `registry`.
-    pub fn new(window: Duration, slo: Arc<SloEngine>, registry: &mut Registry) -> Arc<Self> {
+    /// An engine with a `window` of recent requests, judged by `slo`'s SLOs (and telling it
+    /// each new decode fit), reading the load `meter` counts, its gauges registered in
+    /// `registry`.
+    pub fn new(window: Duration, slo: Arc<SloEngine>, meter: Arc<LoadMeter>, registry: &mut Registry) -> Arc<Self> {
         let engine = Arc::new(Self {
             slo,
-            meter: Arc::default(),
+            meter,
             state: Mutex::new(EngineState {
                 window: SampleWindow::new(window),
                 recent: VecDeque::new(),
                 previous: None,
-                decode_fit: None,
             }),
         });
         registry.register_collector(Box::new(CapacityCollector(engine.clone())));
         engine
-    }
-
-    /// Counts a generation request in flight on the engine from `now` until the guard is
-    /// dropped.
-    pub fn arrive(&self, now: Instant) -> InFlight {
-        InFlight::arrive(self.meter.clone(), now)
     }
 
     /// Adds a finished request to the window (successful ones that carry their load).
@@ -102,12 +94,6 @@ impl CapacityEngine {
         state.recent.push_back((now, sample));
     }
 
-    /// The last estimate's fit of TPOT against the requests sharing the decode (none before
-    /// a fit).
-    pub fn decode_fit(&self) -> Option<DecodeFit> {
-        self.state.lock().expect("capacity lock").decode_fit
-    }
-
     /// The engine's estimate at `now` (the fit runs outside the lock).
     pub fn snapshot(&self, now: Instant) -> Estimate {
         let traffic = self.meter.traffic(now, LOAD_SPAN);
@@ -133,14 +119,20 @@ impl CapacityEngine {
         });
         let estimate = headroom::estimate(&window, recent, &self.slo.set(), previous);
         let alone = estimate.tpot_base + estimate.tpot_per_request;
-        let mut state = self.state.lock().expect("capacity lock");
-        state.previous = Some((now, estimate.capacities.clone()));
-        state.decode_fit = (alone.is_finite() && estimate.tpot_per_request.is_finite()).then_some(DecodeFit {
-            alone,
-            per_request: estimate.tpot_per_request,
-        });
-        drop(state);
+        self.state.lock().expect("capacity lock").previous = Some((now, estimate.capacities.clone()));
+        self.slo.note_decode_fit(
+            (alone.is_finite() && estimate.tpot_per_request.is_finite()).then_some(DecodeFit {
+                alone,
+                per_request: estimate.tpot_per_request,
+            }),
+        );
         estimate
+    }
+}
+
+impl Reader for CapacityEngine {
+    fn finished(&self, record: &RequestRecord) {
+        self.record(record);
     }
 }
 
@@ -309,15 +301,18 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn every_request_meets_the_engines_whole_load() {
+        let meter = Arc::new(LoadMeter::default());
         let engine = CapacityEngine::new(
             DEFAULT_WINDOW,
             SloEngine::new(crate::slo::spec::SloSet::default(), &mut Registry::default()),
+            meter.clone(),
             &mut Registry::default(),
         );
         let now = Instant::now();
-        let llama = engine.arrive(now);
-        let _qwen = engine.arrive(now);
-        let adapter = engine.arrive(now);
+        let arrive = || meter::InFlight::arrive(meter.clone(), now);
+        let llama = arrive();
+        let _qwen = arrive();
+        let adapter = arrive();
         assert_eq!(adapter.load(now).arrival, 3.0, "all three models share the engine");
         drop(adapter);
         tokio::time::advance(Duration::from_secs(1)).await;

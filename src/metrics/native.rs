@@ -89,10 +89,12 @@ where
         drop(self.native.get_or_create(labels));
     }
 
-    /// Registers the family in `registry` and its native twins in `twins`, under one name.
-    pub fn register(&self, registry: &mut Registry, twins: &mut Registry, name: &str, help: &str, unit: Unit) {
-        registry.register_with_unit(name, help, unit.clone(), self.classic.clone());
-        twins.register_with_unit(name, help, unit, self.native.clone());
+    /// Registers the family, and its native twins beside it, under one name.
+    pub fn register(&self, registry: &mut super::Registry, name: &str, help: &str, unit: Unit) {
+        registry
+            .families
+            .register_with_unit(name, help, unit.clone(), self.classic.clone());
+        registry.twins.register_with_unit(name, help, unit, self.native.clone());
     }
 }
 

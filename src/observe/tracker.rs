@@ -3,20 +3,16 @@
 
 use super::decode::{Decoder, Encoding};
 use super::event::EventSummary;
+use super::recorder::{Recorder, RequestHandles};
 use super::stream::{Counting, StreamObserver};
 use super::strip::UsageStripper;
 use super::tokens::TokenCounter;
 use super::{messages, openai, responses, tgi};
-use crate::engine::EngineMetricsMode;
-use crate::metrics::{GapRecorder, Metrics, RequestHandles};
 use crate::otel::spans::RequestSpan;
-use crate::record::CountSource;
-use crate::record::Engine;
-use crate::record::TraceRef;
-use crate::record::UnmeasuredReason;
-use crate::record::{EngineContext, EngineMoment};
-use crate::record::{Operation, Protocol};
-use crate::record::{Outcome, RequestRecord};
+use crate::record::{
+    CountSource, Engine, EngineContext, EngineMoment, Ongoing, Operation, Outcome, Protocol, RequestRecord, TraceRef,
+    UnmeasuredReason,
+};
 use bytes::Bytes;
 use http::{header, HeaderMap, StatusCode};
 use std::io::Write;
@@ -44,7 +40,7 @@ pub enum End {
 /// Measures one request; records it when finished, or as `client_cancelled` when dropped.
 #[derive(Debug)]
 pub struct RequestTracker {
-    metrics: Arc<Metrics>,
+    recorder: Arc<Recorder>,
     handles: RequestHandles,
     t0: Instant,
     max_event_bytes: usize,
@@ -92,14 +88,17 @@ enum ResponseKind {
 struct StreamSink {
     observer: StreamObserver,
     now: Instant,
-    gaps: GapRecorder,
+    gaps: Option<Arc<dyn Ongoing>>,
 }
 
 impl Write for StreamSink {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         let gaps = &self.gaps;
-        self.observer
-            .feed(bytes, self.now, |gap| gaps.observe(gap.as_secs_f64()));
+        self.observer.feed(bytes, self.now, |gap| {
+            if let Some(gaps) = gaps {
+                gaps.gap(gap.as_secs_f64());
+            }
+        });
         Ok(bytes.len())
     }
 
@@ -137,18 +136,16 @@ impl Write for JsonSink {
 impl RequestTracker {
     /// Starts tracking a request whose head arrived at `t0`.
     pub fn start(
-        metrics: Arc<Metrics>,
+        recorder: Arc<Recorder>,
         raw_model: Option<&str>,
         operation: Operation,
         t0: Instant,
         max_event_bytes: usize,
     ) -> Self {
-        let handles = metrics.start_request(raw_model, operation, t0);
-        let engine_at_arrival =
-            (metrics.engine_view().mode() != EngineMetricsMode::Off).then(|| metrics.engine_view().moment());
+        let handles = recorder.start(raw_model, operation, t0);
         Self {
-            engine_at_arrival,
-            metrics,
+            engine_at_arrival: recorder.engine_moment(),
+            recorder,
             handles,
             t0,
             max_event_bytes,
@@ -194,7 +191,7 @@ impl RequestTracker {
     /// Chooses how to read the body from the response head.
     pub fn on_response_head(&mut self, status: StatusCode, headers: &HeaderMap) {
         if status.is_success() {
-            self.metrics.confirm_model(&mut self.handles);
+            self.recorder.confirm_model(&mut self.handles);
         }
         self.response = if let Some(outcome) = Outcome::from_status(status.as_u16()) {
             ResponseKind::Decided(outcome)
@@ -233,11 +230,11 @@ impl RequestTracker {
                     self.strip_usage,
                 )
                 .with_counting(Counting {
-                    empty_finish_is_no_token: self.metrics.engine() == Some(Engine::Llamacpp),
+                    empty_finish_is_no_token: self.recorder.engine() == Some(Engine::Llamacpp),
                     tokenizer: self.tokenizer.clone(),
                 }),
                 now: self.t0,
-                gaps: self.handles.inter_chunk.clone(),
+                gaps: self.handles.ongoing.clone(),
             };
             Decoder::new(encoding, sink).map(|decoder| {
                 // Usage can only be cut from bytes as they are; compressed, the client gets it too.
@@ -307,7 +304,9 @@ impl RequestTracker {
         record.load = self.handles.load.as_ref().map(|load| load.load(now));
         record.engine_context = self
             .engine_at_arrival
-            .map(|arrival| EngineContext::between(arrival, self.metrics.engine_view().moment()));
+            .zip(self.recorder.engine_moment())
+            .map(|(arrival, end)| EngineContext::between(arrival, end));
+        record.provider = self.recorder.engine();
         record.trace = match &self.trace {
             Trace::None => None,
             Trace::Span(span) => span.trace(),
@@ -321,7 +320,7 @@ impl RequestTracker {
             ResponseKind::Waiting | ResponseKind::Opaque => None,
             ResponseKind::Decided(outcome) => Some(*outcome),
             ResponseKind::Unmeasured(reason) => {
-                self.metrics.count_unmeasured(*reason);
+                record.unmeasured = Some(*reason);
                 None
             }
             ResponseKind::Stream(decoder, _) => {
@@ -336,7 +335,7 @@ impl RequestTracker {
                          (warned once)",
                         &self.max_event_bytes.to_string(),
                     );
-                    self.metrics.count_unmeasured(UnmeasuredReason::OversizedEvent);
+                    record.unmeasured = Some(UnmeasuredReason::OversizedEvent);
                 }
                 summary.apply_to(&mut record, self.t0)
             }
@@ -388,9 +387,9 @@ impl RequestTracker {
             "request finished"
         );
         if let Trace::Span(span) = std::mem::take(&mut self.trace) {
-            span.finish(&record, self.metrics.provider());
+            span.finish(&record);
         }
-        self.metrics.record(&record);
+        self.recorder.finish(&record);
     }
 }
 

@@ -2,8 +2,7 @@
 //! attributes (`gen_ai.server.time_to_first_token`, …, `gen_ai.request.model`), plus llmslo's
 //! own counters; the same buckets as on `/metrics`. Recorded once per finished request.
 
-use crate::record::Operation;
-use crate::record::{Outcome, RequestRecord};
+use crate::record::{Engine, Ongoing, Operation, Outcome, Reader, RequestRecord, Started};
 use opentelemetry::metrics::{Counter, Histogram, Meter};
 use opentelemetry::KeyValue;
 use std::sync::Arc;
@@ -201,18 +200,19 @@ impl OtelMetrics {
             engine: EnginePhaseInstruments::new(meter, &boundaries.phases, boundaries.engine_tpot),
         }
     }
+}
 
-    /// Where one request's inter-chunk gaps go, with its attributes made once.
-    pub fn gap_recorder(&self, model: &str, operation: Operation, provider: &'static str) -> OtlpGaps {
-        OtlpGaps {
+impl Reader for OtelMetrics {
+    /// One request's inter-chunk gaps go to the instrument, with its attributes made once.
+    fn started(&self, request: &Started<'_>) -> Option<Arc<dyn Ongoing>> {
+        Some(Arc::new(OtlpGaps {
             histogram: self.inter_chunk.clone(),
-            attributes: common_attributes(model, operation, provider).into(),
-        }
+            attributes: common_attributes(request.model, request.operation, Engine::label(request.provider)).into(),
+        }))
     }
 
-    /// Records one finished request; `provider` is the engine's label.
-    pub fn record(&self, record: &RequestRecord, provider: &'static str) {
-        let common = common_attributes(&record.model, record.operation, provider);
+    fn finished(&self, record: &RequestRecord) {
+        let common = common_attributes(&record.model, record.operation, Engine::label(record.provider));
         if let Some(mean) = record.tokens_per_chunk() {
             self.tokens_per_chunk.record(mean, &common);
         }
@@ -251,15 +251,14 @@ impl OtelMetrics {
 }
 
 /// One request's inter-chunk latency instrument and attributes.
-#[derive(Debug, Clone)]
-pub struct OtlpGaps {
+#[derive(Debug)]
+struct OtlpGaps {
     histogram: Histogram<f64>,
     attributes: Arc<[KeyValue]>,
 }
 
-impl OtlpGaps {
-    /// Records one gap, in seconds.
-    pub fn record(&self, seconds: f64) {
+impl Ongoing for OtlpGaps {
+    fn gap(&self, seconds: f64) {
         self.histogram.record(seconds, &self.attributes);
     }
 }

@@ -4,9 +4,7 @@
 //! prompt, a completion or any other client string.
 
 use super::context;
-use crate::record::Operation;
-use crate::record::TraceRef;
-use crate::record::{Outcome, RequestRecord};
+use crate::record::{Engine, Operation, Outcome, RequestRecord, TraceRef};
 use http::HeaderMap;
 use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _};
 use opentelemetry::KeyValue;
@@ -56,13 +54,12 @@ impl RequestSpan {
         TraceRef::of_sampled(self.span.span_context())
     }
 
-    /// Ends the span with the request's measurements and final model label; `provider` is the
-    /// engine's label.
-    pub fn finish(mut self, record: &RequestRecord, provider: &'static str) {
+    /// Ends the span with the request's measurements, its final model label and the engine.
+    pub fn finish(mut self, record: &RequestRecord) {
         self.span.update_name(span_name(record.operation, &record.model));
         let mut attributes = vec![
             KeyValue::new("gen_ai.request.model", record.model.clone()),
-            KeyValue::new("gen_ai.provider.name", provider),
+            KeyValue::new("gen_ai.provider.name", Engine::label(record.provider)),
             KeyValue::new("llmslo.outcome", record.outcome.as_str()),
         ];
         if let Some(n) = record.input_tokens {

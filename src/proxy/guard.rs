@@ -8,7 +8,7 @@ use super::error::ProxyError;
 use super::headers::content_length;
 use super::request_body::{BodyDeadlines, ClientBody, ClientFault};
 use super::ProxyBody;
-use crate::metrics::Metrics;
+use crate::observe::recorder::Recorder;
 use crate::observe::tracker::{End, RequestTracker};
 use crate::record::Operation;
 use crate::record::Outcome;
@@ -53,15 +53,15 @@ pub struct GuardLayer {
 /// What every clone of the guard shares.
 #[derive(Debug)]
 struct Shared {
-    metrics: Arc<Metrics>,
+    recorder: Arc<Recorder>,
     settings: GuardSettings,
 }
 
 impl GuardLayer {
-    /// Guards with `settings`, counting refused generation requests in `metrics`.
-    pub fn new(metrics: Arc<Metrics>, settings: GuardSettings) -> Self {
+    /// Guards with `settings`, recording refused generation requests into `recorder`.
+    pub fn new(recorder: Arc<Recorder>, settings: GuardSettings) -> Self {
         Self {
-            shared: Arc::new(Shared { metrics, settings }),
+            shared: Arc::new(Shared { recorder, settings }),
         }
     }
 }
@@ -100,7 +100,7 @@ where
 
     fn call(&mut self, request: Request<Incoming>) -> Self::Future {
         let t0 = Instant::now();
-        let Shared { metrics, settings, .. } = &*self.shared;
+        let Shared { recorder, settings, .. } = &*self.shared;
         if request.method() == Method::CONNECT {
             return Box::pin(std::future::ready(Ok(ProxyError::ConnectRefused.into_response())));
         }
@@ -111,7 +111,7 @@ where
             // Refused before a byte of the body is read: the upload need not finish first.
             let fault = ClientFault::TooLarge(body_limit);
             if let Some(operation) = operation {
-                RequestTracker::start(metrics.clone(), None, operation, t0, settings.max_event_bytes)
+                RequestTracker::start(recorder.clone(), None, operation, t0, settings.max_event_bytes)
                     .finish(End::Failed(Outcome::ClientError), Instant::now());
             }
             debug!(%fault, "request refused: the client's body");
@@ -126,7 +126,7 @@ where
             },
             body_limit,
         )
-        .counting_timeouts_in(metrics.clone());
+        .counting_timeouts_in(recorder.limits().clone());
         let fault = body.fault();
         let inner = self.inner.clone();
         let shared = self.shared.clone();
@@ -148,7 +148,7 @@ impl Shared {
         }
         let error = self.proxy_error(error);
         if let ProxyError::Overloaded(reason) = error {
-            self.metrics.count_refused(reason);
+            self.recorder.limits().count_refused(reason);
         }
         error.into_response()
     }

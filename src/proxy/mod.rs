@@ -23,7 +23,7 @@ pub mod observe;
 pub mod peek;
 pub mod request_body;
 
-use crate::metrics::Metrics;
+use crate::observe::recorder::Recorder;
 use crate::upstream::{BoxError, UpstreamClient};
 use admit::{Admit, AdmitLayer};
 use bytes::Bytes;
@@ -74,8 +74,8 @@ pub struct Proxy {
 }
 
 impl Proxy {
-    /// A proxy to `client`'s upstream, recording into `metrics`.
-    pub fn new(client: UpstreamClient, metrics: Arc<Metrics>, settings: ProxySettings) -> Self {
+    /// A proxy to `client`'s upstream, recording into `recorder`.
+    pub fn new(client: UpstreamClient, recorder: Arc<Recorder>, settings: ProxySettings) -> Self {
         let guard = GuardSettings {
             upstream: settings.upstream.clone(),
             max_body_bytes: settings.max_body_bytes,
@@ -86,8 +86,8 @@ impl Proxy {
             max_event_bytes: settings.observe.max_event_bytes,
         };
         let stack = ServiceBuilder::new()
-            .layer(GuardLayer::new(metrics.clone(), guard))
-            .layer(ObserveLayer::new(metrics, settings.observe))
+            .layer(GuardLayer::new(recorder.clone(), guard))
+            .layer(ObserveLayer::new(recorder, settings.observe))
             .layer(AdmitLayer::new(settings.max_in_flight_requests))
             .layer(ResponseDeadlineLayer::new(settings.upstream_timeout))
             .service(Forward::new(client, &settings.upstream, settings.stream_idle_timeout));

@@ -1,18 +1,16 @@
 //! The observer as a tower layer: wraps any HTTP service whose responses stream (an engine
 //! client, a gateway's router) and records every generation request it passes into a
-//! [`Metrics`] registry, exactly as the sidecar does. It reads a generation request's body
+//! [`Recorder`], exactly as the sidecar does. It reads a generation request's body
 //! far enough to learn its model (bounded, under a shared byte budget), forwards the same
 //! bytes, and follows the response body frame by frame without changing it.
 //!
 //! ```no_run
-//! use llmslo::metrics::{Metrics, MetricsConfig};
-//! use llmslo::{ObserveLayer, ObserveSettings};
-//! use std::sync::Arc;
+//! use llmslo::{Measurement, MeasurementSettings, ObserveLayer, ObserveSettings};
 //!
-//! let metrics = Arc::new(Metrics::new(&MetricsConfig::default()));
-//! let layer = ObserveLayer::new(metrics.clone(), ObserveSettings::default());
+//! let measurement = Measurement::new(MeasurementSettings::default());
+//! let layer = ObserveLayer::new(measurement.recorder.clone(), ObserveSettings::default());
 //! // tower::ServiceBuilder::new().layer(layer).service(your_engine_client)
-//! // and serve `metrics.encode()` on /metrics.
+//! // and serve `measurement.metrics.encode()` on /metrics.
 //! ```
 
 use super::error::ProxyError;
@@ -20,8 +18,9 @@ use super::peek::{self, PeekError, Peeked, RequestFields};
 use super::request_body::{ClientFault, FaultSlot, NotedBody};
 use super::{ProxyBody, UpstreamBody};
 use crate::config::defaults;
-use crate::metrics::{Metrics, RefusalReason};
+use crate::metrics::RefusalReason;
 use crate::observe::body::ObservedBody;
+use crate::observe::recorder::Recorder;
 use crate::observe::tokens::TokenCounter;
 use crate::observe::tracker::{End, RequestTracker};
 use crate::otel::context;
@@ -83,18 +82,18 @@ pub struct ObserveLayer {
 
 #[derive(Debug)]
 struct Shared {
-    metrics: Arc<Metrics>,
+    recorder: Arc<Recorder>,
     settings: ObserveSettings,
     /// Bytes the peek may still buffer (`max_buffered_request_bytes` in all).
     budget: Arc<Semaphore>,
 }
 
 impl ObserveLayer {
-    /// Records into `metrics`, reading requests and responses as `settings` say.
-    pub fn new(metrics: Arc<Metrics>, settings: ObserveSettings) -> Self {
+    /// Records into `recorder`, reading requests and responses as `settings` say.
+    pub fn new(recorder: Arc<Recorder>, settings: ObserveSettings) -> Self {
         Self {
             shared: Arc::new(Shared {
-                metrics,
+                recorder,
                 budget: Arc::new(Semaphore::new(settings.max_buffered_request_bytes)),
                 settings,
             }),
@@ -191,7 +190,7 @@ impl Shared {
                 return Ok(ProxyError::Client(fault).into_response());
             }
             Err(PeekError::BudgetExhausted) => {
-                self.metrics.count_refused(RefusalReason::RequestBufferFull);
+                self.recorder.limits().count_refused(RefusalReason::RequestBufferFull);
                 return Ok(ProxyError::Overloaded(RefusalReason::RequestBufferFull).into_response());
             }
         };
@@ -276,13 +275,13 @@ impl Shared {
         let native_tgi =
             (operation == Some(Operation::Generate) && response.status().is_success()).then_some(Engine::Tgi);
         if let Some(engine) = provider::from_headers(response.headers()).or(native_tgi) {
-            self.metrics.learn_engine(engine);
+            self.recorder.learn_engine(engine);
         }
     }
 
     fn track(&self, operation: Operation, fields: &RequestFields, t0: Instant) -> RequestTracker {
         RequestTracker::start(
-            self.metrics.clone(),
+            self.recorder.clone(),
             fields.model.as_deref(),
             operation,
             t0,

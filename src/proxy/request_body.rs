@@ -3,7 +3,8 @@
 //! a client's fault found while forwarding is never taken for the engine's.
 
 use super::UpstreamBody;
-use crate::metrics::{ClientTimeout, Metrics};
+use crate::metrics::limits::LimitCounters;
+use crate::metrics::ClientTimeout;
 use crate::record::Outcome;
 use bytes::Bytes;
 use http::StatusCode;
@@ -136,7 +137,7 @@ pub struct ClientBody {
     received: u64,
     limit: u64,
     fault: FaultSlot,
-    metrics: Option<Arc<Metrics>>,
+    limits: Option<LimitCounters>,
 }
 
 impl ClientBody {
@@ -152,13 +153,13 @@ impl ClientBody {
             received: 0,
             limit,
             fault: FaultSlot::default(),
-            metrics: None,
+            limits: None,
         }
     }
 
     /// Counts each deadline the body misses in `metrics`.
-    pub fn counting_timeouts_in(mut self, metrics: Arc<Metrics>) -> Self {
-        self.metrics = Some(metrics);
+    pub fn counting_timeouts_in(mut self, limits: LimitCounters) -> Self {
+        self.limits = Some(limits);
         self
     }
 
@@ -177,8 +178,8 @@ impl ClientBody {
         loop {
             let (deadline, fault) = self.deadlines.next(self.start, self.last, self.received);
             if Instant::now() >= deadline {
-                if let Some(metrics) = &self.metrics {
-                    metrics.count_client_timeout(ClientTimeout::RequestBody);
+                if let Some(limits) = &self.limits {
+                    limits.count_client_timeout(ClientTimeout::RequestBody);
                 }
                 return Poll::Ready(fault);
             }

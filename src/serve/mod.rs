@@ -7,7 +7,8 @@
 mod activity;
 pub mod send_deadline;
 
-use crate::metrics::{ClientTimeout, Metrics, RefusalReason};
+use crate::metrics::limits::LimitCounters;
+use crate::metrics::{ClientTimeout, RefusalReason};
 use activity::{Activity, Done};
 use hyper::body::{Body, Incoming};
 use hyper::server::conn::{http1, http2};
@@ -56,7 +57,7 @@ pub struct ConnectionLimits {
     /// Connections open at once; one more is answered 503 and closed.
     pub max_connections: usize,
     /// Counts open and refused connections (the proxy port's).
-    pub metrics: Option<Arc<Metrics>>,
+    pub counters: Option<LimitCounters>,
     /// Longest a write may wait for the client to read, and longest a response frame may wait
     /// for the client to take it (an HTTP/2 window kept shut): the connection is closed, or the
     /// stream reset, beyond it.
@@ -80,7 +81,7 @@ impl ConnectionLimits {
     pub fn new(max_connections: usize) -> Self {
         Self {
             max_connections,
-            metrics: None,
+            counters: None,
             send_timeout: None,
             idle_timeout: None,
             keep_alive: None,
@@ -153,7 +154,7 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
     // One task watches every response's send deadline.
     let watchdog = limits
         .send_timeout
-        .map(|timeout| Watchdog::<B>::start(timeout, limits.metrics.clone()));
+        .map(|timeout| Watchdog::<B>::start(timeout, limits.counters.clone()));
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let refusals = Arc::new(Semaphore::new(MAX_REFUSALS_AT_ONCE));
     loop {
@@ -175,7 +176,7 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
             refuse_over_capacity(stream, peer, &limits, &refusals);
             continue;
         };
-        let open = limits.metrics.as_ref().map(|m| m.connection_opened());
+        let open = limits.counters.as_ref().map(|m| m.connection_opened());
         let (handler, wrap, builders) = (handler.clone(), wrap.clone(), builders.clone());
         let (limits, shutdown, watchdog) = (limits.clone(), shutdown.clone(), watchdog.clone());
         let deadline = tokio::time::Instant::now() + HEADER_READ_TIMEOUT;
@@ -223,8 +224,8 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
                         match done {
                             Done::Idle => {
                                 debug!(%peer, "connection closed: idle for the idle timeout");
-                                if let Some(metrics) = &limits.metrics {
-                                    metrics.count_client_timeout(ClientTimeout::ConnectionIdle);
+                                if let Some(counters) = &limits.counters {
+                                    counters.count_client_timeout(ClientTimeout::ConnectionIdle);
                                 }
                             }
                             Done::Stalled => debug!(%peer, "connection closed: its client took nothing of its responses"),
@@ -433,8 +434,8 @@ impl Protocol {
 /// Answers a connection over the cap with a 503 and closes it, off the accept loop; where
 /// the port stays live when full, a `GET /healthz` gets its 200 instead.
 fn refuse_over_capacity(stream: TcpStream, peer: SocketAddr, limits: &ConnectionLimits, refusals: &Arc<Semaphore>) {
-    if let Some(metrics) = &limits.metrics {
-        metrics.count_refused(RefusalReason::ConnectionLimit);
+    if let Some(counters) = &limits.counters {
+        counters.count_refused(RefusalReason::ConnectionLimit);
     }
     debug!(%peer, max_connections = limits.max_connections, "connection refused: at the connection cap");
     let Ok(permit) = refusals.clone().try_acquire_owned() else {

@@ -7,7 +7,8 @@
 //! in-flight slot returned), and the stream is reset the next time hyper looks at it.
 
 use super::activity::OpenRequest;
-use crate::metrics::{ClientTimeout, Metrics};
+use crate::metrics::limits::LimitCounters;
+use crate::metrics::ClientTimeout;
 use hyper::body::{Body, Frame, SizeHint};
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -74,7 +75,7 @@ impl<B> Shared<B> {
 /// after the client stopped taking frames. One task for all, rather than a timer each.
 pub struct Watchdog<B> {
     timeout: Duration,
-    metrics: Option<Arc<Metrics>>,
+    counters: Option<LimitCounters>,
     bodies: Mutex<Watched<B>>,
 }
 
@@ -85,12 +86,12 @@ struct Watched<B> {
 }
 
 impl<B: Body + Unpin + Send + 'static> Watchdog<B> {
-    /// A watchdog for `timeout`, counting what it lets go in `metrics`; its task ends once the
+    /// A watchdog for `timeout`, counting what it lets go in `counters`; its task ends once the
     /// watchdog is dropped.
-    pub fn start(timeout: Duration, metrics: Option<Arc<Metrics>>) -> Arc<Self> {
+    pub fn start(timeout: Duration, counters: Option<LimitCounters>) -> Arc<Self> {
         let watchdog = Arc::new(Self {
             timeout,
-            metrics,
+            counters,
             bodies: Mutex::new(Watched {
                 next: 0,
                 bodies: HashMap::new(),
@@ -150,8 +151,8 @@ impl<B> Watchdog<B> {
                 send_timeout_secs = self.timeout.as_secs_f64(),
                 "response released: the client took nothing of it for the send timeout"
             );
-            if let Some(metrics) = &self.metrics {
-                metrics.count_client_timeout(ClientTimeout::Send);
+            if let Some(counters) = &self.counters {
+                counters.count_client_timeout(ClientTimeout::Send);
             }
         }
     }

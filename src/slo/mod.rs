@@ -8,7 +8,7 @@ pub mod rules;
 pub mod spec;
 pub mod window;
 
-use crate::record::{Outcome, RequestRecord};
+use crate::record::{Engine, Outcome, Reader, RequestRecord};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
@@ -154,6 +154,9 @@ pub struct SloEngine {
     goodput_judged: Family<ServiceModelLabels, Counter>,
     goodput_requests: Family<ServiceModelLabels, Counter>,
     goodput_tokens: Family<ServiceModelLabels, Counter>,
+    /// The capacity model's latest fit of TPOT against the requests sharing the decode, for
+    /// the causes of the TPOT SLOs' bad events.
+    decode_fit: Mutex<Option<cause::DecodeFit>>,
 }
 
 impl SloEngine {
@@ -169,6 +172,7 @@ impl SloEngine {
             goodput_judged: Family::default(),
             goodput_requests: Family::default(),
             goodput_tokens: Family::default(),
+            decode_fit: Mutex::new(None),
         });
         registry.register(
             "llmslo_slo_events",
@@ -257,6 +261,11 @@ impl SloEngine {
             .goodput
             .entry(label)
             .or_insert_with(|| Windows::new(set.period, now));
+    }
+
+    /// Notes the capacity model's latest decode fit (none while it has none).
+    pub fn note_decode_fit(&self, fit: Option<cause::DecodeFit>) {
+        *self.decode_fit.lock().expect("decode fit lock") = fit;
     }
 
     /// Judges a finished request against every SLO and goodput, and finds the cause of each
@@ -389,6 +398,16 @@ impl SloEngine {
             }
         }
         snapshot
+    }
+}
+
+impl Reader for SloEngine {
+    fn model_known(&self, model: &str, _provider: Option<Engine>) {
+        self.create_series(model);
+    }
+
+    fn finished(&self, record: &RequestRecord) {
+        self.record(record, || *self.decode_fit.lock().expect("decode fit lock"));
     }
 }
 

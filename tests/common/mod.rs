@@ -54,8 +54,8 @@ pub async fn start_sidecar(upstream: SocketAddr, extra_yaml: &str) -> Sidecar {
 /// Waits until `engine: auto` has identified the engine; returns the provider label.
 pub async fn identified(sidecar: &Sidecar) -> &'static str {
     for _ in 0..100 {
-        if sidecar.metrics.provider() != "unknown" {
-            return sidecar.metrics.provider();
+        if sidecar.recorder.provider() != "unknown" {
+            return sidecar.recorder.provider();
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

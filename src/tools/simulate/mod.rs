@@ -10,7 +10,7 @@ pub mod exposition;
 pub mod shape;
 pub mod typed;
 
-use crate::metrics::GaugeGuard;
+use crate::metrics::limits::GaugeGuard;
 use crate::record::Operation;
 use batching::{Batcher, BatchingOptions, Occupancy, Step};
 use bytes::Bytes;

@@ -1,60 +1,10 @@
-//! The metrics port: `/metrics` (OpenMetrics text for Prometheus, protobuf with native
-//! histograms for a scraper that prefers it, the classic text format for everyone else), `/healthz` (process up), `/readyz` (upstream answering).
+//! Which exposition a scraper gets from `/metrics`, from its `Accept` header.
 
-use super::{classic_text, Metrics, OPENMETRICS_CONTENT_TYPE};
-use crate::health::Readiness;
-use crate::proto::PROTOBUF_CONTENT_TYPE;
-use bytes::Bytes;
-use http::{header, HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::Full;
-use std::convert::Infallible;
-use std::sync::Arc;
-
-/// Answers one request on the metrics port.
-pub async fn handle<B>(
-    request: Request<B>,
-    metrics: Arc<Metrics>,
-    readiness: Arc<Readiness>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    if request.method() != Method::GET && request.method() != Method::HEAD {
-        return Ok(plain(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n"));
-    }
-    Ok(match request.uri().path() {
-        "/metrics" => {
-            let (content_type, body) = match negotiate(request.headers().get(header::ACCEPT)) {
-                Format::Protobuf => (PROTOBUF_CONTENT_TYPE, Bytes::from(metrics.encode_protobuf())),
-                Format::OpenMetrics => (OPENMETRICS_CONTENT_TYPE, Bytes::from(metrics.encode())),
-                Format::Classic => (
-                    classic_text::CONTENT_TYPE,
-                    Bytes::from(classic_text::from_openmetrics(&metrics.encode())),
-                ),
-            };
-            metrics.count_scrape();
-            Response::builder()
-                .header(header::CONTENT_TYPE, content_type)
-                .header(header::VARY, "Accept")
-                .body(Full::new(body))
-                .expect("static response parts are valid")
-        }
-        "/healthz" => plain(StatusCode::OK, "ok\n"),
-        // An invalid config file never makes the pod unready: traffic still flows without it.
-        "/readyz" if readiness.is_ready() && !metrics.config_status().is_valid() => plain(
-            StatusCode::OK,
-            "ready; the config file is invalid, so the sidecar forwards without it (see the log and \
-             llmslo_config_valid)\n",
-        ),
-        "/readyz" if readiness.is_ready() => plain(StatusCode::OK, "ready\n"),
-        "/readyz" => plain(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "upstream has not answered its health path recently\n",
-        ),
-        _ => plain(StatusCode::NOT_FOUND, "not found: try /metrics, /healthz or /readyz\n"),
-    })
-}
+use http::HeaderValue;
 
 /// The exposition formats of `/metrics`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Format {
+pub enum Format {
     /// Prometheus's delimited protobuf, with native histograms.
     Protobuf,
     /// OpenMetrics 1.0 text.
@@ -67,7 +17,7 @@ enum Format {
 /// Prometheus with native histograms sends), OpenMetrics when asked for by name at least as
 /// high as plain text (what every Prometheus sends), else the classic text, which is also
 /// what a client with no preference (`*/*`, no header) gets.
-fn negotiate(accept: Option<&HeaderValue>) -> Format {
+pub fn negotiate(accept: Option<&HeaderValue>) -> Format {
     let Some(accept) = accept.and_then(|v| v.to_str().ok()) else {
         return Format::Classic;
     };
@@ -102,14 +52,6 @@ fn negotiate(accept: Option<&HeaderValue>) -> Format {
     } else {
         Format::Classic
     }
-}
-
-fn plain(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
-    Response::builder()
-        .status(status)
-        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
-        .body(Full::new(Bytes::from_static(body.as_bytes())))
-        .expect("static response parts are valid")
 }
 
 #[cfg(test)]

@@ -5,6 +5,8 @@
 //! bucket interpolation), and from its `/metrics` the counts and each SLO's attainment, burn
 //! rate and budget.
 
+mod feed;
+
 use crate::config::Config;
 use crate::quantile::nearest_rank;
 use crate::record::RequestRecord;
@@ -103,15 +105,14 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
     config.listen = options.listen;
     config.metrics_listen = options.metrics_listen;
     let period = config.slos.period;
-    let sidecar = Sidecar::start(&config).await?;
+    let feed = Arc::new(feed::RecordFeed::default());
+    let records = feed.subscribe();
+    let sidecar = Sidecar::start_with(&config, vec![feed]).await?;
     let (view_exact, whole_exact) = (
         Arc::new(Mutex::new(Exact::default())),
         Arc::new(Mutex::new(Exact::default())),
     );
-    tokio::spawn(gather_records(
-        sidecar.metrics.subscribe_records(),
-        [view_exact.clone(), whole_exact.clone()],
-    ));
+    tokio::spawn(gather_records(records, [view_exact.clone(), whole_exact.clone()]));
     println!(
         "llmslo demo: simulated engine on http://{engine_addr}, sidecar on http://{}",
         sidecar.proxy_addr

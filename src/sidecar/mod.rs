@@ -1,5 +1,9 @@
 //! The running sidecar: the proxy port, the metrics port and the readiness probe, started
-//! together and stopped together.
+//! together and stopped together, over the readers its [`measurement`] composes.
+
+pub mod measurement;
+mod metrics_port;
+mod reload;
 
 use crate::config::{defaults, Config};
 use crate::engine::scrape::{scrape_engine, ScrapeSettings};
@@ -8,13 +12,16 @@ use crate::gpu::nvml::NvmlSource;
 use crate::gpu::simulated::SimulatedSource;
 use crate::gpu::{run_sampler, DeviceSource, GpuState};
 use crate::health::{self, Readiness};
-use crate::metrics::{server as metrics_server, Metrics, MetricsConfig};
+use crate::metrics::Metrics;
+use crate::observe::recorder::{Recorder, RecorderSettings};
 use crate::observe::tokens::TokenCounter;
 use crate::otel::export::Telemetry;
 use crate::proxy::observe::ObserveSettings;
 use crate::proxy::{Proxy, ProxySettings};
+use crate::record::Reader;
 use crate::serve::{serve, ConnectionLimits, KeepAlive};
 use crate::upstream::UpstreamClient;
+use measurement::{Measurement, MeasurementSettings};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,8 +47,10 @@ pub struct Sidecar {
     pub proxy_addr: SocketAddr,
     /// Where `/metrics`, `/healthz` and `/readyz` are served.
     pub metrics_addr: SocketAddr,
-    /// The shared registry (tests and the demo read it directly).
+    /// What `/metrics` encodes (tests read it directly).
     pub metrics: Arc<Metrics>,
+    /// Where every request is recorded: the engine and models it has learned.
+    pub recorder: Arc<Recorder>,
     /// Stops the proxy, which then drains.
     stop_proxy: CancellationToken,
     proxy_task: tokio::task::JoinHandle<()>,
@@ -56,32 +65,38 @@ pub struct Sidecar {
 impl Sidecar {
     /// Binds both ports and starts serving.
     pub async fn start(config: &Config) -> std::io::Result<Self> {
+        Self::start_with(config, Vec::new()).await
+    }
+
+    /// [`Sidecar::start`], with `readers` reading every request beside llmslo's own.
+    pub async fn start_with(config: &Config, readers: Vec<Arc<dyn Reader>>) -> std::io::Result<Self> {
         let proxy_listener = bind(config.listen, "the proxy", "--listen").await?;
         let metrics_listener = bind(config.metrics_listen, "/metrics", "--metrics-listen").await?;
         warn_if_over_the_memory_limit(config);
         let proxy_addr = proxy_listener.local_addr()?;
         let metrics_addr = metrics_listener.local_addr()?;
 
-        let mut metrics = Metrics::new(&MetricsConfig {
-            engine: config.engine.fixed(),
-            models: config.models.clone(),
-            max_models: config.max_models,
-            buckets: config.buckets.clone(),
-            slos: config.slos.clone(),
-            capacity_window: config.capacity_window,
-            engine_metrics: config.engine_metrics,
-        });
         let otel = config
             .otel_settings()
             .map_err(|e| std::io::Error::other(format!("{}: {}", e.key, e.reason)))?;
         let telemetry = Telemetry::start(&otel).map_err(std::io::Error::other)?;
-        if let Some(meter) = telemetry.meter() {
-            metrics.export_otlp(&meter);
-        }
         let gpu = config.gpu.enabled.then(|| GpuState::new(config.gpu.interval));
-        if let Some(state) = &gpu {
-            metrics.register_gpu(state.clone());
-        }
+        let measurement = Measurement::new(MeasurementSettings {
+            recorder: RecorderSettings {
+                engine: config.engine.fixed(),
+                models: config.models.clone(),
+                max_models: config.max_models,
+            },
+            buckets: config.buckets.clone(),
+            slos: config.slos.clone(),
+            capacity_window: config.capacity_window,
+            engine_metrics: config.engine_metrics,
+            otlp: telemetry.meter(),
+            gpu: gpu.clone(),
+            extra: readers,
+        });
+        let metrics = measurement.metrics.clone();
+        let recorder = measurement.recorder.clone();
         if let Some(error) = &config.file_error {
             error!(
                 %error,
@@ -90,7 +105,6 @@ impl Sidecar {
             );
             metrics.config_status().loaded(false);
         }
-        let metrics = Arc::new(metrics);
         let client = UpstreamClient::new(&config.upstream, config.max_in_flight_requests);
         let tokenizer = match &config.tokenizer {
             Some(path) => {
@@ -105,7 +119,7 @@ impl Sidecar {
         let readiness = Arc::new(Readiness::new(config.health_interval * 3 + Duration::from_secs(2)));
         let proxy = Arc::new(Proxy::new(
             client.clone(),
-            metrics.clone(),
+            recorder.clone(),
             ProxySettings {
                 upstream: config.upstream.to_string(),
                 max_body_bytes: config.max_body_bytes,
@@ -141,7 +155,7 @@ impl Sidecar {
             config.drain_timeout,
             ConnectionLimits {
                 max_connections: config.max_connections,
-                metrics: Some(metrics.clone()),
+                counters: Some(recorder.limits().clone()),
                 send_timeout: Some(config.send_timeout),
                 idle_timeout: Some(config.connection_idle_timeout),
                 keep_alive: Some(KeepAlive {
@@ -155,7 +169,7 @@ impl Sidecar {
         let (m, r) = (metrics.clone(), readiness.clone());
         tasks.spawn(serve(
             metrics_listener,
-            move |request, _peer| metrics_server::handle(request, m.clone(), r.clone()),
+            move |request, _peer| metrics_port::handle(request, m.clone(), r.clone()),
             shutdown.clone(),
             config.drain_timeout,
             ConnectionLimits {
@@ -173,7 +187,7 @@ impl Sidecar {
         if config.engine_metrics != EngineMetricsMode::Off {
             tasks.spawn(scrape_engine(
                 client.clone(),
-                metrics.engine_view().clone(),
+                measurement.engine_view.clone(),
                 ScrapeSettings {
                     path: config.engine_metrics_path.clone(),
                     interval: config.engine_metrics_interval,
@@ -190,7 +204,7 @@ impl Sidecar {
                 path: config.health_path.clone(),
                 interval: config.health_interval,
                 readiness,
-                metrics: metrics.clone(),
+                recorder: recorder.clone(),
             },
             shutdown.clone(),
         ));
@@ -216,13 +230,14 @@ impl Sidecar {
             }
         }
         if config.file.is_some() {
-            tasks.spawn(reload_on_change(config.clone(), metrics.clone(), shutdown.clone()));
+            tasks.spawn(reload::reload_on_change(config.clone(), measurement, shutdown.clone()));
         }
         info!(%proxy_addr, %metrics_addr, upstream = %config.upstream, "llmslo sidecar started");
         Ok(Self {
             proxy_addr,
             metrics_addr,
             metrics,
+            recorder,
             stop_proxy,
             proxy_task,
             shutdown,
@@ -289,53 +304,6 @@ async fn bind(addr: SocketAddr, what: &str, flag: &str) -> std::io::Result<TcpLi
             format!("cannot listen on {addr} for {what} ({e}); choose another address with {flag}"),
         )
     })
-}
-
-/// How often the config file is checked for changes (a ConfigMap update, an edit).
-const RELOAD_POLL: Duration = Duration::from_secs(2);
-
-/// Re-reads the config file on SIGHUP and when its contents change, and puts the new SLOs
-/// in force. A bad new file is rejected with a logged error; the running config stays.
-async fn reload_on_change(config: Config, metrics: Arc<Metrics>, shutdown: CancellationToken) {
-    let Some(path) = config.file.clone() else {
-        return;
-    };
-    let read = || std::fs::read(&path).ok();
-    let mut last = read();
-    #[cfg(unix)]
-    let mut hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    loop {
-        #[cfg(unix)]
-        let signal = async {
-            match hangup.as_mut() {
-                Some(hangup) => hangup.recv().await,
-                None => std::future::pending().await,
-            }
-        };
-        #[cfg(not(unix))]
-        let signal = std::future::pending::<Option<()>>();
-        let forced = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            _ = signal => true,
-            _ = tokio::time::sleep(RELOAD_POLL) => false,
-        };
-        let now = read();
-        if !forced && now == last {
-            continue;
-        }
-        last = now;
-        match config.reload() {
-            Ok(new) => {
-                info!(slos = new.slos.slos.len(), path = %path.display(), "config reloaded: new SLOs in force (other settings apply at restart)");
-                metrics.reload_slos(new.slos);
-                metrics.config_status().loaded(true);
-            }
-            Err(error) => {
-                error!(%error, "config reload rejected; the running config stays in force (llmslo_config_valid 0)");
-                metrics.config_status().loaded(false);
-            }
-        }
-    }
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C). The handlers are installed when this is called,

@@ -1,0 +1,180 @@
+//! Where observed requests go: the recorder labels each request's model and engine, meters
+//! the load it runs under, notes what the engine's `/metrics` showed around it, and hands its
+//! record to the readers (the one fan-out the sidecar's assembly composed).
+
+use super::models::ModelNames;
+use crate::capacity::meter::{InFlight, LoadMeter};
+use crate::engine::EngineView;
+use crate::metrics::limits::LimitCounters;
+use crate::provider::Provider;
+use crate::record::{Engine, EngineMoment, Ongoing, Operation, Reader, Readers, RequestRecord, Started};
+use std::sync::Arc;
+use tokio::time::Instant;
+use tracing::info;
+
+/// How the recorder labels requests.
+#[derive(Debug, Clone)]
+pub struct RecorderSettings {
+    /// The configured engine (the `provider` label); `None` learns it.
+    pub engine: Option<Engine>,
+    /// Model allow-list; empty means learn up to `max_models`.
+    pub models: Vec<String>,
+    /// How many distinct models are learned before the rest become `other`.
+    pub max_models: usize,
+}
+
+impl Default for RecorderSettings {
+    fn default() -> Self {
+        Self {
+            engine: None,
+            models: Vec::new(),
+            max_models: super::models::DEFAULT_MAX_MODELS,
+        }
+    }
+}
+
+/// The observer's side of the readers: what every measured request is labelled with, and
+/// where its record goes.
+#[derive(Debug)]
+pub struct Recorder {
+    readers: Readers,
+    provider: Provider,
+    models: ModelNames,
+    /// Generation requests in flight on the engine (the capacity model reads it too).
+    load: Arc<LoadMeter>,
+    /// The engine's `/metrics` as last read, when llmslo reads them.
+    engine_view: Option<Arc<EngineView>>,
+    limits: LimitCounters,
+}
+
+/// What a request holds from its start to its end.
+#[derive(Debug)]
+pub struct RequestHandles {
+    /// The request's normalised model.
+    pub model: String,
+    /// A model name the request named that is not known yet: learned on a successful answer.
+    pub candidate: Option<String>,
+    /// The request's operation.
+    pub operation: Operation,
+    /// The readers' part in the request while it runs (its in-flight count, its gaps).
+    pub ongoing: Option<Arc<dyn Ongoing>>,
+    /// The request counted in the engine's load meter (generation requests only: pooling
+    /// work does not run on the decode loop).
+    pub load: Option<InFlight>,
+}
+
+impl Recorder {
+    /// A recorder labelling as `settings` say, metering into `load`, noting `engine_view`
+    /// (when the engine's page is read) and recording into `readers`; the known models'
+    /// series are created at once.
+    pub fn new(
+        settings: &RecorderSettings,
+        readers: Readers,
+        load: Arc<LoadMeter>,
+        engine_view: Option<Arc<EngineView>>,
+        limits: LimitCounters,
+    ) -> Self {
+        let recorder = Self {
+            readers,
+            provider: Provider::new(settings.engine),
+            models: ModelNames::new(&settings.models, settings.max_models),
+            load,
+            engine_view,
+            limits,
+        };
+        recorder.announce_models();
+        recorder
+    }
+
+    /// The engine, when configured or learned.
+    pub fn engine(&self) -> Option<Engine> {
+        self.provider.engine()
+    }
+
+    /// The `provider` label value now.
+    pub fn provider(&self) -> &'static str {
+        self.provider.label()
+    }
+
+    /// The counters of the sidecar's own limits.
+    pub fn limits(&self) -> &LimitCounters {
+        &self.limits
+    }
+
+    /// Records the engine `auto` learned; the known models' series are created under it.
+    pub fn learn_engine(&self, engine: Engine) {
+        if self.provider.learn(engine) {
+            info!(provider = engine.as_str(), "identified the engine");
+            self.announce_models();
+        }
+    }
+
+    /// Learns the models the engine serves (when no allow-list is configured), so their
+    /// series exist at zero before the first request; the only one names model-less requests.
+    pub fn learn_models(&self, ids: &[String]) {
+        self.models.set_served(ids);
+        for id in ids {
+            let (model, first_seen) = self.models.learn(id);
+            if first_seen {
+                self.readers.model_known(&model, self.engine());
+            }
+        }
+    }
+
+    /// Tells every reader every known model again (the SLOs were reloaded).
+    pub fn announce_models(&self) {
+        for model in self.models.known() {
+            self.readers.model_known(&model, self.engine());
+        }
+    }
+
+    /// Starts recording a request that arrived at `now`: labels its model (a name not known
+    /// yet is `other` until the engine answers it successfully) and counts it in flight.
+    pub fn start(&self, raw_model: Option<&str>, operation: Operation, now: Instant) -> RequestHandles {
+        let (model, candidate) = self.models.label(raw_model);
+        RequestHandles {
+            ongoing: self.started(&model, operation),
+            load: operation
+                .is_generation()
+                .then(|| InFlight::arrive(self.load.clone(), now)),
+            model,
+            candidate,
+            operation,
+        }
+    }
+
+    /// The engine answered the request successfully: a model name it named that was not known
+    /// yet is learned (within `max_models`), and the request is labelled with it from now on.
+    pub fn confirm_model(&self, handles: &mut RequestHandles) {
+        let Some(candidate) = handles.candidate.take() else {
+            return;
+        };
+        let (model, first_seen) = self.models.learn(&candidate);
+        if first_seen {
+            self.readers.model_known(&model, self.engine());
+        }
+        if model != handles.model {
+            // The load meter is the engine's: the request stays counted as it arrived.
+            handles.ongoing = self.started(&model, handles.operation);
+            handles.model = model;
+        }
+    }
+
+    fn started(&self, model: &str, operation: Operation) -> Option<Arc<dyn Ongoing>> {
+        self.readers.started(&Started {
+            model,
+            operation,
+            provider: self.engine(),
+        })
+    }
+
+    /// What the engine's `/metrics` show now, when llmslo reads them.
+    pub fn engine_moment(&self) -> Option<EngineMoment> {
+        self.engine_view.as_ref().map(|view| view.moment())
+    }
+
+    /// Hands a finished request's record to every reader.
+    pub fn finish(&self, record: &RequestRecord) {
+        self.readers.finished(record);
+    }
+}

@@ -1,0 +1,149 @@
+//! The readers of the request record, composed: the Prometheus families, the SLO engine, the
+//! capacity model, the OTLP exporter (when metric export is on) and any reader given from
+//! outside, all registered in one registry and given to the recorder as one fan-out. Adding a
+//! reader is one line here.
+
+use crate::capacity::meter::LoadMeter;
+use crate::capacity::{CapacityEngine, DEFAULT_WINDOW};
+use crate::engine::{EngineCollector, EngineMetricsMode, EngineView};
+use crate::gpu::{GpuCollector, GpuState};
+use crate::metrics::buckets::BucketOverrides;
+use crate::metrics::requests::{Edges, RequestFamilies};
+use crate::metrics::{Appended, Metrics, Registry};
+use crate::observe::recorder::{Recorder, RecorderSettings};
+use crate::otel::metrics::{Boundaries, OtelMetrics};
+use crate::proto;
+use crate::record::{Reader, Readers};
+use crate::slo::spec::SloSet;
+use crate::slo::SloEngine;
+use opentelemetry::metrics::Meter;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What the readers are built from.
+pub struct MeasurementSettings {
+    /// How requests are labelled.
+    pub recorder: RecorderSettings,
+    /// Per-family bucket overrides.
+    pub buckets: BucketOverrides,
+    /// The SLOs judged live; their latency thresholds become exact bucket edges.
+    pub slos: SloSet,
+    /// How far back the live capacity model looks (`capacity.window`).
+    pub capacity_window: Duration,
+    /// What is done with the engine's own `/metrics` (`engine_metrics`).
+    pub engine_metrics: EngineMetricsMode,
+    /// The meter OTLP metric export records into, when it is on.
+    pub otlp: Option<Meter>,
+    /// The GPUs' state, when GPU telemetry is on.
+    pub gpu: Option<Arc<GpuState>>,
+    /// Readers beyond llmslo's own (the demo's table, a per-request log): each sees every
+    /// request before llmslo's readers do.
+    pub extra: Vec<Arc<dyn Reader>>,
+}
+
+impl Default for MeasurementSettings {
+    fn default() -> Self {
+        Self {
+            recorder: RecorderSettings::default(),
+            buckets: BucketOverrides::default(),
+            slos: SloSet::default(),
+            capacity_window: DEFAULT_WINDOW,
+            engine_metrics: EngineMetricsMode::default(),
+            otlp: None,
+            gpu: None,
+            extra: Vec::new(),
+        }
+    }
+}
+
+/// The composed readers: where the observer records, and what `/metrics` encodes.
+#[derive(Debug, Clone)]
+pub struct Measurement {
+    /// Where the observer records every request (give it to [`crate::ObserveLayer`]).
+    pub recorder: Arc<Recorder>,
+    /// Every reader's families, for `/metrics`.
+    pub metrics: Arc<Metrics>,
+    /// The SLO engine, for hot reloads.
+    pub slo: Arc<SloEngine>,
+    /// The engine's own `/metrics` as last read, for the scraper that reads them.
+    pub engine_view: Arc<EngineView>,
+}
+
+impl Measurement {
+    /// Builds and registers every reader, in the order their families appear on `/metrics`.
+    pub fn new(settings: MeasurementSettings) -> Self {
+        let mut registry = Registry::default();
+        let slo = SloEngine::new(settings.slos.clone(), registry.families());
+        let load = Arc::new(LoadMeter::default());
+        let capacity = CapacityEngine::new(settings.capacity_window, slo.clone(), load.clone(), registry.families());
+        let engine_view = EngineView::new(settings.engine_metrics);
+        registry
+            .families()
+            .register_collector(Box::new(EngineCollector(engine_view.clone())));
+        let edges = Edges::new(&settings.buckets, &settings.slos);
+        let families = Arc::new(RequestFamilies::new(&edges, &settings.buckets, &mut registry));
+        if let Some(gpu) = settings.gpu {
+            registry.families().register_collector(Box::new(GpuCollector(gpu)));
+        }
+
+        let mut readers = settings.extra;
+        readers.push(families.clone());
+        readers.push(slo.clone());
+        readers.push(capacity);
+        if let Some(meter) = &settings.otlp {
+            readers.push(Arc::new(OtelMetrics::new(meter, boundaries(&edges))));
+        }
+
+        let merged = (settings.engine_metrics == EngineMetricsMode::Merge)
+            .then(|| Arc::new(EnginePage(engine_view.clone())) as Arc<dyn Appended>);
+        let read = (settings.engine_metrics != EngineMetricsMode::Off).then(|| engine_view.clone());
+        Self {
+            recorder: Arc::new(Recorder::new(
+                &settings.recorder,
+                Readers::new(readers),
+                load,
+                read,
+                families.limits(),
+            )),
+            metrics: Arc::new(registry.into_metrics(merged)),
+            slo,
+            engine_view,
+        }
+    }
+
+    /// Puts new SLOs in force (hot reload); counters keep counting, and every known model
+    /// gets its series for the new SLOs.
+    pub fn reload_slos(&self, set: SloSet) {
+        self.slo.reload(set);
+        self.recorder.announce_models();
+    }
+}
+
+/// The OTLP instruments' edges: the Prometheus families'.
+fn boundaries(edges: &Edges) -> Boundaries {
+    Boundaries {
+        ttft: edges.ttft.edges().to_vec(),
+        answer_ttft: edges.answer_ttft.edges().to_vec(),
+        tpot: edges.tpot.edges().to_vec(),
+        e2e: edges.e2e.edges().to_vec(),
+        tokens: edges.tokens.edges().to_vec(),
+        inter_chunk: edges.inter_chunk.edges().to_vec(),
+        tokens_per_chunk: edges.tokens_per_chunk.edges().to_vec(),
+        phases: edges.phases.edges().to_vec(),
+        engine_tpot: edges.engine_tpot.edges().to_vec(),
+    }
+}
+
+/// The engine's page, merged after llmslo's families (`engine_metrics: merge`).
+struct EnginePage(Arc<EngineView>);
+
+impl Appended for EnginePage {
+    fn text(&self, own: &str) -> String {
+        self.0.merged_families(own)
+    }
+
+    fn protobuf(&self, own: &HashSet<String>) -> Vec<proto::MetricFamily> {
+        self.0.merged_protobuf(own.iter().map(String::as_str))
+    }
+}
