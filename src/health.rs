@@ -14,6 +14,16 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+/// Defaults of the readiness probe's settings (the config keys of the same names).
+pub mod defaults {
+    use std::time::Duration;
+
+    /// `health_path`.
+    pub const HEALTH_PATH: &str = "/health";
+    /// `health_interval`.
+    pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+}
+
 /// Whether the engine is ready: its last probes succeeded, and recently.
 #[derive(Debug)]
 pub struct Readiness {

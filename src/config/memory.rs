@@ -60,24 +60,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_defaults_fit_the_memory_limit_the_injector_gives() {
-        let config = Config::from_yaml("upstream: http://127.0.0.1:8000\n").unwrap();
-        let limit = crate::k8s::inject::DEFAULT_MEMORY_LIMIT_BYTES;
-        let worst = config.worst_case_memory_bytes();
-        assert!(
-            worst < limit,
-            "worst case {} MiB, limit {} MiB",
-            worst >> 20,
-            limit >> 20
-        );
-        assert_eq!(worst >> 20, 121, "the arithmetic in docs/configuration.md");
-        let merge = Config::from_yaml("upstream: http://127.0.0.1:8000\nengine_metrics: merge\n").unwrap();
-        assert_eq!(merge.worst_case_memory_bytes() >> 20, 125, "with merge");
-        assert!(merge.worst_case_memory_bytes() < limit);
-        assert_eq!(crate::k8s::inject::DEFAULT_MEMORY_LIMIT, format!("{}Mi", limit >> 20));
-    }
-
-    #[test]
     fn memory_max_is_a_byte_count_or_no_limit() {
         assert_eq!(parse_memory_max("134217728\n"), Some(128 << 20));
         assert_eq!(parse_memory_max("max\n"), None);

@@ -12,6 +12,23 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+/// Defaults of the engine-page reader's settings (the config keys of the same names).
+pub mod defaults {
+    use std::time::Duration;
+
+    /// `engine_metrics_max_samples`: a vLLM page has about 1,000; each kept sample costs about
+    /// 150 bytes.
+    pub const ENGINE_METRICS_MAX_SAMPLES: usize = 20_000;
+    /// `engine_metrics_path`.
+    pub const ENGINE_METRICS_PATH: &str = "/metrics";
+    /// `engine_metrics_interval`.
+    pub const ENGINE_METRICS_INTERVAL: Duration = Duration::from_secs(5);
+    /// The longest one read of the engine's metrics may take.
+    pub const ENGINE_METRICS_TIMEOUT: Duration = Duration::from_secs(2);
+    /// The largest engine metrics page read.
+    pub const ENGINE_METRICS_MAX_BYTES: usize = 4 << 20;
+}
+
 /// Where and how often the engine's page is read.
 #[derive(Debug, Clone)]
 pub struct ScrapeSettings {

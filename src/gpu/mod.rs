@@ -13,6 +13,35 @@ use prometheus_client::metrics::MetricType;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
+
+/// GPU sampling settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuSettings {
+    /// `gpu.enabled`: `false` turns GPU telemetry off entirely.
+    pub enabled: bool,
+    /// `gpu.interval`: time between samples.
+    pub interval: Duration,
+    /// `gpu.library_path`: the NVML library to load.
+    pub library_path: String,
+    /// `gpu.processes`: export per-process GPU memory.
+    pub processes: bool,
+    /// `gpu.simulated`: export one simulated GPU instead of reading NVML (demos, dashboards).
+    pub simulated: bool,
+}
+
+impl Default for GpuSettings {
+    /// On, a sample a second, NVML from the usual library, no per-process memory.
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            interval: Duration::from_secs(1),
+            library_path: nvml::DEFAULT_LIBRARY.to_string(),
+            processes: false,
+            simulated: false,
+        }
+    }
+}
+
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};

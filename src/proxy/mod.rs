@@ -41,6 +41,35 @@ use std::time::Duration;
 use tower::{ServiceBuilder, ServiceExt};
 
 pub use crate::upstream::UpstreamBody;
+
+/// Defaults of the request path's settings (the config keys of the same names).
+pub mod defaults {
+    use std::time::Duration;
+
+    /// `max_body_bytes`: 64 MiB, room for multimodal requests with inline images.
+    pub const MAX_BODY_BYTES: u64 = 64 << 20;
+    /// `request_body_timeout`.
+    pub const REQUEST_BODY_TIMEOUT: Duration = Duration::from_secs(30);
+    /// `request_body_total_timeout`: a 64 MiB body at 2 Mbit/s still arrives.
+    pub const REQUEST_BODY_TOTAL_TIMEOUT: Duration = Duration::from_secs(300);
+    /// `request_body_min_rate`, bytes per second: a trickle far below any real uplink.
+    pub const REQUEST_BODY_MIN_RATE: u64 = 1024;
+    /// `max_in_flight_requests`.
+    pub const MAX_IN_FLIGHT_REQUESTS: usize = 1024;
+    /// `upstream_timeout`.
+    pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(600);
+    /// `stream_idle_timeout`: engines do hang; a healthy one is never this quiet.
+    pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
+    /// `inject_usage`: streams are asked for their usage chunk, so token counts are exact.
+    pub const INJECT_USAGE: bool = true;
+    /// `max_peek_bytes`: 4 MiB.
+    pub const MAX_PEEK_BYTES: usize = 4 << 20;
+    /// `max_buffered_request_bytes`: 16 MiB, four of the largest peeks at once.
+    pub const MAX_BUFFERED_REQUEST_BYTES: usize = 16 << 20;
+    /// `max_event_bytes`: 1 MiB.
+    pub const MAX_EVENT_BYTES: usize = 1 << 20;
+}
+
 /// Body type sent back to the client.
 pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
 

@@ -17,7 +17,7 @@ use super::error::ProxyError;
 use super::peek::{self, PeekError, Peeked, RequestFields};
 use super::request_body::{ClientFault, FaultSlot, NotedBody};
 use super::{ProxyBody, UpstreamBody};
-use crate::config::defaults;
+use super::defaults;
 use crate::metrics::RefusalReason;
 use crate::observe::body::ObservedBody;
 use crate::observe::recorder::Recorder;

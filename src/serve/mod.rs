@@ -31,6 +31,26 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
 
+/// Defaults of the accept loop's settings (the config keys of the same names).
+pub mod defaults {
+    use std::time::Duration;
+
+    /// `send_timeout`.
+    pub const SEND_TIMEOUT: Duration = Duration::from_secs(60);
+    /// `connection_idle_timeout`: as an HTTP/1.1 keep-alive connection waits for its next head.
+    pub const CONNECTION_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+    /// `http2_keep_alive_interval`.
+    pub const HTTP2_KEEP_ALIVE_INTERVAL: Duration = Duration::from_secs(20);
+    /// `http2_keep_alive_timeout`.
+    pub const HTTP2_KEEP_ALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+    /// `max_connections`.
+    pub const MAX_CONNECTIONS: usize = 2048;
+    /// `max_streams_per_connection`.
+    pub const MAX_STREAMS_PER_CONNECTION: u32 = 100;
+    /// `drain_timeout`.
+    pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+}
+
 /// How long a client may take to send a complete request head (the first one counted from
 /// the connection's accept, whatever the protocol: HTTP/1.1, the h2c preface and SETTINGS,
 /// a TLS handshake).
@@ -85,7 +105,7 @@ impl ConnectionLimits {
             send_timeout: None,
             idle_timeout: None,
             keep_alive: None,
-            max_streams_per_connection: crate::config::defaults::MAX_STREAMS_PER_CONNECTION,
+            max_streams_per_connection: defaults::MAX_STREAMS_PER_CONNECTION,
             live_when_full: false,
         }
     }

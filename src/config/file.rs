@@ -1,0 +1,252 @@
+//! The config file: its schema (every key optional), its reading, and the merge of flags and
+//! environment over the file over each module's defaults.
+
+use super::error::{indentation_hint, with_hint};
+use super::validate::{parse_addr, parse_upstream};
+use super::{defaults, Config, ConfigError, EngineSetting, LogFormat, Overrides};
+use crate::engine::EngineMetricsMode;
+use crate::gpu::GpuSettings;
+use crate::metrics::buckets::BucketOverrides;
+use crate::otel::settings::OtelConfig;
+use crate::slo::spec::{GoodputEntry, SloEntry, SloFile, SloSet};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The YAML file's schema; every key is optional.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FileConfig {
+    pub(super) upstream: Option<String>,
+    pub(super) listen: Option<String>,
+    pub(super) metrics_listen: Option<String>,
+    pub(super) log: Option<String>,
+    pub(super) log_format: Option<LogFormat>,
+    pub(super) engine: Option<EngineSetting>,
+    pub(super) inject_usage: Option<bool>,
+    pub(super) models: Option<Vec<String>>,
+    pub(super) max_models: Option<usize>,
+    pub(super) max_peek_bytes: Option<usize>,
+    pub(super) max_body_bytes: Option<u64>,
+    pub(super) max_buffered_request_bytes: Option<usize>,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) request_body_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) request_body_total_timeout: Option<Duration>,
+    pub(super) request_body_min_rate: Option<u64>,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) send_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) connection_idle_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) http2_keep_alive_interval: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) http2_keep_alive_timeout: Option<Duration>,
+    pub(super) max_connections: Option<usize>,
+    pub(super) max_streams_per_connection: Option<u32>,
+    pub(super) max_in_flight_requests: Option<usize>,
+    pub(super) max_event_bytes: Option<usize>,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) upstream_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) stream_idle_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) drain_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) final_scrape_grace: Option<Duration>,
+    pub(super) health_path: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) health_interval: Option<Duration>,
+    pub(super) engine_metrics: Option<EngineMetricsMode>,
+    pub(super) engine_metrics_path: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) engine_metrics_interval: Option<Duration>,
+    pub(super) engine_metrics_max_samples: Option<usize>,
+    pub(super) tokenizer: Option<PathBuf>,
+    pub(super) buckets: Option<BucketOverrides>,
+    pub(super) service: Option<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub(super) period: Option<Duration>,
+    pub(super) min_events: Option<u64>,
+    #[serde(default)]
+    pub(super) slos: Vec<SloEntry>,
+    pub(super) goodput: Option<GoodputEntry>,
+    pub(super) gpu: Option<GpuFile>,
+    pub(super) capacity: Option<CapacityFile>,
+    pub(super) otel: Option<OtelConfig>,
+}
+
+/// `capacity:` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CapacityFile {
+    #[serde(default, with = "humantime_serde")]
+    window: Option<Duration>,
+}
+
+/// `gpu:` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GpuFile {
+    enabled: Option<bool>,
+    #[serde(default, with = "humantime_serde")]
+    interval: Option<Duration>,
+    library_path: Option<String>,
+    processes: Option<bool>,
+    simulated: Option<bool>,
+}
+
+impl Config {
+    pub(super) fn merge(o: Overrides, f: FileConfig) -> Result<Self, ConfigError> {
+        let overrides = o.clone();
+        Self::merge_unlabelled(o, f).map_err(|e| e.given_by(&overrides))
+    }
+
+    fn merge_unlabelled(o: Overrides, mut f: FileConfig) -> Result<Self, ConfigError> {
+        let slos = slo_set(&mut f)?;
+        let overrides = o.clone();
+        let upstream = o.upstream.or(f.upstream).ok_or_else(|| {
+            ConfigError::invalid(
+                "upstream",
+                "required: give --upstream, LLMSLO_UPSTREAM or `upstream:` in the file",
+            )
+        })?;
+        let config = Config {
+            upstream: parse_upstream(&upstream)?,
+            listen: parse_addr("listen", o.listen.or(f.listen).as_deref().unwrap_or(defaults::LISTEN))?,
+            metrics_listen: parse_addr(
+                "metrics_listen",
+                o.metrics_listen
+                    .or(f.metrics_listen)
+                    .as_deref()
+                    .unwrap_or(defaults::METRICS_LISTEN),
+            )?,
+            log: o.log.or(f.log).unwrap_or_else(|| defaults::LOG.to_string()),
+            log_format: o.log_format.or(f.log_format).unwrap_or(LogFormat::Text),
+            engine: o.engine.or(f.engine).unwrap_or(EngineSetting::Auto),
+            inject_usage: f.inject_usage.unwrap_or(defaults::INJECT_USAGE),
+            models: f.models.unwrap_or_default(),
+            max_models: f.max_models.unwrap_or(defaults::MAX_MODELS),
+            max_peek_bytes: f.max_peek_bytes.unwrap_or(defaults::MAX_PEEK_BYTES),
+            max_body_bytes: f.max_body_bytes.unwrap_or(defaults::MAX_BODY_BYTES),
+            max_buffered_request_bytes: f
+                .max_buffered_request_bytes
+                .unwrap_or(defaults::MAX_BUFFERED_REQUEST_BYTES),
+            request_body_timeout: f.request_body_timeout.unwrap_or(defaults::REQUEST_BODY_TIMEOUT),
+            request_body_total_timeout: f
+                .request_body_total_timeout
+                .unwrap_or(defaults::REQUEST_BODY_TOTAL_TIMEOUT),
+            request_body_min_rate: f.request_body_min_rate.unwrap_or(defaults::REQUEST_BODY_MIN_RATE),
+            send_timeout: f.send_timeout.unwrap_or(defaults::SEND_TIMEOUT),
+            connection_idle_timeout: f.connection_idle_timeout.unwrap_or(defaults::CONNECTION_IDLE_TIMEOUT),
+            http2_keep_alive_interval: f
+                .http2_keep_alive_interval
+                .unwrap_or(defaults::HTTP2_KEEP_ALIVE_INTERVAL),
+            http2_keep_alive_timeout: f.http2_keep_alive_timeout.unwrap_or(defaults::HTTP2_KEEP_ALIVE_TIMEOUT),
+            max_connections: f.max_connections.unwrap_or(defaults::MAX_CONNECTIONS),
+            max_streams_per_connection: f
+                .max_streams_per_connection
+                .unwrap_or(defaults::MAX_STREAMS_PER_CONNECTION),
+            max_in_flight_requests: f.max_in_flight_requests.unwrap_or(defaults::MAX_IN_FLIGHT_REQUESTS),
+            max_event_bytes: f.max_event_bytes.unwrap_or(defaults::MAX_EVENT_BYTES),
+            upstream_timeout: f.upstream_timeout.unwrap_or(defaults::UPSTREAM_TIMEOUT),
+            stream_idle_timeout: Some(f.stream_idle_timeout.unwrap_or(defaults::STREAM_IDLE_TIMEOUT))
+                .filter(|d| !d.is_zero()),
+            drain_timeout: f.drain_timeout.unwrap_or(defaults::DRAIN_TIMEOUT),
+            final_scrape_grace: f.final_scrape_grace.unwrap_or(defaults::FINAL_SCRAPE_GRACE),
+            health_path: f.health_path.unwrap_or_else(|| defaults::HEALTH_PATH.to_string()),
+            health_interval: f.health_interval.unwrap_or(defaults::HEALTH_INTERVAL),
+            engine_metrics: f.engine_metrics.unwrap_or_default(),
+            engine_metrics_path: f
+                .engine_metrics_path
+                .unwrap_or_else(|| defaults::ENGINE_METRICS_PATH.to_string()),
+            engine_metrics_interval: f.engine_metrics_interval.unwrap_or(defaults::ENGINE_METRICS_INTERVAL),
+            engine_metrics_max_samples: f
+                .engine_metrics_max_samples
+                .unwrap_or(defaults::ENGINE_METRICS_MAX_SAMPLES),
+            tokenizer: f.tokenizer,
+            buckets: f.buckets.unwrap_or_default(),
+            slos,
+            gpu: {
+                let (g, default) = (f.gpu.unwrap_or_default(), GpuSettings::default());
+                GpuSettings {
+                    enabled: g.enabled.unwrap_or(default.enabled),
+                    interval: g.interval.unwrap_or(default.interval),
+                    library_path: g.library_path.unwrap_or(default.library_path),
+                    processes: g.processes.unwrap_or(default.processes),
+                    simulated: g.simulated.unwrap_or(default.simulated),
+                }
+            },
+            capacity_window: f
+                .capacity
+                .and_then(|c| c.window)
+                .unwrap_or(crate::capacity::DEFAULT_WINDOW),
+            otel: f.otel.unwrap_or_default(),
+            file: None,
+            file_error: None,
+            overrides,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+/// The file's schema and its text (to place later errors at their line).
+pub(super) fn read_file(path: &Path) -> Result<(FileConfig, String), ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let file = parse_yaml(&text).map_err(|message| ConfigError::Parse {
+        path: path.to_path_buf(),
+        message,
+    })?;
+    Ok((file, text))
+}
+
+/// The keys forwarding needs, read from a file that is otherwise unusable: whatever of them
+/// is a string at the top level of a YAML mapping.
+#[derive(Debug, Default)]
+pub(super) struct ForwardingKeys {
+    pub(super) upstream: Option<String>,
+    pub(super) listen: Option<String>,
+    pub(super) metrics_listen: Option<String>,
+}
+
+pub(super) fn forwarding_keys(path: &Path) -> ForwardingKeys {
+    let Some(value) = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| serde_yaml::from_str::<serde_yaml::Value>(&text).ok())
+    else {
+        return ForwardingKeys::default();
+    };
+    let key = |name: &str| value.get(name).and_then(|v| v.as_str()).map(str::to_string);
+    ForwardingKeys {
+        upstream: key("upstream"),
+        listen: key("listen"),
+        metrics_listen: key("metrics_listen"),
+    }
+}
+
+/// Takes the SLO keys out of the file and validates them; the rest of `f` is left in place.
+pub(super) fn slo_set(f: &mut FileConfig) -> Result<SloSet, ConfigError> {
+    let file = SloFile {
+        slos: std::mem::take(&mut f.slos),
+        goodput: f.goodput.take(),
+    };
+    SloSet::validate(f.service.take(), f.period, f.min_events, file)
+        .map_err(|(key, message)| ConfigError::invalid(&key, message))
+}
+
+pub(super) fn parse_yaml(text: &str) -> Result<FileConfig, String> {
+    if text.trim().is_empty() {
+        return Ok(FileConfig::default());
+    }
+    serde_yaml::from_str(text).map_err(|e| {
+        let message = with_hint(&e.to_string());
+        match e.location().and_then(|at| indentation_hint(text, &message, at.line())) {
+            Some(hint) => format!("{message} ({hint})"),
+            None => message,
+        }
+    })
+}

@@ -1,0 +1,126 @@
+//! The effective configuration as YAML, for `llmslo check-config`.
+
+use super::{Config, LogFormat};
+use crate::metrics::buckets::BucketOverrides;
+use crate::otel::settings::OtelConfig;
+use std::time::Duration;
+
+impl Config {
+    /// The effective configuration as YAML, for `llmslo check-config`.
+    pub fn to_yaml(&self) -> String {
+        use crate::slo::spec::SloKind;
+        let human = |d: Duration| humantime::format_duration(d).to_string();
+        let slos: Vec<serde_yaml::Value> = self
+            .slos
+            .slos
+            .iter()
+            .map(|slo| {
+                let mut entry = serde_yaml::Mapping::new();
+                entry.insert("name".into(), slo.name.clone().into());
+                entry.insert("objective".into(), slo.objective_percent().into());
+                let (key, value): (&str, serde_yaml::Value) = match slo.kind {
+                    SloKind::Ttft(d) => ("ttft", human(d).into()),
+                    SloKind::AnswerTtft(d) => ("answer_ttft", human(d).into()),
+                    SloKind::Tpot(d) => ("tpot", human(d).into()),
+                    SloKind::E2e(d) => ("e2e", human(d).into()),
+                    SloKind::Availability => ("availability", true.into()),
+                };
+                entry.insert(key.into(), value);
+                if let Some(max) = slo.prompt.max_prompt_tokens {
+                    entry.insert("max_prompt_tokens".into(), max.into());
+                }
+                if !slo.prompt.per_1k_prompt_tokens.is_zero() {
+                    entry.insert(
+                        "per_1k_prompt_tokens".into(),
+                        human(slo.prompt.per_1k_prompt_tokens).into(),
+                    );
+                }
+                if !slo.runbook_url.is_empty() {
+                    entry.insert("runbook_url".into(), slo.runbook_url.clone().into());
+                }
+                entry.into()
+            })
+            .collect();
+        let require: Vec<serde_yaml::Value> = self
+            .slos
+            .goodput_require
+            .iter()
+            .map(|&i| self.slos.slos[i].name.clone().into())
+            .collect();
+        let engine = match self.engine.fixed() {
+            Some(engine) => engine.as_str(),
+            None => "auto",
+        };
+        let value = serde_json::json!({
+            "upstream": self.upstream.to_string(),
+            "listen": self.listen.to_string(),
+            "metrics_listen": self.metrics_listen.to_string(),
+            "log": self.log,
+            "log_format": match self.log_format { LogFormat::Text => "text", LogFormat::Json => "json" },
+            "engine": engine,
+            "inject_usage": self.inject_usage,
+            "models": self.models,
+            "max_models": self.max_models,
+            "max_peek_bytes": self.max_peek_bytes,
+            "max_body_bytes": self.max_body_bytes,
+            "max_buffered_request_bytes": self.max_buffered_request_bytes,
+            "request_body_timeout": human(self.request_body_timeout),
+            "request_body_total_timeout": human(self.request_body_total_timeout),
+            "request_body_min_rate": self.request_body_min_rate,
+            "send_timeout": human(self.send_timeout),
+            "connection_idle_timeout": human(self.connection_idle_timeout),
+            "http2_keep_alive_interval": human(self.http2_keep_alive_interval),
+            "http2_keep_alive_timeout": human(self.http2_keep_alive_timeout),
+            "max_connections": self.max_connections,
+            "max_streams_per_connection": self.max_streams_per_connection,
+            "max_in_flight_requests": self.max_in_flight_requests,
+            "max_event_bytes": self.max_event_bytes,
+            "upstream_timeout": human(self.upstream_timeout),
+            "stream_idle_timeout": human(self.stream_idle_timeout.unwrap_or_default()),
+            "drain_timeout": human(self.drain_timeout),
+            "final_scrape_grace": human(self.final_scrape_grace),
+            "health_path": self.health_path,
+            "health_interval": human(self.health_interval),
+            "engine_metrics": self.engine_metrics.as_str(),
+            "engine_metrics_path": self.engine_metrics_path,
+            "engine_metrics_interval": human(self.engine_metrics_interval),
+            "engine_metrics_max_samples": self.engine_metrics_max_samples,
+            "tokenizer": self.tokenizer.as_ref().map(|p| p.display().to_string()),
+            "service": self.slos.service,
+            "period": human(self.slos.period),
+            "min_events": self.slos.min_events,
+            "gpu": {
+                "enabled": self.gpu.enabled,
+                "interval": human(self.gpu.interval),
+                "library_path": self.gpu.library_path,
+                "processes": self.gpu.processes,
+                "simulated": self.gpu.simulated,
+            },
+            "capacity": {"window": human(self.capacity_window)},
+        });
+        let mut mapping: serde_yaml::Mapping = serde_json::from_value(value).expect("plain JSON maps to YAML");
+        if self.buckets != BucketOverrides::default() {
+            let buckets = serde_json::to_value(&self.buckets).expect("bucket overrides serialize");
+            mapping.insert(
+                "buckets".into(),
+                serde_json::from_value(buckets).expect("plain JSON maps to YAML"),
+            );
+        }
+        if self.otel != OtelConfig::default() {
+            let mut otel = self.otel.clone();
+            if otel.exporter_otlp_headers.is_some() {
+                otel.exporter_otlp_headers = Some("<redacted>".into());
+            }
+            let otel = serde_json::to_value(&otel).expect("otel keys serialize");
+            mapping.insert(
+                "otel".into(),
+                serde_json::from_value(otel).expect("plain JSON maps to YAML"),
+            );
+        }
+        mapping.insert("slos".into(), slos.into());
+        let mut goodput = serde_yaml::Mapping::new();
+        goodput.insert("require".into(), require.into());
+        mapping.insert("goodput".into(), goodput.into());
+        serde_yaml::to_string(&mapping).expect("a mapping serializes")
+    }
+}
