@@ -540,7 +540,7 @@ mod tests {
         for family in histograms {
             for metric in &family.metric {
                 let h = metric.histogram.as_ref().unwrap();
-                assert_eq!(h.schema, i32::from(super::super::native::SCHEMA), "{}", family.name);
+                assert_eq!(h.schema, i32::from(crate::metrics::native::SCHEMA), "{}", family.name);
                 assert!(h.zero_threshold > 0.0, "marks the histogram native even while empty");
                 assert!(!h.bucket.is_empty(), "{} keeps its classic buckets", family.name);
                 let native_count = h.zero_count

@@ -13,11 +13,11 @@
 //! // and serve `measurement.metrics.encode()` on /metrics.
 //! ```
 
+use super::defaults;
 use super::error::ProxyError;
 use super::peek::{self, PeekError, Peeked, RequestFields};
 use super::request_body::{ClientFault, FaultSlot, NotedBody};
 use super::{ProxyBody, UpstreamBody};
-use super::defaults;
 use crate::metrics::RefusalReason;
 use crate::observe::body::ObservedBody;
 use crate::observe::recorder::Recorder;

@@ -2,7 +2,7 @@
 //! routes and its native generate API) and llama.cpp; the Responses and Messages APIs as
 //! vLLM serves them (in `typed`).
 
-use super::typed::{messages, responses};
+use super::typed::{messages, responses, Identity};
 use crate::record::Operation;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -56,6 +56,15 @@ pub struct Shape {
 }
 
 impl Shape {
+    /// What every event of the typed APIs names.
+    fn identity(&self) -> Identity<'_> {
+        Identity {
+            id: &self.id,
+            created: self.created,
+            model: &self.model,
+        }
+    }
+
     fn object(&self, streaming: bool) -> &'static str {
         match (self.operation, streaming) {
             (Operation::Chat, true) => "chat.completion.chunk",
@@ -86,7 +95,7 @@ impl Shape {
     /// The events before the first token: a role-only chunk per choice where the engine sends one.
     pub fn opening(&self, choices: u32) -> Vec<String> {
         if self.operation == Operation::Responses {
-            return responses::opening(self);
+            return responses::opening(&self.identity());
         }
         let role = match (self.flavor, self.operation) {
             (Flavor::Vllm, Operation::Chat) => json!({"role": "assistant", "content": ""}),
@@ -114,7 +123,7 @@ impl Shape {
         match self.operation {
             Operation::Responses => responses::open(reasoning, index),
             Operation::Messages if first => {
-                messages::start(self, self.prompt_tokens) + &messages::open(reasoning, index)
+                messages::start(&self.identity(), self.prompt_tokens) + &messages::open(reasoning, index)
             }
             Operation::Messages => messages::open(reasoning, index),
             _ => String::new(),
@@ -195,7 +204,7 @@ impl Shape {
         match self.operation {
             Operation::Responses => {
                 let usage = responses::usage(self.prompt_tokens, output_tokens, reasoning_tokens);
-                vec![close + &responses::completed(self, answer, usage, metrics)]
+                vec![close + &responses::completed(&self.identity(), answer, usage, metrics)]
             }
             Operation::Messages => vec![close + &messages::end(self.prompt_tokens, output_tokens)],
             _ => [
@@ -213,7 +222,7 @@ impl Shape {
     /// An error event in the middle of a stream.
     pub fn error(&self) -> String {
         match self.operation {
-            Operation::Responses => responses::failed(self),
+            Operation::Responses => responses::failed(&self.identity()),
             Operation::Messages => messages::overloaded(),
             Operation::Generate => self.event(&json!({
                 "error": "Request failed during generation: simulated failure",
@@ -231,9 +240,9 @@ impl Shape {
                 let output = json!([{"id": "msg_sim", "type": "message", "role": "assistant", "status": "completed",
                                      "content": [{"type": "output_text", "text": first, "annotations": []}]}]);
                 let usage = responses::usage(prompt_tokens, completion_tokens, 0);
-                return responses::object(self, "incomplete", output, usage);
+                return responses::object(&self.identity(), "incomplete", output, usage);
             }
-            Operation::Messages => return messages::whole(self, first, prompt_tokens, completion_tokens),
+            Operation::Messages => return messages::whole(&self.identity(), first, prompt_tokens, completion_tokens),
             _ => {}
         }
         let choices: Vec<Value> = texts

@@ -3,10 +3,20 @@
 //! with the first generated token, content blocks, `message_stop`). Reasoning comes first
 //! in its own item or block.
 
-use super::shape::Shape;
 use serde_json::{json, Value};
 
 /// One typed SSE event: `event: <type>` and its data, which repeats the type.
+/// Who answers: what every event of one response names.
+#[derive(Debug, Clone, Copy)]
+pub struct Identity<'a> {
+    /// The response's id, without the API's prefix.
+    pub id: &'a str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The served model name.
+    pub model: &'a str,
+}
+
 fn event(kind: &str, mut data: Value) -> String {
     data["type"] = json!(kind);
     format!("event: {kind}\ndata: {data}\n\n")
@@ -17,13 +27,13 @@ pub mod responses {
     use super::*;
 
     /// The response object in its state `status`, with `usage` once it is done.
-    pub fn object(shape: &Shape, status: &str, output: Value, usage: Value) -> Value {
+    pub fn object(identity: &Identity<'_>, status: &str, output: Value, usage: Value) -> Value {
         let finished = status != "in_progress";
         json!({
-            "id": format!("resp_{}", shape.id),
+            "id": format!("resp_{}", identity.id),
             "object": "response",
-            "created_at": shape.created,
-            "model": shape.model,
+            "created_at": identity.created,
+            "model": identity.model,
             "status": status,
             "incomplete_details": finished.then(|| json!({"reason": "max_output_tokens"})),
             "output": output,
@@ -32,13 +42,13 @@ pub mod responses {
     }
 
     /// `response.created` and `response.in_progress`, sent before prefill.
-    pub fn opening(shape: &Shape) -> Vec<String> {
+    pub fn opening(identity: &Identity<'_>) -> Vec<String> {
         ["response.created", "response.in_progress"]
             .into_iter()
             .map(|kind| {
                 event(
                     kind,
-                    json!({"response": object(shape, "in_progress", json!([]), Value::Null)}),
+                    json!({"response": object(identity, "in_progress", json!([]), Value::Null)}),
                 )
             })
             .collect()
@@ -119,9 +129,9 @@ pub mod responses {
     }
 
     /// `response.completed`, cut at the token limit as vLLM reports it (status `incomplete`).
-    pub fn completed(shape: &Shape, text: &str, usage: Value, metrics: Option<&Value>) -> String {
+    pub fn completed(identity: &Identity<'_>, text: &str, usage: Value, metrics: Option<&Value>) -> String {
         let output = json!([item(false, "completed", text)]);
-        let mut response = object(shape, "incomplete", output, usage);
+        let mut response = object(identity, "incomplete", output, usage);
         if let Some(metrics) = metrics {
             response["metrics"] = metrics.clone();
         }
@@ -129,8 +139,8 @@ pub mod responses {
     }
 
     /// `response.failed`: the engine broke down mid-stream.
-    pub fn failed(shape: &Shape) -> String {
-        let mut response = object(shape, "failed", json!([]), Value::Null);
+    pub fn failed(identity: &Identity<'_>) -> String {
+        let mut response = object(identity, "failed", json!([]), Value::Null);
         response["error"] = json!({"code": "server_error", "message": "simulated mid-stream failure"});
         event("response.failed", json!({"response": response}))
     }
@@ -141,12 +151,12 @@ pub mod messages {
     use super::*;
 
     /// `message_start`, with the input tokens.
-    pub fn start(shape: &Shape, prompt_tokens: u64) -> String {
+    pub fn start(identity: &Identity<'_>, prompt_tokens: u64) -> String {
         event(
             "message_start",
             json!({"message": {
-                "id": format!("msg_{}", shape.id), "type": "message", "role": "assistant", "content": [],
-                "model": shape.model, "stop_reason": null, "stop_sequence": null,
+                "id": format!("msg_{}", identity.id), "type": "message", "role": "assistant", "content": [],
+                "model": identity.model, "stop_reason": null, "stop_sequence": null,
                 "usage": {"input_tokens": prompt_tokens, "output_tokens": 0},
             }}),
         )
@@ -195,10 +205,10 @@ pub mod messages {
     }
 
     /// A whole answer.
-    pub fn whole(shape: &Shape, text: &str, prompt_tokens: u64, output_tokens: u64) -> Value {
+    pub fn whole(identity: &Identity<'_>, text: &str, prompt_tokens: u64, output_tokens: u64) -> Value {
         json!({
-            "id": format!("msg_{}", shape.id), "type": "message", "role": "assistant",
-            "content": [{"type": "text", "text": text}], "model": shape.model,
+            "id": format!("msg_{}", identity.id), "type": "message", "role": "assistant",
+            "content": [{"type": "text", "text": text}], "model": identity.model,
             "stop_reason": "max_tokens", "stop_sequence": null,
             "usage": {"input_tokens": prompt_tokens, "output_tokens": output_tokens},
         })
