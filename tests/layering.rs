@@ -234,7 +234,7 @@ impl Tree {
             None => return None,
         }
         for segment in rest {
-            let deeper = [&here[..], &[segment.clone()]].concat();
+            let deeper = [&here[..], std::slice::from_ref(segment)].concat();
             if !self.0.contains(&deeper) {
                 break;
             }
