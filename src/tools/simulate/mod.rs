@@ -7,35 +7,37 @@
 pub mod batching;
 pub mod delay;
 pub mod exposition;
+mod pace;
+mod request;
+mod respond;
 pub mod shape;
 pub mod typed;
 
 use crate::metrics::limits::GaugeGuard;
 use crate::record::Operation;
-use batching::{Batcher, BatchingOptions, Occupancy, Step};
+use batching::{Batcher, BatchingOptions, Occupancy};
 use bytes::Bytes;
 use delay::Delay;
 use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Body, Frame, Incoming};
+use http_body_util::{BodyExt, Full};
+use hyper::body::{Frame, Incoming};
+use pace::{EngineClock, Pacer};
 use prometheus_client::metrics::gauge::Gauge;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use serde::Deserialize;
+use request::{prompt_tokens, read_request};
+pub use respond::SimAbort;
+use respond::{bad_request, json_response, not_found, ChannelBody, SimBody};
 use shape::{error_body, Flavor, Shape};
 use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio::time::{sleep_until, Instant};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Largest request body the simulated engine reads.
-const MAX_REQUEST_BYTES: usize = 4 << 20;
 const WORDS: [&str; 16] = [
     "the",
     "model",
@@ -123,39 +125,6 @@ pub struct SimEngine {
     prompt_tokens: AtomicU64,
 }
 
-/// The fields of a generation request the simulator honours.
-#[derive(Debug, Deserialize)]
-struct GenerationRequest {
-    model: Option<String>,
-    #[serde(default)]
-    stream: bool,
-    max_tokens: Option<u32>,
-    max_completion_tokens: Option<u32>,
-    /// The Responses API's limit.
-    max_output_tokens: Option<u32>,
-    /// The Responses API's input.
-    input: Option<serde_json::Value>,
-    n: Option<u32>,
-    stream_options: Option<StreamOptions>,
-    messages: Option<Vec<serde_json::Value>>,
-    prompt: Option<serde_json::Value>,
-    /// TGI native: the prompt.
-    inputs: Option<serde_json::Value>,
-    /// TGI native: `max_new_tokens` and friends.
-    parameters: Option<TgiParameters>,
-}
-
-#[derive(Debug, Deserialize)]
-struct TgiParameters {
-    max_new_tokens: Option<u32>,
-}
-
-#[derive(Debug, Deserialize)]
-struct StreamOptions {
-    #[serde(default)]
-    include_usage: bool,
-}
-
 /// What goes wrong in one response, decided when it starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
@@ -164,13 +133,6 @@ enum Fault {
     MidstreamError,
     Abort,
 }
-
-type SimBody = http_body_util::combinators::UnsyncBoxBody<Bytes, SimAbort>;
-
-/// The error that makes hyper cut the connection mid-body (an abrupt close).
-#[derive(Debug, thiserror::Error)]
-#[error("simulated engine aborted the response")]
-pub struct SimAbort;
 
 impl SimEngine {
     /// An engine with `options`.
@@ -524,93 +486,6 @@ impl SimEngine {
     }
 }
 
-/// Reads a request body as the fields the simulator honours, or the 400 to answer.
-async fn read_request(request: Request<Incoming>) -> Result<GenerationRequest, Response<SimBody>> {
-    let body = match Limited::new(request.into_body(), MAX_REQUEST_BYTES).collect().await {
-        Ok(body) => body.to_bytes(),
-        Err(_) => return Err(bad_request("request body too large or unreadable")),
-    };
-    serde_json::from_slice(&body).map_err(|e| bad_request(&format!("invalid JSON body: {e}")))
-}
-
-/// When a response's next tokens are ready.
-enum Pacer {
-    /// Fixed (or sampled) delays: the first chunk at `due`, then a TPOT per token.
-    Delays { due: Instant, tpot: Delay, per_chunk: u32 },
-    /// The batching loop's steps.
-    Batch(mpsc::UnboundedReceiver<Step>),
-}
-
-impl Pacer {
-    /// Waits for the next chunk: its tokens (at most `remaining`) and when the request was
-    /// scheduled (`None` outside batching: never queued), or `None` when the engine stopped.
-    async fn next(&mut self, remaining: u32, rng: &mut SmallRng) -> Option<(u32, Option<Instant>)> {
-        match self {
-            Pacer::Delays { due, tpot, per_chunk } => {
-                sleep_until(*due).await;
-                for _ in 0..*per_chunk {
-                    *due += tpot.sample(rng);
-                }
-                Some(((*per_chunk).min(remaining), None))
-            }
-            Pacer::Batch(ticks) => ticks.recv().await.map(|step| (step.tokens, Some(step.scheduled))),
-        }
-    }
-}
-
-/// The engine's own timing of one request, as vLLM's per-request metrics state it.
-#[derive(Debug, Clone, Copy)]
-struct EngineClock {
-    queued: Instant,
-    scheduled: Option<Instant>,
-    first_token: Option<Instant>,
-    last_token: Option<Instant>,
-}
-
-impl EngineClock {
-    fn start() -> Self {
-        Self {
-            queued: Instant::now(),
-            scheduled: None,
-            first_token: None,
-            last_token: None,
-        }
-    }
-
-    /// Notes a step that arrived now, of a request scheduled at `scheduled`.
-    fn step(&mut self, scheduled: Option<Instant>) {
-        let now = Instant::now();
-        self.scheduled.get_or_insert(scheduled.unwrap_or(self.queued));
-        self.first_token.get_or_insert(now);
-        self.last_token = Some(now);
-    }
-
-    /// The `metrics` object of a request that generated `tokens` per choice, `per_step` at a
-    /// time (more than one: speculative decoding, stated as `per_step` draft tokens a step of
-    /// which all but the bonus token were accepted).
-    fn metrics(&self, tokens: u32, per_step: u32) -> serde_json::Value {
-        let ms = |d: Duration| d.as_secs_f64() * 1e3;
-        let scheduled = self.scheduled.unwrap_or(self.queued);
-        let first = self.first_token.unwrap_or(scheduled);
-        let last = self.last_token.unwrap_or(first);
-        let mean_itl = (tokens > 1).then(|| ms(last - first) / f64::from(tokens - 1));
-        let speculation = (per_step > 1).then(|| {
-            serde_json::json!({
-                "mean_acceptance_length": per_step,
-                "draft_acceptance_rate": f64::from(per_step - 1) / f64::from(per_step),
-            })
-        });
-        serde_json::json!({
-            "time_to_first_token_ms": ms(first - scheduled),
-            "generation_time_ms": ms(last - first),
-            "queue_time_ms": ms(scheduled - self.queued),
-            "mean_itl_ms": mean_itl,
-            "tokens_per_second": null,
-            "speculative_decoding": speculation,
-        })
-    }
-}
-
 /// `n` random words, each with a leading space (one token each).
 fn words(rng: &mut SmallRng, n: u32) -> String {
     (0..n)
@@ -628,85 +503,6 @@ struct Plan {
     fault: Fault,
 }
 
-/// A rough prompt token count: the text of the messages or prompt, four characters a token
-/// (at least one).
-fn prompt_tokens(request: &GenerationRequest) -> u64 {
-    fn count_chars(value: &serde_json::Value) -> u64 {
-        match value {
-            serde_json::Value::String(s) => s.chars().count() as u64,
-            serde_json::Value::Array(items) => items.iter().map(count_chars).sum(),
-            serde_json::Value::Object(map) => ["content", "text"]
-                .iter()
-                .filter_map(|k| map.get(*k))
-                .map(count_chars)
-                .sum(),
-            _ => 0,
-        }
-    }
-    let messages = request.messages.iter().flatten().map(count_chars).sum::<u64>();
-    let prompt = request
-        .prompt
-        .as_ref()
-        .or(request.inputs.as_ref())
-        .or(request.input.as_ref())
-        .map_or(0, count_chars);
-    ((messages + prompt) / 4).max(1)
-}
-
 fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-fn json_response(status: StatusCode, body: String) -> Response<SimBody> {
-    Response::builder()
-        .status(status)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(
-            Full::new(Bytes::from(body))
-                .map_err(|never| match never {})
-                .boxed_unsync(),
-        )
-        .expect("static response parts are valid")
-}
-
-fn not_found() -> Response<SimBody> {
-    json_response(
-        StatusCode::NOT_FOUND,
-        error_body("Not Found", "NotFoundError", 404).to_string(),
-    )
-}
-
-fn bad_request(message: &str) -> Response<SimBody> {
-    json_response(
-        StatusCode::BAD_REQUEST,
-        error_body(message, "BadRequestError", 400).to_string(),
-    )
-}
-
-/// A response body fed by the generating task.
-struct ChannelBody(mpsc::Receiver<Result<Frame<Bytes>, SimAbort>>);
-
-impl Body for ChannelBody {
-    type Data = Bytes;
-    type Error = SimAbort;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, SimAbort>>> {
-        self.0.poll_recv(cx)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn prompt_tokens_are_a_quarter_of_the_text() {
-        let request: GenerationRequest = serde_json::from_str(
-            r#"{"messages":[{"role":"user","content":"one two three"},{"role":"user","content":[{"type":"text","text":"xyz"}]}]}"#,
-        )
-        .unwrap();
-        assert_eq!(prompt_tokens(&request), 4, "16 characters");
-        let request: GenerationRequest = serde_json::from_str(r#"{"prompt":"a b"}"#).unwrap();
-        assert_eq!(prompt_tokens(&request), 1, "at least one");
-    }
 }
