@@ -19,24 +19,14 @@ fn engine() -> Arc<SloEngine> {
 
 fn request(outcome: Outcome, ttft_ms: u64, tpot_ms: u64) -> RequestRecord {
     RequestRecord {
-        model: "m".into(),
-        operation: Operation::Chat,
         outcome,
         ttft: Some(Duration::from_millis(ttft_ms)),
         answer_ttft: Some(Duration::from_millis(ttft_ms)),
         tpot_per_choice: vec![Duration::from_millis(tpot_ms)],
-        e2e: Duration::from_secs(1),
         output_tokens: Some(10),
         input_tokens: Some(5),
-        reasoning_tokens: None,
         token_events: 10,
-        count_source: None,
-        load: None,
-        engine: None,
-        engine_context: None,
-        trace: None,
-        provider: None,
-        unmeasured: None,
+        ..RequestRecord::new("m".into(), Operation::Chat, Duration::from_secs(1))
     }
 }
 

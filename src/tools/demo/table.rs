@@ -326,24 +326,13 @@ mod tests {
 
     fn record(model: &str, operation: crate::record::Operation, ttft_ms: f64, tpot_ms: f64) -> RequestRecord {
         RequestRecord {
-            model: model.into(),
-            operation,
-            outcome: crate::record::Outcome::Success,
             ttft: Some(Duration::from_secs_f64(ttft_ms / 1e3)),
             answer_ttft: Some(Duration::from_secs_f64(2.0 * ttft_ms / 1e3)),
             tpot_per_choice: vec![Duration::from_secs_f64(tpot_ms / 1e3)],
-            e2e: Duration::from_secs(1),
             output_tokens: Some(32),
             input_tokens: Some(8),
-            reasoning_tokens: None,
             token_events: 32,
-            count_source: None,
-            load: None,
-            engine: None,
-            engine_context: None,
-            trace: None,
-            provider: None,
-            unmeasured: None,
+            ..RequestRecord::new(model.into(), operation, Duration::from_secs(1))
         }
     }
 
