@@ -438,6 +438,15 @@ fn use_trees_and_paths_in_place_are_read_whole() {
 }
 
 #[test]
+fn the_record_imports_nothing_of_the_crate() {
+    let imported: Vec<_> = imports(&crate_sources())
+        .into_iter()
+        .filter(|(parent, from, _)| parent.is_empty() && from == "record")
+        .collect();
+    assert!(imported.is_empty(), "the record is the ground floor: {imported:?}");
+}
+
+#[test]
 fn nothing_below_the_cli_imports_it() {
     let offenders: Vec<String> = crate_sources()
         .into_iter()
