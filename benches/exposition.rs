@@ -21,6 +21,7 @@ fn busy_metrics() -> Metrics {
             engine: Some(Engine::Vllm),
             models: models.clone(),
             max_models: MODELS,
+            ..RecorderSettings::default()
         },
         ..MeasurementSettings::default()
     });
@@ -56,6 +57,9 @@ fn busy_metrics() -> Metrics {
                     trace: None,
                     provider: Some(Engine::Vllm),
                     unmeasured: None,
+                    tenant: None,
+                    tenant_source: None,
+                    targets: Default::default(),
                 });
             }
         }

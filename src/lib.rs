@@ -32,6 +32,7 @@ pub mod record;
 pub mod serve;
 pub mod sidecar;
 pub mod slo;
+pub mod tenant;
 pub mod tools;
 pub mod upstream;
 

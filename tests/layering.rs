@@ -18,7 +18,7 @@ const FLOORS: &[&[&str]] = &[
     &["proxy"],
     &["observe"],
     &["metrics", "slo", "capacity", "otel", "engine", "gpu"],
-    &["record", "proto", "upstream", "provider", "quantile", "flags"],
+    &["record", "proto", "upstream", "provider", "quantile", "flags", "tenant"],
 ];
 
 /// A source file: its module path (`src/observe/stream.rs` is `observe::stream`, a `mod.rs`

@@ -7,6 +7,7 @@ use super::{defaults, Config, ConfigError, EngineSetting, LogFormat, Overrides};
 use crate::engine::EngineMetricsMode;
 use crate::gpu::GpuSettings;
 use crate::metrics::buckets::BucketOverrides;
+use crate::observe::tenants::{BodyField, SourceSetting, TenantSettings, DEFAULT_MAX_TENANTS};
 use crate::otel::settings::OtelConfig;
 use crate::slo::spec::{GoodputEntry, SloEntry, SloFile, SloSet};
 use serde::Deserialize;
@@ -74,6 +75,8 @@ pub(super) struct FileConfig {
     pub(super) gpu: Option<GpuFile>,
     pub(super) capacity: Option<CapacityFile>,
     pub(super) otel: Option<OtelConfig>,
+    pub(super) tenants: Option<TenantsFile>,
+    pub(super) per_request_slos: Option<bool>,
 }
 
 /// `capacity:` as written.
@@ -82,6 +85,87 @@ pub(super) struct FileConfig {
 pub(super) struct CapacityFile {
     #[serde(default, with = "humantime_serde")]
     window: Option<Duration>,
+}
+
+/// `tenants:` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TenantsFile {
+    #[serde(default)]
+    from: Vec<TenantSourceFile>,
+    names: Option<Vec<String>>,
+    max_tenants: Option<usize>,
+}
+
+/// One entry of `tenants.from`: exactly one of its keys.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantSourceFile {
+    header: Option<String>,
+    api_keys: Option<PathBuf>,
+    body: Option<String>,
+}
+
+/// Most tenant labels a sidecar may keep: each multiplies the tenant families' series.
+const MAX_TENANTS_LIMIT: usize = 1000;
+
+/// `tenants:` read and checked: header names, body fields, the API key tables (read now; a
+/// key is never part of an error).
+fn tenant_settings(file: Option<TenantsFile>) -> Result<TenantSettings, ConfigError> {
+    let Some(file) = file else {
+        return Ok(TenantSettings::default());
+    };
+    let mut from = Vec::new();
+    for (i, source) in file.from.into_iter().enumerate() {
+        let key = |name: &str| format!("tenants.from[{i}].{name}");
+        from.push(match (source.header, source.api_keys, source.body) {
+            (Some(header), None, None) => SourceSetting::Header(
+                http::HeaderName::from_bytes(header.as_bytes())
+                    .map_err(|_| ConfigError::invalid(&key("header"), format!("`{header}` is not a header name")))?,
+            ),
+            (None, Some(path), None) => {
+                let table = read_api_keys(&path).map_err(|message| ConfigError::invalid(&key("api_keys"), message))?;
+                SourceSetting::ApiKeys { path, table }
+            }
+            (None, None, Some(body)) => SourceSetting::Body(BodyField::parse(&body).ok_or_else(|| {
+                ConfigError::invalid(
+                    &key("body"),
+                    format!("`{body}` is not one of safety_identifier, user, metadata.user_id"),
+                )
+            })?),
+            _ => {
+                return Err(ConfigError::invalid(
+                    &format!("tenants.from[{i}]"),
+                    "give exactly one of header, api_keys, body",
+                ))
+            }
+        });
+    }
+    let max_tenants = file.max_tenants.unwrap_or(DEFAULT_MAX_TENANTS);
+    if max_tenants > MAX_TENANTS_LIMIT {
+        return Err(ConfigError::invalid(
+            "tenants.max_tenants",
+            format!("at most {MAX_TENANTS_LIMIT}: each tenant multiplies the tenant families' series"),
+        ));
+    }
+    Ok(TenantSettings {
+        from,
+        names: file.names.unwrap_or_default(),
+        max_tenants,
+    })
+}
+
+/// The table of tenant → API keys in `path` (a YAML mapping of names to lists of keys).
+fn read_api_keys(path: &Path) -> Result<std::collections::HashMap<String, Vec<String>>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    // A parse error could quote a key: say where, never what.
+    serde_yaml::from_str(&text).map_err(|e| {
+        format!(
+            "{} is not a mapping of tenant names to lists of keys (line {})",
+            path.display(),
+            e.location().map_or(0, |l| l.line())
+        )
+    })
 }
 
 /// `gpu:` as written.
@@ -182,6 +266,8 @@ impl Config {
                 .and_then(|c| c.window)
                 .unwrap_or(crate::capacity::DEFAULT_WINDOW),
             otel: f.otel.unwrap_or_default(),
+            tenants: tenant_settings(f.tenants)?,
+            per_request_slos: f.per_request_slos.unwrap_or(true),
             file: None,
             file_error: None,
             overrides,

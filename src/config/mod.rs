@@ -21,6 +21,7 @@ mod validate;
 use crate::engine::EngineMetricsMode;
 use crate::gpu::GpuSettings;
 use crate::metrics::buckets::BucketOverrides;
+use crate::observe::tenants::TenantSettings;
 use crate::otel::settings::{OtelConfig, OtelSettings, SettingError};
 use crate::record::Engine;
 use crate::slo::spec::SloSet;
@@ -205,6 +206,10 @@ pub struct Config {
     pub capacity_window: Duration,
     /// `otel:`: OTLP export, under the `OTEL_*` variables.
     pub otel: OtelConfig,
+    /// `tenants:`: whom requests serve (no sources: no `tenant` label).
+    pub tenants: TenantSettings,
+    /// `per_request_slos`: a request's own latency targets judge its goodput.
+    pub per_request_slos: bool,
     /// The file it was read from, re-read on reload.
     pub file: Option<PathBuf>,
     /// The flags and environment it was merged with, applied again on reload.

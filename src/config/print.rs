@@ -2,6 +2,7 @@
 
 use super::{Config, LogFormat};
 use crate::metrics::buckets::BucketOverrides;
+use crate::observe::tenants::SourceSetting;
 use crate::otel::settings::OtelConfig;
 use std::time::Duration;
 
@@ -59,6 +60,7 @@ impl Config {
             "log_format": match self.log_format { LogFormat::Text => "text", LogFormat::Json => "json" },
             "engine": engine,
             "inject_usage": self.inject_usage,
+            "per_request_slos": self.per_request_slos,
             "models": self.models,
             "max_models": self.max_models,
             "max_peek_bytes": self.max_peek_bytes,
@@ -115,6 +117,28 @@ impl Config {
             mapping.insert(
                 "otel".into(),
                 serde_json::from_value(otel).expect("plain JSON maps to YAML"),
+            );
+        }
+        if !self.tenants.from.is_empty() {
+            let from: Vec<serde_json::Value> = self
+                .tenants
+                .from
+                .iter()
+                .map(|source| match source {
+                    SourceSetting::Header(name) => serde_json::json!({"header": name.as_str()}),
+                    // The file, never its keys.
+                    SourceSetting::ApiKeys { path, .. } => serde_json::json!({"api_keys": path}),
+                    SourceSetting::Body(field) => serde_json::json!({"body": field.as_str()}),
+                })
+                .collect();
+            let tenants = serde_json::json!({
+                "from": from,
+                "names": self.tenants.names,
+                "max_tenants": self.tenants.max_tenants,
+            });
+            mapping.insert(
+                "tenants".into(),
+                serde_json::from_value(tenants).expect("plain JSON maps to YAML"),
             );
         }
         mapping.insert("slos".into(), slos.into());

@@ -4,6 +4,7 @@ use crate::record::CountSource;
 use crate::record::Operation;
 use crate::record::Outcome;
 use crate::record::{TraceRef, UnmeasuredReason};
+use crate::tenant::TenantLabel;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use std::fmt::Write;
 
@@ -28,6 +29,36 @@ pub struct RequestLabels {
     pub operation: Operation,
     /// Engine kind.
     pub provider: String,
+}
+
+/// `model`, `operation`, `provider` and, with tenants, `tenant`: the token counters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct TenantRequestLabels {
+    /// The request's labels.
+    #[prometheus(flatten)]
+    pub request: RequestLabels,
+    /// Its tenant.
+    #[prometheus(flatten)]
+    pub tenant: TenantLabel,
+}
+
+/// `model`, `operation`, `provider`, `outcome` and, with tenants, `tenant`: the request
+/// counter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct TenantOutcomeLabels {
+    /// The request's labels and outcome.
+    #[prometheus(flatten)]
+    pub outcome: OutcomeLabels,
+    /// Its tenant.
+    #[prometheus(flatten)]
+    pub tenant: TenantLabel,
+}
+
+/// `source` of a request's tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct TenantSourceLabels {
+    /// Where the tenant was read from, or `none`.
+    pub source: &'static str,
 }
 
 /// An exemplar's labels: the trace and span of the observation (Grafana links `trace_id`).

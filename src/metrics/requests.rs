@@ -7,15 +7,16 @@
 use super::buckets::{self, BucketOverrides, Buckets};
 use super::labels::{
     ClientTimeoutLabels, CountSourceLabels, ExemplarLabels, InFlightLabels, OutcomeLabels, RefusalLabels,
-    RequestLabels, TokenLabels, UnmeasuredLabels,
+    RequestLabels, TenantOutcomeLabels, TenantRequestLabels, TenantSourceLabels, TokenLabels, UnmeasuredLabels,
 };
 use super::limits::{GaugeGuard, LimitCounters};
 use super::native::{ClassicAndNative, ExemplarHistograms};
 use super::{phases, ClientTimeout, RefusalReason, Registry};
 use crate::record::{
-    CountSource, Engine, Ongoing, Operation, Outcome, Reader, RequestRecord, Started, UnmeasuredReason,
+    CountSource, Engine, Ongoing, Operation, Outcome, Reader, RequestRecord, Started, TenantSource, UnmeasuredReason,
 };
 use crate::slo::spec::{SloKind, SloSet};
+use crate::tenant::TenantLabel;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -83,15 +84,19 @@ pub struct RequestFamilies {
     duration: ExemplarFamily<OutcomeLabels>,
     token_usage: HistogramFamily<TokenLabels>,
     phases: phases::EnginePhases,
-    requests: Family<OutcomeLabels, Counter>,
-    output_tokens: Family<RequestLabels, Counter>,
-    input_tokens: Family<RequestLabels, Counter>,
-    reasoning_tokens: Family<RequestLabels, Counter>,
+    requests: Family<TenantOutcomeLabels, Counter>,
+    output_tokens: Family<TenantRequestLabels, Counter>,
+    input_tokens: Family<TenantRequestLabels, Counter>,
+    reasoning_tokens: Family<TenantRequestLabels, Counter>,
     in_flight: Family<InFlightLabels, Gauge>,
     limits: LimitCounters,
     engine_fields_unreadable: Counter,
     count_sources: Family<CountSourceLabels, Counter>,
     unmeasured: Family<UnmeasuredLabels, Counter>,
+    /// The tenant labels whose series are created at zero: `[None]` without tenants.
+    tenants: Vec<TenantLabel>,
+    /// Where requests' tenants were read from (registered only with tenants).
+    tenant_sources: Family<TenantSourceLabels, Counter>,
 }
 
 /// The generation APIs `engine` serves, whose series are created at zero for every known
@@ -126,8 +131,14 @@ impl Ongoing for InFlightRequest {
 
 impl RequestFamilies {
     /// Builds the families with `edges` and registers them (and the limit counters) in
-    /// `registry`.
-    pub fn new(edges: &Edges, overrides: &BucketOverrides, registry: &mut Registry) -> Self {
+    /// `registry`; with `tenants` (the labels known from the start), the request and token
+    /// counters carry a `tenant` label.
+    pub fn new(
+        edges: &Edges,
+        overrides: &BucketOverrides,
+        tenants: Option<Vec<String>>,
+        registry: &mut Registry,
+    ) -> Self {
         let families = Self {
             ttft: ExemplarHistograms::new(edges.ttft.clone()),
             answer_ttft: ExemplarHistograms::new(edges.answer_ttft.clone()),
@@ -146,8 +157,23 @@ impl RequestFamilies {
             engine_fields_unreadable: Counter::default(),
             count_sources: Family::default(),
             unmeasured: Family::default(),
+            tenants: match &tenants {
+                Some(known) => known.iter().map(|t| TenantLabel(Some(t.clone()))).collect(),
+                None => vec![TenantLabel(None)],
+            },
+            tenant_sources: Family::default(),
         };
         families.register(registry);
+        if tenants.is_some() {
+            registry.families.register(
+                "llmslo_tenant_sources",
+                "Measured requests by where their tenant was read from (header, api_key, body), or none",
+                families.tenant_sources.clone(),
+            );
+            for source in TenantSource::ALL.map(TenantSource::as_str).into_iter().chain(["none"]) {
+                drop(families.tenant_sources.get_or_create(&TenantSourceLabels { source }));
+            }
+        }
         families
     }
 
@@ -294,6 +320,13 @@ fn outcome_labels(labels: &RequestLabels, outcome: Outcome) -> OutcomeLabels {
     }
 }
 
+fn with_tenant(labels: &RequestLabels, tenant: &TenantLabel) -> TenantRequestLabels {
+    TenantRequestLabels {
+        request: labels.clone(),
+        tenant: tenant.clone(),
+    }
+}
+
 fn token_labels(labels: &RequestLabels, token_type: &'static str) -> TokenLabels {
     TokenLabels {
         model: labels.model.clone(),
@@ -318,9 +351,12 @@ impl Reader for RequestFamilies {
             for family in [&self.inter_chunk, &self.tokens_per_chunk] {
                 drop(family.get_or_create(&labels));
             }
-            drop(self.output_tokens.get_or_create(&labels));
-            drop(self.input_tokens.get_or_create(&labels));
-            drop(self.reasoning_tokens.get_or_create(&labels));
+            for tenant in &self.tenants {
+                let labels = with_tenant(&labels, tenant);
+                for family in [&self.output_tokens, &self.input_tokens, &self.reasoning_tokens] {
+                    drop(family.get_or_create(&labels));
+                }
+            }
             for token_type in ["input", "output"] {
                 drop(self.token_usage.get_or_create(&token_labels(&labels, token_type)));
             }
@@ -330,7 +366,12 @@ impl Reader for RequestFamilies {
             }));
             for outcome in Outcome::ALL {
                 let labels = outcome_labels(&labels, outcome);
-                drop(self.requests.get_or_create(&labels));
+                for tenant in &self.tenants {
+                    drop(self.requests.get_or_create(&TenantOutcomeLabels {
+                        outcome: labels.clone(),
+                        tenant: tenant.clone(),
+                    }));
+                }
                 self.duration.create(&labels);
             }
         }
@@ -356,6 +397,12 @@ impl Reader for RequestFamilies {
             self.unmeasured.get_or_create(&UnmeasuredLabels { reason }).inc();
         }
         let labels = self.request_labels(&record.model, record.operation, record.provider);
+        let tenant = TenantLabel(record.tenant.clone());
+        let counted = with_tenant(&labels, &tenant);
+        if tenant.0.is_some() {
+            let source = record.tenant_source.map_or("none", TenantSource::as_str);
+            self.tenant_sources.get_or_create(&TenantSourceLabels { source }).inc();
+        }
         let exemplar = record.trace.map(ExemplarLabels::from);
         if let Some(ttft) = record.ttft {
             self.ttft.observe(&labels, ttft.as_secs_f64(), exemplar.clone());
@@ -374,7 +421,7 @@ impl Reader for RequestFamilies {
             self.phases.observe_waiting(&labels, waiting);
         }
         if let Some(n) = record.reasoning_tokens {
-            self.reasoning_tokens.get_or_create(&labels).inc_by(n);
+            self.reasoning_tokens.get_or_create(&counted).inc_by(n);
         }
         for tpot in &record.tpot_per_choice {
             self.tpot.observe(&labels, tpot.as_secs_f64(), exemplar.clone());
@@ -383,13 +430,13 @@ impl Reader for RequestFamilies {
             self.tokens_per_chunk.get_or_create(&labels).observe(mean);
         }
         if let Some(n) = record.output_tokens {
-            self.output_tokens.get_or_create(&labels).inc_by(n);
+            self.output_tokens.get_or_create(&counted).inc_by(n);
             self.token_usage
                 .get_or_create(&token_labels(&labels, "output"))
                 .observe(n as f64);
         }
         if let Some(n) = record.input_tokens {
-            self.input_tokens.get_or_create(&labels).inc_by(n);
+            self.input_tokens.get_or_create(&counted).inc_by(n);
             self.token_usage
                 .get_or_create(&token_labels(&labels, "input"))
                 .observe(n as f64);
@@ -398,7 +445,12 @@ impl Reader for RequestFamilies {
             self.count_sources.get_or_create(&CountSourceLabels { source }).inc();
         }
         let labels = outcome_labels(&labels, record.outcome);
-        self.requests.get_or_create(&labels).inc();
+        self.requests
+            .get_or_create(&TenantOutcomeLabels {
+                outcome: labels.clone(),
+                tenant,
+            })
+            .inc();
         self.duration.observe(&labels, record.e2e.as_secs_f64(), exemplar);
     }
 }
@@ -418,6 +470,7 @@ mod tests {
         let families = Arc::new(RequestFamilies::new(
             &Edges::new(&overrides, &SloSet::default()),
             &overrides,
+            None,
             &mut registry,
         ));
         for model in models {

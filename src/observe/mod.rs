@@ -20,6 +20,7 @@ pub mod sse;
 pub mod steps;
 pub mod stream;
 pub mod strip;
+pub mod tenants;
 pub mod tgi;
 pub mod tokens;
 pub mod tracker;

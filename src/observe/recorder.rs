@@ -3,12 +3,17 @@
 //! record to the readers (the one fan-out the sidecar's assembly composed).
 
 use super::models::ModelNames;
+use super::tenants::{BodyIds, Tenants};
 use crate::capacity::meter::{InFlight, LoadMeter};
 use crate::engine::EngineView;
 use crate::metrics::limits::LimitCounters;
 use crate::provider::Provider;
-use crate::record::{Engine, EngineMoment, Ongoing, Operation, Reader, Readers, RequestRecord, Started};
+use crate::record::{
+    Engine, EngineMoment, Ongoing, Operation, Reader, Readers, RequestRecord, RequestTargets, Started, TenantSource,
+};
+use http::HeaderMap;
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::time::Instant;
 use tracing::info;
 
@@ -21,6 +26,8 @@ pub struct RecorderSettings {
     pub models: Vec<String>,
     /// How many distinct models are learned before the rest become `other`.
     pub max_models: usize,
+    /// Whether a request's own latency targets (`x-llm-d-slo-ttft-ms`, …) judge its goodput.
+    pub per_request_slos: bool,
 }
 
 impl Default for RecorderSettings {
@@ -29,6 +36,7 @@ impl Default for RecorderSettings {
             engine: None,
             models: Vec::new(),
             max_models: super::models::DEFAULT_MAX_MODELS,
+            per_request_slos: true,
         }
     }
 }
@@ -45,6 +53,9 @@ pub struct Recorder {
     /// The engine's `/metrics` as last read, when llmslo reads them.
     engine_view: Option<Arc<EngineView>>,
     limits: LimitCounters,
+    /// Whom requests serve, when tenants are configured.
+    tenants: Option<Arc<Tenants>>,
+    per_request_slos: bool,
 }
 
 /// What a request holds from its start to its end.
@@ -75,6 +86,8 @@ impl Recorder {
         limits: LimitCounters,
     ) -> Self {
         let recorder = Self {
+            tenants: None,
+            per_request_slos: settings.per_request_slos,
             readers,
             provider: Provider::new(settings.engine),
             models: ModelNames::new(&settings.models, settings.max_models),
@@ -84,6 +97,34 @@ impl Recorder {
         };
         recorder.announce_models();
         recorder
+    }
+
+    /// Labels requests with their tenant as `tenants` read them.
+    pub fn with_tenants(mut self, tenants: Option<Arc<Tenants>>) -> Self {
+        self.tenants = tenants;
+        self
+    }
+
+    /// The request's tenant label and the source that named it, when tenants are configured.
+    pub fn tenant(&self, headers: &HeaderMap, body: BodyIds<'_>) -> Option<(String, Option<TenantSource>)> {
+        self.tenants.as_ref().map(|tenants| tenants.label(headers, body))
+    }
+
+    /// The latency targets the request states itself, when per-request SLOs are on.
+    pub fn targets(&self, headers: &HeaderMap) -> RequestTargets {
+        if !self.per_request_slos {
+            return RequestTargets::default();
+        }
+        let ms = |names: [&str; 2]| {
+            names.iter().find_map(|name| {
+                let value: f64 = headers.get(*name)?.to_str().ok()?.trim().parse().ok()?;
+                (value.is_finite() && value > 0.0 && value < 1e9).then(|| Duration::from_secs_f64(value / 1e3))
+            })
+        };
+        RequestTargets {
+            ttft: ms(["x-llm-d-slo-ttft-ms", "x-slo-ttft-ms"]),
+            tpot: ms(["x-llm-d-slo-tpot-ms", "x-slo-tpot-ms"]),
+        }
     }
 
     /// The engine, when configured or learned.

@@ -10,8 +10,8 @@ use super::tokens::TokenCounter;
 use super::{messages, openai, responses, tgi};
 use crate::otel::spans::RequestSpan;
 use crate::record::{
-    CountSource, Engine, EngineContext, EngineMoment, Ongoing, Operation, Outcome, Protocol, RequestRecord, TraceRef,
-    UnmeasuredReason,
+    CountSource, Engine, EngineContext, EngineMoment, Ongoing, Operation, Outcome, Protocol, RequestRecord,
+    RequestTargets, TenantSource, TraceRef, UnmeasuredReason,
 };
 use bytes::Bytes;
 use http::{header, HeaderMap, StatusCode};
@@ -52,6 +52,10 @@ pub struct RequestTracker {
     engine_at_arrival: Option<EngineMoment>,
     /// The trace its observations point to.
     trace: Trace,
+    /// Its tenant and where it was read from, when tenants are configured.
+    tenant: Option<(String, Option<TenantSource>)>,
+    /// The latency targets it states itself.
+    targets: RequestTargets,
 }
 
 /// The trace a request's observations point to (its exemplars).
@@ -154,7 +158,15 @@ impl RequestTracker {
             response: ResponseKind::Waiting,
             finished: false,
             trace: Trace::None,
+            tenant: None,
+            targets: RequestTargets::default(),
         }
+    }
+
+    /// Labels the request with its tenant, and the targets it states (from its head and body).
+    pub fn serving(&mut self, tenant: Option<(String, Option<TenantSource>)>, targets: RequestTargets) {
+        self.tenant = tenant;
+        self.targets = targets;
     }
 
     /// Ends `span` with the request, and points the request's exemplars at it.
@@ -307,6 +319,11 @@ impl RequestTracker {
             .zip(self.recorder.engine_moment())
             .map(|(arrival, end)| EngineContext::between(arrival, end));
         record.provider = self.recorder.engine();
+        if let Some((tenant, source)) = self.tenant.take() {
+            record.tenant = Some(tenant);
+            record.tenant_source = source;
+        }
+        record.targets = self.targets;
         record.trace = match &self.trace {
             Trace::None => None,
             Trace::Span(span) => span.trace(),

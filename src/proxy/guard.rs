@@ -9,6 +9,7 @@ use super::headers::content_length;
 use super::request_body::{BodyDeadlines, ClientBody, ClientFault};
 use super::ProxyBody;
 use crate::observe::recorder::Recorder;
+use crate::observe::tenants::BodyIds;
 use crate::observe::tracker::{End, RequestTracker};
 use crate::record::Operation;
 use crate::record::Outcome;
@@ -111,8 +112,13 @@ where
             // Refused before a byte of the body is read: the upload need not finish first.
             let fault = ClientFault::TooLarge(body_limit);
             if let Some(operation) = operation {
-                RequestTracker::start(recorder.clone(), None, operation, t0, settings.max_event_bytes)
-                    .finish(End::Failed(Outcome::ClientError), Instant::now());
+                let mut tracker =
+                    RequestTracker::start(recorder.clone(), None, operation, t0, settings.max_event_bytes);
+                tracker.serving(
+                    recorder.tenant(&parts.headers, BodyIds::default()),
+                    recorder.targets(&parts.headers),
+                );
+                tracker.finish(End::Failed(Outcome::ClientError), Instant::now());
             }
             debug!(%fault, "request refused: the client's body");
             return Box::pin(std::future::ready(Ok(ProxyError::Client(fault).into_response())));

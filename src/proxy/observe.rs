@@ -21,6 +21,7 @@ use super::{ProxyBody, UpstreamBody};
 use crate::metrics::RefusalReason;
 use crate::observe::body::ObservedBody;
 use crate::observe::recorder::Recorder;
+use crate::observe::tenants::BodyIds;
 use crate::observe::tokens::TokenCounter;
 use crate::observe::tracker::{End, RequestTracker};
 use crate::otel::context;
@@ -31,7 +32,7 @@ use crate::record::Operation;
 use crate::record::Outcome;
 use crate::upstream::BoxError;
 use bytes::Bytes;
-use http::{header, Request, Response};
+use http::{header, HeaderMap, Request, Response};
 use http_body_util::BodyExt;
 use hyper::body::Body;
 use std::future::Future;
@@ -185,7 +186,7 @@ impl Shared {
             Ok(read) => read,
             Err(PeekError::Client(fault)) => {
                 debug!(%fault, "request refused: the client's body");
-                self.track(operation, &RequestFields::default(), t0)
+                self.track(operation, &parts.headers, &RequestFields::default(), t0)
                     .finish(End::Failed(fault.outcome()), Instant::now());
                 return Ok(ProxyError::Client(fault).into_response());
             }
@@ -194,7 +195,7 @@ impl Shared {
                 return Ok(ProxyError::Overloaded(RefusalReason::RequestBufferFull).into_response());
             }
         };
-        let mut tracker = self.track(operation, &fields, t0);
+        let mut tracker = self.track(operation, &parts.headers, &fields, t0);
         if injected_usage {
             tracker.strip_usage_chunk();
         }
@@ -279,14 +280,22 @@ impl Shared {
         }
     }
 
-    fn track(&self, operation: Operation, fields: &RequestFields, t0: Instant) -> RequestTracker {
-        RequestTracker::start(
+    /// Starts tracking a request with its model, its tenant and the targets it states.
+    fn track(&self, operation: Operation, headers: &HeaderMap, fields: &RequestFields, t0: Instant) -> RequestTracker {
+        let mut tracker = RequestTracker::start(
             self.recorder.clone(),
             fields.model.as_deref(),
             operation,
             t0,
             self.settings.max_event_bytes,
-        )
+        );
+        let body = BodyIds {
+            safety_identifier: fields.safety_identifier.as_deref(),
+            user: fields.user.as_deref(),
+            metadata_user_id: fields.metadata_user_id.as_deref(),
+        };
+        tracker.serving(self.recorder.tenant(headers, body), self.recorder.targets(headers));
+        tracker
     }
 }
 

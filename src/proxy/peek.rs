@@ -26,6 +26,27 @@ pub struct RequestFields {
     /// `stream_options`, when present.
     #[serde(default)]
     pub stream_options: Option<StreamOptions>,
+    /// OpenAI's `safety_identifier`, when a string (a tenant source).
+    #[serde(default, deserialize_with = "string_or_none")]
+    pub safety_identifier: Option<String>,
+    /// OpenAI's `user`, when a string (a tenant source).
+    #[serde(default, deserialize_with = "string_or_none")]
+    pub user: Option<String>,
+    /// Anthropic's `metadata.user_id`, when a string (a tenant source).
+    #[serde(default, rename = "metadata", deserialize_with = "user_id_or_none")]
+    pub metadata_user_id: Option<String>,
+}
+
+/// A string field's value; any other JSON value reads as absent, never as a failed body.
+fn string_or_none<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
+    let value = serde_json::Value::deserialize(deserializer)?;
+    Ok(value.as_str().map(str::to_string))
+}
+
+/// `metadata.user_id` when `metadata` is an object holding a string `user_id`.
+fn user_id_or_none<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Option<String>, D::Error> {
+    let value = serde_json::Value::deserialize(deserializer)?;
+    Ok(value.get("user_id").and_then(|v| v.as_str()).map(str::to_string))
 }
 
 /// The part of `stream_options` llmslo reads.
@@ -434,6 +455,31 @@ mod tests {
         assert!(parse_fields(&null).asked_for_usage());
         assert!(with_usage_requested(b"[1]").is_none());
         assert!(with_usage_requested(b"{oops").is_none());
+    }
+
+    #[test]
+    fn tenant_fields_are_read_when_strings_and_never_fail_the_body() {
+        let fields =
+            parse_fields(br#"{"model":"m","user":"u1","safety_identifier":"s1","metadata":{"user_id":"a1","x":[1]}}"#);
+        assert_eq!(fields.model.as_deref(), Some("m"));
+        assert_eq!(
+            (
+                fields.user.as_deref(),
+                fields.safety_identifier.as_deref(),
+                fields.metadata_user_id.as_deref()
+            ),
+            (Some("u1"), Some("s1"), Some("a1"))
+        );
+        let odd = parse_fields(br#"{"model":"m","user":7,"safety_identifier":null,"metadata":"x"}"#);
+        assert_eq!(
+            odd.model.as_deref(),
+            Some("m"),
+            "an odd tenant field never hides the model"
+        );
+        assert_eq!(
+            (odd.user, odd.safety_identifier, odd.metadata_user_id),
+            (None, None, None)
+        );
     }
 
     #[test]

@@ -116,6 +116,13 @@ pub struct RequestRecord {
     pub provider: Option<Engine>,
     /// Why its successful response could not be read, when it could not.
     pub unmeasured: Option<UnmeasuredReason>,
+    /// Its tenant's label, when tenants are configured (`unknown` when no source named one).
+    pub tenant: Option<String>,
+    /// Where its tenant was read from, when a source named one.
+    pub tenant_source: Option<TenantSource>,
+    /// The latency targets the request carried itself (`x-llm-d-slo-ttft-ms` and the like),
+    /// when per-request SLOs are on.
+    pub targets: RequestTargets,
 }
 
 impl RequestRecord {
@@ -140,6 +147,9 @@ impl RequestRecord {
             trace: None,
             provider: None,
             unmeasured: None,
+            tenant: None,
+            tenant_source: None,
+            targets: RequestTargets::default(),
         }
     }
 
@@ -218,5 +228,56 @@ impl UnmeasuredReason {
             UnmeasuredReason::DecodeError => "decode_error",
             UnmeasuredReason::OversizedEvent => "oversized_event",
         }
+    }
+}
+
+/// Where a request's tenant was read from (`llmslo_tenant_sources_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TenantSource {
+    /// A configured request header.
+    Header,
+    /// The API key, through the configured table.
+    ApiKey,
+    /// A body field (`safety_identifier`, `user`, `metadata.user_id`).
+    Body,
+}
+
+impl TenantSource {
+    /// Every source, in label order.
+    pub const ALL: [TenantSource; 3] = [TenantSource::Header, TenantSource::ApiKey, TenantSource::Body];
+
+    /// The `source` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TenantSource::Header => "header",
+            TenantSource::ApiKey => "api_key",
+            TenantSource::Body => "body",
+        }
+    }
+}
+
+/// Latency targets a request states for itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RequestTargets {
+    /// Its own TTFT target.
+    pub ttft: Option<Duration>,
+    /// Its own TPOT target.
+    pub tpot: Option<Duration>,
+}
+
+impl RequestTargets {
+    /// Whether it states any target.
+    pub fn any(&self) -> bool {
+        self.ttft.is_some() || self.tpot.is_some()
+    }
+
+    /// Whether `record` met every target it states (a record without a TTFT or TPOT misses
+    /// a target on it).
+    pub fn met_by(&self, record: &RequestRecord) -> bool {
+        let within = |value: Option<Duration>, target: Option<Duration>| match target {
+            None => true,
+            Some(target) => value.is_some_and(|v| v <= target),
+        };
+        within(record.ttft, self.ttft) && within(record.tpot(), self.tpot)
     }
 }

@@ -11,6 +11,7 @@ use crate::metrics::buckets::BucketOverrides;
 use crate::metrics::requests::{Edges, RequestFamilies};
 use crate::metrics::{Appended, Metrics, Registry};
 use crate::observe::recorder::{Recorder, RecorderSettings};
+use crate::observe::tenants::{TenantSettings, Tenants};
 use crate::otel::metrics::{Boundaries, OtelMetrics};
 use crate::proto;
 use crate::record::{Reader, Readers};
@@ -29,6 +30,8 @@ pub struct MeasurementSettings {
     pub buckets: BucketOverrides,
     /// The SLOs judged live; their latency thresholds become exact bucket edges.
     pub slos: SloSet,
+    /// Whom requests serve (`tenants:`); no sources, no `tenant` label anywhere.
+    pub tenants: TenantSettings,
     /// How far back the live capacity model looks (`capacity.window`).
     pub capacity_window: Duration,
     /// What is done with the engine's own `/metrics` (`engine_metrics`).
@@ -48,6 +51,7 @@ impl Default for MeasurementSettings {
             recorder: RecorderSettings::default(),
             buckets: BucketOverrides::default(),
             slos: SloSet::default(),
+            tenants: TenantSettings::default(),
             capacity_window: DEFAULT_WINDOW,
             engine_metrics: EngineMetricsMode::default(),
             otlp: None,
@@ -74,7 +78,9 @@ impl Measurement {
     /// Builds and registers every reader, in the order their families appear on `/metrics`.
     pub fn new(settings: MeasurementSettings) -> Self {
         let mut registry = Registry::default();
-        let slo = SloEngine::new(settings.slos.clone(), registry.families());
+        let tenants = Tenants::new(&settings.tenants).map(Arc::new);
+        let known = tenants.as_ref().map(|t| t.known());
+        let slo = SloEngine::with_tenants(settings.slos.clone(), known.clone(), registry.families());
         let load = Arc::new(LoadMeter::default());
         let capacity = CapacityEngine::new(settings.capacity_window, slo.clone(), load.clone(), registry.families());
         let engine_view = EngineView::new(settings.engine_metrics);
@@ -82,7 +88,7 @@ impl Measurement {
             .families()
             .register_collector(Box::new(EngineCollector(engine_view.clone())));
         let edges = Edges::new(&settings.buckets, &settings.slos);
-        let families = Arc::new(RequestFamilies::new(&edges, &settings.buckets, &mut registry));
+        let families = Arc::new(RequestFamilies::new(&edges, &settings.buckets, known, &mut registry));
         if let Some(gpu) = settings.gpu {
             registry.families().register_collector(Box::new(GpuCollector(gpu)));
         }
@@ -99,13 +105,10 @@ impl Measurement {
             .then(|| Arc::new(EnginePage(engine_view.clone())) as Arc<dyn Appended>);
         let read = (settings.engine_metrics != EngineMetricsMode::Off).then(|| engine_view.clone());
         Self {
-            recorder: Arc::new(Recorder::new(
-                &settings.recorder,
-                Readers::new(readers),
-                load,
-                read,
-                families.limits(),
-            )),
+            recorder: Arc::new(
+                Recorder::new(&settings.recorder, Readers::new(readers), load, read, families.limits())
+                    .with_tenants(tenants),
+            ),
             metrics: Arc::new(registry.into_metrics(merged)),
             slo,
             engine_view,

@@ -4,6 +4,7 @@
 
 use super::window::WINDOWS;
 use super::{ServiceModelLabels, SloEngine, SloLabels};
+use crate::tenant::TenantLabel;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -17,6 +18,8 @@ struct SloWindowLabels {
     slo_service: String,
     slo: String,
     model: String,
+    #[prometheus(flatten)]
+    tenant: TenantLabel,
     window: &'static str,
 }
 
@@ -24,6 +27,8 @@ struct SloWindowLabels {
 struct ServiceModelWindowLabels {
     slo_service: String,
     model: String,
+    #[prometheus(flatten)]
+    tenant: TenantLabel,
     window: &'static str,
 }
 
@@ -138,6 +143,7 @@ impl Collector for SloCollector {
                     slo_service: l.slo_service.clone(),
                     slo: l.slo.clone(),
                     model: l.model.clone(),
+                    tenant: l.tenant.clone(),
                     window,
                 };
                 ConstGauge::new(*v).encode(family.encode_family(&labels)?)?;
@@ -183,6 +189,7 @@ impl Collector for SloCollector {
                 let labels = ServiceModelWindowLabels {
                     slo_service: l.slo_service.clone(),
                     model: l.model.clone(),
+                    tenant: l.tenant.clone(),
                     window,
                 };
                 ConstGauge::new(*v).encode(family.encode_family(&labels)?)?;

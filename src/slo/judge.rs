@@ -46,8 +46,12 @@ pub fn classify(slo: &Slo, record: &RequestRecord) -> Verdict {
 
 /// Whether `record` counts as goodput: it succeeded and no SLO that decides goodput
 /// ([`SloSet::decides_goodput`]) judged it bad (`verdicts` holds its verdict for each SLO of
-/// `set`, in order).
+/// `set`, in order). A request that states its own latency targets is judged by them
+/// instead: it succeeded and met every target it states.
 pub fn is_goodput(set: &SloSet, record: &RequestRecord, verdicts: &[Verdict]) -> bool {
+    if record.targets.any() {
+        return record.outcome == Outcome::Success && record.targets.met_by(record);
+    }
     record.outcome == Outcome::Success
         && verdicts
             .iter()

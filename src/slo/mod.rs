@@ -11,6 +11,7 @@ pub mod spec;
 pub mod window;
 
 use crate::record::{Engine, Outcome, Reader, RequestRecord};
+use crate::tenant::TenantLabel;
 use gauges::SloCollector;
 pub use gauges::Snapshot;
 pub use judge::{classify, is_goodput, Verdict};
@@ -35,15 +36,22 @@ pub struct SloLabels {
     pub slo: String,
     /// Normalised model.
     pub model: String,
+    /// The tenant, with tenants.
+    #[prometheus(flatten)]
+    pub tenant: TenantLabel,
 }
 
-/// `slo_service`, `model`: goodput is defined by an SLO file's `goodput.require`.
+/// `slo_service`, `model` (and `tenant`, with tenants): goodput is defined by an SLO file's
+/// `goodput.require`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
 pub struct ServiceModelLabels {
     /// The SLO file's `service`.
     pub slo_service: String,
     /// Normalised model.
     pub model: String,
+    /// The tenant, with tenants.
+    #[prometheus(flatten)]
+    pub tenant: TenantLabel,
 }
 
 /// `slo_service`, `slo`, `model`, `cause`, `evidence`: a bad event's cause and what it was
@@ -88,11 +96,19 @@ pub struct SloEngine {
     /// The capacity model's latest fit of TPOT against the requests sharing the decode, for
     /// the causes of the TPOT SLOs' bad events.
     decode_fit: Mutex<Option<cause::DecodeFit>>,
+    /// The tenant labels whose series are created at zero: `[None]` without tenants.
+    tenants: Vec<TenantLabel>,
 }
 
 impl SloEngine {
     /// An engine for `set`, registering its counters and gauges in `registry`.
     pub fn new(set: SloSet, registry: &mut Registry) -> Arc<Self> {
+        Self::with_tenants(set, None, registry)
+    }
+
+    /// [`SloEngine::new`], with a `tenant` label on every SLO and goodput series when
+    /// `tenants` (those known from the start) are given.
+    pub fn with_tenants(set: SloSet, tenants: Option<Vec<String>>, registry: &mut Registry) -> Arc<Self> {
         let engine = Arc::new(Self {
             set: RwLock::new(Arc::new(set)),
             started: Instant::now(),
@@ -104,6 +120,10 @@ impl SloEngine {
             goodput_requests: Family::default(),
             goodput_tokens: Family::default(),
             decode_fit: Mutex::new(None),
+            tenants: match tenants {
+                Some(known) => known.into_iter().map(|t| TenantLabel(Some(t))).collect(),
+                None => vec![TenantLabel(None)],
+            },
         });
         registry.register(
             "llmslo_slo_events",
@@ -166,32 +186,36 @@ impl SloEngine {
         let set = self.set();
         let now = Instant::now();
         let mut state = self.state.lock().expect("slo state lock");
-        for slo in &set.slos {
-            let labels = SloLabels {
+        for tenant in &self.tenants {
+            for slo in &set.slos {
+                let labels = SloLabels {
+                    slo_service: set.service.clone(),
+                    slo: slo.name.clone(),
+                    model: model.to_string(),
+                    tenant: tenant.clone(),
+                };
+                drop(self.events.get_or_create(&labels));
+                drop(self.bad_events.get_or_create(&labels));
+                state
+                    .slos
+                    .entry(labels)
+                    .or_insert_with(|| Windows::new(set.period, now));
+            }
+            let label = ServiceModelLabels {
                 slo_service: set.service.clone(),
-                slo: slo.name.clone(),
                 model: model.to_string(),
+                tenant: tenant.clone(),
             };
-            drop(self.events.get_or_create(&labels));
-            drop(self.bad_events.get_or_create(&labels));
+            if set.judges_goodput() {
+                drop(self.goodput_judged.get_or_create(&label));
+                drop(self.goodput_requests.get_or_create(&label));
+                drop(self.goodput_tokens.get_or_create(&label));
+            }
             state
-                .slos
-                .entry(labels)
+                .goodput
+                .entry(label)
                 .or_insert_with(|| Windows::new(set.period, now));
         }
-        let label = ServiceModelLabels {
-            slo_service: set.service.clone(),
-            model: model.to_string(),
-        };
-        if set.judges_goodput() {
-            drop(self.goodput_judged.get_or_create(&label));
-            drop(self.goodput_requests.get_or_create(&label));
-            drop(self.goodput_tokens.get_or_create(&label));
-        }
-        state
-            .goodput
-            .entry(label)
-            .or_insert_with(|| Windows::new(set.period, now));
     }
 
     /// Notes the capacity model's latest decode fit (none while it has none).
@@ -228,6 +252,7 @@ impl SloEngine {
                 slo_service: set.service.clone(),
                 slo: slo.name.clone(),
                 model: record.model.clone(),
+                tenant: TenantLabel(record.tenant.clone()),
             };
             let bad = u64::from(*verdict == Verdict::Bad);
             self.events.get_or_create(&labels).inc();
@@ -258,14 +283,17 @@ impl SloEngine {
         let label = ServiceModelLabels {
             slo_service: set.service.clone(),
             model: record.model.clone(),
+            tenant: TenantLabel(record.tenant.clone()),
         };
         let windows = state
             .goodput
             .entry(label.clone())
             .or_insert_with(|| Windows::new(set.period, now));
-        // Without SLOs there is nothing to judge goodput by: nothing is counted and its gauges
-        // read NaN (a success is not goodput by default).
-        let judged = set.judges_goodput() && !matches!(record.outcome, Outcome::ClientError | Outcome::ClientCancelled);
+
+        // Without SLOs, or targets of its own, there is nothing to judge goodput by: nothing is
+        // counted and its gauges read NaN (a success is not goodput by default).
+        let judged = (set.judges_goodput() || record.targets.any())
+            && !matches!(record.outcome, Outcome::ClientError | Outcome::ClientCancelled);
         if !judged {
             return;
         }

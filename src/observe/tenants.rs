@@ -1,0 +1,355 @@
+//! Whom a request serves: its tenant, from the first configured source that names one (a
+//! header, an API key mapped through a table, a body field), bounded like model names (the
+//! named tenants pinned, the first `max_tenants` others learned, the rest `other`). An API key
+//! is matched on a keyed hash held in memory: the key itself is never kept, logged or
+//! exported.
+
+use crate::record::TenantSource;
+use http::HeaderMap;
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::RwLock;
+
+/// `tenants.max_tenants` when none is given.
+pub const DEFAULT_MAX_TENANTS: usize = 20;
+/// The label of a request no source names a tenant for.
+pub const UNKNOWN_TENANT: &str = "unknown";
+/// The label of tenants past the bound, or whose name cannot be a label.
+pub const OTHER_TENANT: &str = "other";
+/// Longest tenant name kept as a label value.
+const MAX_TENANT_NAME_LEN: usize = 64;
+
+/// A body field that may name the tenant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyField {
+    /// OpenAI's `safety_identifier`.
+    SafetyIdentifier,
+    /// OpenAI's `user`.
+    User,
+    /// Anthropic's `metadata.user_id`.
+    MetadataUserId,
+}
+
+impl BodyField {
+    /// The field as written in the config (`safety_identifier`, `user`, `metadata.user_id`).
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "safety_identifier" => Some(BodyField::SafetyIdentifier),
+            "user" => Some(BodyField::User),
+            "metadata.user_id" => Some(BodyField::MetadataUserId),
+            _ => None,
+        }
+    }
+
+    /// The field as written in the config.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BodyField::SafetyIdentifier => "safety_identifier",
+            BodyField::User => "user",
+            BodyField::MetadataUserId => "metadata.user_id",
+        }
+    }
+}
+
+/// One place a tenant is read from, as configured.
+#[derive(Clone, PartialEq, Eq)]
+pub enum SourceSetting {
+    /// A request header (its value is the tenant).
+    Header(http::HeaderName),
+    /// The request's API key (`Authorization: Bearer …` or `x-api-key`), looked up in the
+    /// table of tenant → keys read from `path`.
+    ApiKeys {
+        /// The file the table was read from.
+        path: std::path::PathBuf,
+        /// Tenant → its keys.
+        table: HashMap<String, Vec<String>>,
+    },
+    /// A body field the request carries.
+    Body(BodyField),
+}
+
+impl std::fmt::Debug for SourceSetting {
+    /// Never the keys: their file and how many there are.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            SourceSetting::Header(name) => f.debug_tuple("Header").field(name).finish(),
+            SourceSetting::ApiKeys { path, table } => f
+                .debug_struct("ApiKeys")
+                .field("path", path)
+                .field("tenants", &table.len())
+                .finish_non_exhaustive(),
+            SourceSetting::Body(field) => f.debug_tuple("Body").field(field).finish(),
+        }
+    }
+}
+
+/// How tenants are read and bounded (`tenants:`); no sources means tenants are off.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TenantSettings {
+    /// Where the tenant is read from, first match wins.
+    pub from: Vec<SourceSetting>,
+    /// Tenants always labelled as themselves.
+    pub names: Vec<String>,
+    /// Further tenants learned as they come, before the rest are `other`.
+    pub max_tenants: usize,
+}
+
+/// The body fields a tenant may be read from, as the request peek found them.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BodyIds<'a> {
+    /// `safety_identifier`.
+    pub safety_identifier: Option<&'a str>,
+    /// `user`.
+    pub user: Option<&'a str>,
+    /// `metadata.user_id`.
+    pub metadata_user_id: Option<&'a str>,
+}
+
+/// A configured source, ready to read.
+enum Source {
+    Header(http::HeaderName),
+    /// Keyed hash of a key → its tenant.
+    ApiKeys(HashMap<u64, String>),
+    Body(BodyField),
+}
+
+/// The tenants of one sidecar: where they are read from and the labels they get.
+pub struct Tenants {
+    sources: Vec<Source>,
+    /// Hashes API keys; its keys are random, made when the sidecar starts.
+    hasher: RandomState,
+    pinned: Vec<String>,
+    learned: RwLock<HashSet<String>>,
+    max_learned: usize,
+}
+
+impl std::fmt::Debug for Tenants {
+    /// Never the keys' hashes.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tenants")
+            .field("sources", &self.sources.len())
+            .field("pinned", &self.pinned)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tenants {
+    /// The tenants `settings` describe; `None` when no source is configured (tenants off).
+    pub fn new(settings: &TenantSettings) -> Option<Self> {
+        if settings.from.is_empty() {
+            return None;
+        }
+        let hasher = RandomState::new();
+        let mut pinned: Vec<String> = settings.names.clone();
+        let sources = settings
+            .from
+            .iter()
+            .map(|source| match source {
+                SourceSetting::Header(name) => Source::Header(name.clone()),
+                SourceSetting::Body(field) => Source::Body(*field),
+                SourceSetting::ApiKeys { table, .. } => Source::ApiKeys(
+                    table
+                        .iter()
+                        .flat_map(|(tenant, keys)| {
+                            if !pinned.contains(tenant) {
+                                pinned.push(tenant.clone());
+                            }
+                            keys.iter().map(|key| (hasher.hash_one(key.as_bytes()), tenant.clone()))
+                        })
+                        .collect(),
+                ),
+            })
+            .collect();
+        pinned.retain(|name| is_plausible(name));
+        pinned.sort();
+        pinned.dedup();
+        Some(Self {
+            sources,
+            hasher,
+            pinned,
+            learned: RwLock::new(HashSet::new()),
+            max_learned: settings.max_tenants,
+        })
+    }
+
+    /// The tenants whose series exist from the start: the pinned ones, and `unknown`.
+    pub fn known(&self) -> Vec<String> {
+        let mut known = self.pinned.clone();
+        known.push(UNKNOWN_TENANT.to_string());
+        known
+    }
+
+    /// The request's tenant label and the source that named it (`None` when none did: the
+    /// label is `unknown`).
+    pub fn label(&self, headers: &HeaderMap, body: BodyIds<'_>) -> (String, Option<TenantSource>) {
+        let Some((raw, source)) = self.sources.iter().find_map(|source| self.read(source, headers, body)) else {
+            return (UNKNOWN_TENANT.to_string(), None);
+        };
+        (self.bounded(&raw), Some(source))
+    }
+
+    fn read(&self, source: &Source, headers: &HeaderMap, body: BodyIds<'_>) -> Option<(String, TenantSource)> {
+        match source {
+            Source::Header(name) => headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::trim)
+                .filter(|v| !v.is_empty())
+                .map(|v| (v.to_string(), TenantSource::Header)),
+            Source::ApiKeys(table) => {
+                let key = api_key(headers)?;
+                table
+                    .get(&self.hasher.hash_one(key.as_bytes()))
+                    .map(|tenant| (tenant.clone(), TenantSource::ApiKey))
+            }
+            Source::Body(field) => match field {
+                BodyField::SafetyIdentifier => body.safety_identifier,
+                BodyField::User => body.user,
+                BodyField::MetadataUserId => body.metadata_user_id,
+            }
+            .filter(|v| !v.is_empty())
+            .map(|v| (v.to_string(), TenantSource::Body)),
+        }
+    }
+
+    /// `raw` as a label: itself when pinned or learned (within the bound), else `other`.
+    fn bounded(&self, raw: &str) -> String {
+        if self.pinned.iter().any(|p| p == raw) {
+            return raw.to_string();
+        }
+        if !is_plausible(raw) {
+            return OTHER_TENANT.to_string();
+        }
+        if self.learned.read().expect("tenant set lock").contains(raw) {
+            return raw.to_string();
+        }
+        let mut learned = self.learned.write().expect("tenant set lock");
+        if learned.contains(raw) || learned.len() < self.max_learned {
+            learned.insert(raw.to_string());
+            raw.to_string()
+        } else {
+            OTHER_TENANT.to_string()
+        }
+    }
+}
+
+/// The request's API key: `Authorization: Bearer <key>` (OpenAI) or `x-api-key` (Anthropic).
+fn api_key(headers: &HeaderMap) -> Option<&str> {
+    let bearer = headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")))
+        .map(str::trim);
+    bearer
+        .or_else(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim))
+        .filter(|k| !k.is_empty())
+}
+
+/// Whether a tenant name may become a label: its length and characters (letters, digits and
+/// `-._:@`), and not one of the reserved labels.
+fn is_plausible(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= MAX_TENANT_NAME_LEN
+        && name != UNKNOWN_TENANT
+        && name != OTHER_TENANT
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._:@".contains(&b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenants(from: Vec<SourceSetting>, names: &[&str], max: usize) -> Tenants {
+        Tenants::new(&TenantSettings {
+            from,
+            names: names.iter().map(|n| n.to_string()).collect(),
+            max_tenants: max,
+        })
+        .unwrap()
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| (http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap()))
+            .collect()
+    }
+
+    #[test]
+    fn the_first_source_that_names_a_tenant_wins() {
+        let keys = HashMap::from([("team-k".to_string(), vec!["sk-secret".to_string()])]);
+        let t = tenants(
+            vec![
+                SourceSetting::Header("x-llm-d-inference-fairness-id".parse().unwrap()),
+                SourceSetting::ApiKeys {
+                    path: "keys.yaml".into(),
+                    table: keys,
+                },
+                SourceSetting::Body(BodyField::User),
+            ],
+            &[],
+            20,
+        );
+        let body = BodyIds {
+            user: Some("u-body"),
+            ..BodyIds::default()
+        };
+        let both = headers(&[
+            ("x-llm-d-inference-fairness-id", "team-h"),
+            ("authorization", "Bearer sk-secret"),
+        ]);
+        assert_eq!(t.label(&both, body), ("team-h".into(), Some(TenantSource::Header)));
+        let key = headers(&[("authorization", "Bearer sk-secret")]);
+        assert_eq!(t.label(&key, body), ("team-k".into(), Some(TenantSource::ApiKey)));
+        let anthropic = headers(&[("x-api-key", "sk-secret")]);
+        assert_eq!(t.label(&anthropic, body).0, "team-k");
+        let other_key = headers(&[("authorization", "Bearer sk-unknown")]);
+        assert_eq!(t.label(&other_key, body), ("u-body".into(), Some(TenantSource::Body)));
+        assert_eq!(
+            t.label(&HeaderMap::new(), BodyIds::default()),
+            (UNKNOWN_TENANT.into(), None)
+        );
+    }
+
+    #[test]
+    fn tenants_are_bounded_and_the_named_ones_pinned() {
+        let t = tenants(vec![SourceSetting::Body(BodyField::SafetyIdentifier)], &["vip"], 2);
+        let label = |raw: &str| {
+            t.label(
+                &HeaderMap::new(),
+                BodyIds {
+                    safety_identifier: Some(raw),
+                    ..BodyIds::default()
+                },
+            )
+            .0
+        };
+        assert_eq!(label("a"), "a");
+        assert_eq!(label("b"), "b");
+        assert_eq!(label("c"), OTHER_TENANT, "past the bound");
+        assert_eq!(label("vip"), "vip", "pinned whatever came first");
+        assert_eq!(label("a"), "a");
+        for bad in ["has space", "quote\"", &"x".repeat(65), "unknown", "other", "new\nline"] {
+            assert_eq!(label(bad), OTHER_TENANT, "{bad:?}");
+        }
+        assert_eq!(t.known(), ["vip", UNKNOWN_TENANT]);
+    }
+
+    #[test]
+    fn the_keys_never_show() {
+        let table = HashMap::from([("team".to_string(), vec!["sk-very-secret".to_string()])]);
+        let setting = SourceSetting::ApiKeys {
+            path: "/keys.yaml".into(),
+            table,
+        };
+        let t = tenants(vec![setting.clone()], &[], 1);
+        for shown in [format!("{setting:?}"), format!("{t:?}")] {
+            assert!(!shown.contains("sk-very"), "{shown}");
+        }
+    }
+
+    #[test]
+    fn no_source_is_tenants_off() {
+        assert!(Tenants::new(&TenantSettings::default()).is_none());
+    }
+}
