@@ -19,6 +19,20 @@ fn committed_example_rules_match_the_generator() {
 }
 
 #[test]
+fn committed_tenant_rules_match_the_generator() {
+    let (code, generated, stderr) = llmslo(&["rules", "tests/rules/tenants.yaml"]);
+    assert_eq!(code, 0, "{stderr}");
+    let committed =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rules/tenants.rules.yaml")).unwrap();
+    assert_eq!(
+        generated, committed,
+        "tests/rules/tenants.rules.yaml drifted: run \
+         `cargo run -- rules tests/rules/tenants.yaml > tests/rules/tenants.rules.yaml`"
+    );
+    assert!(generated.contains("sum by (model, tenant)") && generated.contains("llmslo:tenant_bad_event_share"));
+}
+
+#[test]
 fn committed_second_service_rules_match_the_generator() {
     let (code, generated, stderr) = llmslo(&["rules", "--slos-only", "tests/rules/search.yaml"]);
     assert_eq!(code, 0, "{stderr}");

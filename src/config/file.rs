@@ -320,7 +320,9 @@ pub(super) fn slo_set(f: &mut FileConfig) -> Result<SloSet, ConfigError> {
         slos: std::mem::take(&mut f.slos),
         goodput: f.goodput.take(),
     };
+    let per_tenant = f.tenants.as_ref().is_some_and(|t| !t.from.is_empty());
     SloSet::validate(f.service.take(), f.period, f.min_events, file)
+        .map(|set| SloSet { per_tenant, ..set })
         .map_err(|(key, message)| ConfigError::invalid(&key, message))
 }
 

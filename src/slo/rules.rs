@@ -85,6 +85,9 @@ pub fn render(set: &SloSet, format: RulesFormat, scope: Scope) -> String {
         groups.push(alert_group(set, slo));
     }
     if scope == Scope::All {
+        if set.per_tenant {
+            groups.push(tenant_group());
+        }
         groups.push(goodput_group());
         groups.push(capacity_group());
         groups.push(gpu_efficiency_group());
@@ -108,6 +111,34 @@ pub fn render(set: &SloSet, format: RulesFormat, scope: Scope) -> String {
         header += &format!("# {note}\n");
     }
     header + &yaml.expect("rule structs always serialize")
+}
+
+/// Who burns and who is hurt: each tenant's share of each SLO's bad events, and of the
+/// tokens the engines generate (its share of their decode load).
+fn tenant_group() -> Group {
+    let share = |name: &str, counter: &str, by: &str| Rule {
+        record: Some(name.into()),
+        expr: format!(
+            "sum by ({by}, tenant) (rate({counter}[5m]))\n  / ignoring(tenant) group_left\n  \
+             sum by ({by}) (rate({counter}[5m]))"
+        ),
+        ..Rule::default()
+    };
+    Group {
+        name: "llmslo-tenants".into(),
+        rules: vec![
+            share(
+                "llmslo:tenant_bad_event_share:ratio_rate5m",
+                "llmslo_slo_bad_events_total",
+                "slo_service, slo",
+            ),
+            share(
+                "llmslo:tenant_output_token_share:ratio_rate5m",
+                "llmslo_output_tokens_total",
+                "namespace",
+            ),
+        ],
+    }
 }
 
 /// A Prometheus duration: `30d`, `12h`, `90m` or `45s`.
@@ -160,12 +191,14 @@ fn sli_group(set: &SloSet, slo: &Slo) -> Group {
         counter(set, slo, "llmslo_slo_bad_events_total"),
     );
     let labels = sloth_labels(set, slo);
-    // Per model: the pods of a service that serve several models are judged per model.
+    let by = by(set);
+    // Per model (and tenant, with tenants): the pods of a service that serve several models
+    // are judged per model.
     let mut rules: Vec<Rule> = WINDOWS
         .iter()
         .map(|(window, _)| Rule {
             record: Some(format!("slo:sli_error:ratio_rate{window}")),
-            expr: format!("sum by (model) (rate({bad}[{window}]))\n  / sum by (model) (rate({events}[{window}]))"),
+            expr: format!("sum by ({by}) (rate({bad}[{window}]))\n  / sum by ({by}) (rate({events}[{window}]))"),
             labels: with(labels.clone(), "sloth_window", window),
             ..Rule::default()
         })
@@ -178,7 +211,7 @@ fn sli_group(set: &SloSet, slo: &Slo) -> Group {
     ] {
         rules.push(Rule {
             record: Some(name.into()),
-            expr: format!("sum by (model) (increase({selected}[5m]))"),
+            expr: format!("sum by ({by}) (increase({selected}[5m]))"),
             labels: labels.clone(),
             ..Rule::default()
         });
@@ -272,6 +305,15 @@ fn promise(slo: &Slo) -> String {
     }
 }
 
+/// The labels an SLO's ratios keep: `model`, and `tenant` when SLOs are judged per tenant.
+fn by(set: &SloSet) -> &'static str {
+    if set.per_tenant {
+        "model, tenant"
+    } else {
+        "model"
+    }
+}
+
 fn burn_expr(set: &SloSet, slo: &Slo, pairs: &[(&str, &str, f64)]) -> String {
     let sel = selector(set, slo);
     let budget = slo.error_budget();
@@ -282,8 +324,9 @@ fn burn_expr(set: &SloSet, slo: &Slo, pairs: &[(&str, &str, f64)]) -> String {
             format!(
                 "(\n  max(slo:sli_error:ratio_rate{short}{sel} > ({factor} * {budget})) without (sloth_window)\n  \
                  and\n  max(slo:sli_error:ratio_rate{long}{sel} > ({factor} * {budget})) without (sloth_window)\n  \
-                 and on(model) sum by (model) (increase({events}[{short}])) >= {min}\n)",
-                min = set.min_events
+                 and on({by}) sum by ({by}) (increase({events}[{short}])) >= {min}\n)",
+                min = set.min_events,
+                by = by(set)
             )
         })
         .collect();

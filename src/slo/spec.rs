@@ -181,6 +181,9 @@ pub struct SloSet {
     pub slos: Vec<Slo>,
     /// Indices into `slos` a request must meet to count as goodput (empty: every SLO).
     pub goodput_require: Vec<usize>,
+    /// Whether the SLOs are judged per tenant too (tenants are configured): the rules then
+    /// keep a `tenant` label beside `model`.
+    pub per_tenant: bool,
 }
 
 impl SloSet {
@@ -205,6 +208,7 @@ impl Default for SloSet {
             min_events: DEFAULT_MIN_EVENTS,
             slos: Vec::new(),
             goodput_require: Vec::new(),
+            per_tenant: false,
         }
     }
 }
@@ -331,6 +335,7 @@ impl SloSet {
             min_events: min_events.unwrap_or(DEFAULT_MIN_EVENTS),
             slos,
             goodput_require,
+            per_tenant: false,
         })
     }
 
