@@ -16,6 +16,7 @@
 pub mod capacity;
 pub mod cli;
 pub mod config;
+pub mod cost;
 pub mod engine;
 pub mod flags;
 pub mod gpu;
@@ -35,6 +36,7 @@ pub mod slo;
 pub mod tenant;
 pub mod tools;
 pub mod upstream;
+pub mod window;
 
 pub use proxy::observe::{Observe, ObserveLayer, ObserveSettings};
 pub use sidecar::measurement::{Measurement, MeasurementSettings};

@@ -17,8 +17,10 @@ const FLOORS: &[&[&str]] = &[
     &["health", "serve"],
     &["proxy"],
     &["observe"],
-    &["metrics", "slo", "capacity", "otel", "engine", "gpu"],
-    &["record", "proto", "upstream", "provider", "quantile", "flags", "tenant"],
+    &["metrics", "slo", "capacity", "cost", "otel", "engine", "gpu"],
+    &[
+        "record", "proto", "upstream", "provider", "quantile", "flags", "tenant", "window",
+    ],
 ];
 
 /// A source file: its module path (`src/observe/stream.rs` is `observe::stream`, a `mod.rs`

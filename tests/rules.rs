@@ -33,6 +33,19 @@ fn committed_tenant_rules_match_the_generator() {
 }
 
 #[test]
+fn committed_cost_rules_match_the_generator() {
+    let (code, generated, stderr) = llmslo(&["rules", "--slos-only", "tests/rules/cost.yaml"]);
+    assert_eq!(code, 0, "{stderr}");
+    let committed =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rules/cost.rules.yaml")).unwrap();
+    assert_eq!(
+        generated, committed,
+        "tests/rules/cost.rules.yaml drifted: run \
+         `cargo run -- rules --slos-only tests/rules/cost.yaml > tests/rules/cost.rules.yaml`"
+    );
+}
+
+#[test]
 fn committed_second_service_rules_match_the_generator() {
     let (code, generated, stderr) = llmslo(&["rules", "--slos-only", "tests/rules/search.yaml"]);
     assert_eq!(code, 0, "{stderr}");

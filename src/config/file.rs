@@ -4,6 +4,7 @@
 use super::error::{indentation_hint, with_hint};
 use super::validate::{parse_addr, parse_upstream};
 use super::{defaults, Config, ConfigError, EngineSetting, LogFormat, Overrides};
+use crate::cost::{CostKind, CostSettings, CostSlo, DEFAULT_INPUT_TOKEN_WEIGHT};
 use crate::engine::EngineMetricsMode;
 use crate::gpu::GpuSettings;
 use crate::metrics::buckets::BucketOverrides;
@@ -11,6 +12,7 @@ use crate::observe::tenants::{BodyField, SourceSetting, TenantSettings, DEFAULT_
 use crate::otel::settings::OtelConfig;
 use crate::slo::spec::{GoodputEntry, SloEntry, SloFile, SloSet};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -76,6 +78,7 @@ pub(super) struct FileConfig {
     pub(super) capacity: Option<CapacityFile>,
     pub(super) otel: Option<OtelConfig>,
     pub(super) tenants: Option<TenantsFile>,
+    pub(super) cost: Option<CostFile>,
     pub(super) per_request_slos: Option<bool>,
 }
 
@@ -166,6 +169,110 @@ fn read_api_keys(path: &Path) -> Result<std::collections::HashMap<String, Vec<St
             e.location().map_or(0, |l| l.line())
         )
     })
+}
+
+/// `cost:` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct CostFile {
+    gpu_hour_price: Option<f64>,
+    #[serde(default)]
+    gpu_hour_prices: BTreeMap<String, f64>,
+    gpus: Option<u32>,
+    energy_price_per_kwh: Option<f64>,
+    input_token_weight: Option<f64>,
+    #[serde(default)]
+    slos: Vec<CostSloFile>,
+}
+
+/// One cost SLO as written: its name and exactly one bound.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CostSloFile {
+    name: String,
+    cost_per_million_output_tokens: Option<f64>,
+    cost_per_million_input_tokens: Option<f64>,
+}
+
+/// `cost:` read and checked: prices that are numbers of money, a weight, named SLOs with one
+/// positive bound each, and a price for them to be judged by.
+fn cost_settings(file: Option<&CostFile>) -> Result<CostSettings, ConfigError> {
+    let Some(file) = file else {
+        return Ok(CostSettings::default());
+    };
+    let price = |key: &str, value: f64| {
+        if value.is_finite() && value >= 0.0 {
+            Ok(value)
+        } else {
+            Err(ConfigError::invalid(key, "must be a price: a number, 0 or more"))
+        }
+    };
+    if let Some(p) = file.gpu_hour_price {
+        price("cost.gpu_hour_price", p)?;
+    }
+    for (model, p) in &file.gpu_hour_prices {
+        price(&format!("cost.gpu_hour_prices.{model}"), *p)?;
+    }
+    if let Some(p) = file.energy_price_per_kwh {
+        price("cost.energy_price_per_kwh", p)?;
+    }
+    let gpus = file.gpus.unwrap_or(1);
+    if gpus == 0 {
+        return Err(ConfigError::invalid("cost.gpus", "must be at least 1"));
+    }
+    let weight = file.input_token_weight.unwrap_or(DEFAULT_INPUT_TOKEN_WEIGHT);
+    if !(weight.is_finite() && weight > 0.0 && weight <= 10.0) {
+        return Err(ConfigError::invalid(
+            "cost.input_token_weight",
+            "must be above 0 and at most 10 (an input token's GPU time relative to an output token's)",
+        ));
+    }
+    let mut slos: Vec<CostSlo> = Vec::new();
+    for (i, slo) in file.slos.iter().enumerate() {
+        let key = format!("cost.slos[{i}]");
+        let (kind, target) = match (slo.cost_per_million_output_tokens, slo.cost_per_million_input_tokens) {
+            (Some(t), None) => (CostKind::PerMillionOutputTokens, t),
+            (None, Some(t)) => (CostKind::PerMillionInputTokens, t),
+            _ => {
+                return Err(ConfigError::invalid(
+                    &key,
+                    "give exactly one of cost_per_million_output_tokens, cost_per_million_input_tokens",
+                ))
+            }
+        };
+        if !(target.is_finite() && target > 0.0) {
+            return Err(ConfigError::invalid(
+                &format!("{key}.{}", kind.as_str()),
+                "must be above 0",
+            ));
+        }
+        if slo.name.is_empty() || slos.iter().any(|s| s.name == slo.name) {
+            return Err(ConfigError::invalid(
+                &format!("{key}.name"),
+                "must be given, and unique",
+            ));
+        }
+        slos.push(CostSlo {
+            name: slo.name.clone(),
+            kind,
+            target,
+        });
+    }
+    let settings = CostSettings {
+        gpu_hour_price: file.gpu_hour_price,
+        gpu_hour_prices: file.gpu_hour_prices.clone(),
+        gpus,
+        energy_price_per_kwh: file.energy_price_per_kwh,
+        input_token_weight: weight,
+        slos,
+    };
+    if !settings.enabled() && !settings.slos.is_empty() {
+        return Err(ConfigError::invalid(
+            "cost.gpu_hour_price",
+            "a cost SLO needs a price: give gpu_hour_price or gpu_hour_prices",
+        ));
+    }
+    Ok(settings)
 }
 
 /// `gpu:` as written.
@@ -267,6 +374,7 @@ impl Config {
                 .unwrap_or(crate::capacity::DEFAULT_WINDOW),
             otel: f.otel.unwrap_or_default(),
             tenants: tenant_settings(f.tenants)?,
+            cost: cost_settings(f.cost.as_ref())?,
             per_request_slos: f.per_request_slos.unwrap_or(true),
             file: None,
             file_error: None,
@@ -321,8 +429,14 @@ pub(super) fn slo_set(f: &mut FileConfig) -> Result<SloSet, ConfigError> {
         goodput: f.goodput.take(),
     };
     let per_tenant = f.tenants.as_ref().is_some_and(|t| !t.from.is_empty());
+    let cost = cost_settings(f.cost.as_ref())?;
     SloSet::validate(f.service.take(), f.period, f.min_events, file)
-        .map(|set| SloSet { per_tenant, ..set })
+        .map(|set| SloSet {
+            per_tenant,
+            cost_slos: cost.slos,
+            input_token_weight: cost.input_token_weight,
+            ..set
+        })
         .map_err(|(key, message)| ConfigError::invalid(&key, message))
 }
 

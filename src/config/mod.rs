@@ -18,6 +18,7 @@ mod print;
 mod tests;
 mod validate;
 
+use crate::cost::CostSettings;
 use crate::engine::EngineMetricsMode;
 use crate::gpu::GpuSettings;
 use crate::metrics::buckets::BucketOverrides;
@@ -210,6 +211,8 @@ pub struct Config {
     pub tenants: TenantSettings,
     /// `per_request_slos`: a request's own latency targets judge its goodput.
     pub per_request_slos: bool,
+    /// `cost:`: the prices, and the cost SLOs.
+    pub cost: CostSettings,
     /// The file it was read from, re-read on reload.
     pub file: Option<PathBuf>,
     /// The flags and environment it was merged with, applied again on reload.

@@ -1,6 +1,7 @@
 //! The effective configuration as YAML, for `llmslo check-config`.
 
 use super::{Config, LogFormat};
+use crate::cost::CostSettings;
 use crate::metrics::buckets::BucketOverrides;
 use crate::observe::tenants::SourceSetting;
 use crate::otel::settings::OtelConfig;
@@ -139,6 +140,26 @@ impl Config {
             mapping.insert(
                 "tenants".into(),
                 serde_json::from_value(tenants).expect("plain JSON maps to YAML"),
+            );
+        }
+        if self.cost != CostSettings::default() {
+            let slos: Vec<serde_json::Value> = self
+                .cost
+                .slos
+                .iter()
+                .map(|slo| serde_json::json!({"name": slo.name, slo.kind.as_str(): slo.target}))
+                .collect();
+            let cost = serde_json::json!({
+                "gpu_hour_price": self.cost.gpu_hour_price,
+                "gpu_hour_prices": self.cost.gpu_hour_prices,
+                "gpus": self.cost.gpus,
+                "energy_price_per_kwh": self.cost.energy_price_per_kwh,
+                "input_token_weight": self.cost.input_token_weight,
+                "slos": slos,
+            });
+            mapping.insert(
+                "cost".into(),
+                serde_json::from_value(cost).expect("plain JSON maps to YAML"),
             );
         }
         mapping.insert("slos".into(), slos.into());

@@ -258,6 +258,11 @@ impl GpuState {
         *self.latest.write().expect("gpu snapshot lock") = snapshot.map(Arc::new);
     }
 
+    /// The devices of the latest snapshot, unless it is stale (none then, or before the first).
+    pub fn devices(&self, now: Instant) -> Vec<DeviceSnapshot> {
+        self.fresh(now).0.map_or_else(Vec::new, |s| s.devices.clone())
+    }
+
     /// A snapshot older than three intervals is stale: its values are not exported.
     fn fresh(&self, now: Instant) -> (Option<Arc<Snapshot>>, Option<Duration>) {
         let latest = self.latest.read().expect("gpu snapshot lock").clone();

@@ -5,6 +5,7 @@
 
 use crate::capacity::meter::LoadMeter;
 use crate::capacity::{CapacityEngine, DEFAULT_WINDOW};
+use crate::cost::{CostMeter, CostSettings};
 use crate::engine::{EngineCollector, EngineMetricsMode, EngineView};
 use crate::gpu::{GpuCollector, GpuState};
 use crate::metrics::buckets::BucketOverrides;
@@ -32,6 +33,8 @@ pub struct MeasurementSettings {
     pub slos: SloSet,
     /// Whom requests serve (`tenants:`); no sources, no `tenant` label anywhere.
     pub tenants: TenantSettings,
+    /// What the accelerators cost (`cost:`); no price, no cost families.
+    pub cost: CostSettings,
     /// How far back the live capacity model looks (`capacity.window`).
     pub capacity_window: Duration,
     /// What is done with the engine's own `/metrics` (`engine_metrics`).
@@ -52,6 +55,7 @@ impl Default for MeasurementSettings {
             buckets: BucketOverrides::default(),
             slos: SloSet::default(),
             tenants: TenantSettings::default(),
+            cost: CostSettings::default(),
             capacity_window: DEFAULT_WINDOW,
             engine_metrics: EngineMetricsMode::default(),
             otlp: None,
@@ -89,14 +93,27 @@ impl Measurement {
             .register_collector(Box::new(EngineCollector(engine_view.clone())));
         let edges = Edges::new(&settings.buckets, &settings.slos);
         let families = Arc::new(RequestFamilies::new(&edges, &settings.buckets, known, &mut registry));
-        if let Some(gpu) = settings.gpu {
-            registry.families().register_collector(Box::new(GpuCollector(gpu)));
+        if let Some(gpu) = &settings.gpu {
+            registry
+                .families()
+                .register_collector(Box::new(GpuCollector(gpu.clone())));
         }
+        let cost = settings.cost.enabled().then(|| {
+            CostMeter::new(
+                settings.cost.clone(),
+                settings.slos.period,
+                settings.gpu.clone(),
+                registry.families(),
+            )
+        });
 
         let mut readers = settings.extra;
         readers.push(families.clone());
         readers.push(slo.clone());
         readers.push(capacity);
+        if let Some(cost) = cost {
+            readers.push(cost);
+        }
         if let Some(meter) = &settings.otlp {
             readers.push(Arc::new(OtelMetrics::new(meter, boundaries(&edges))));
         }

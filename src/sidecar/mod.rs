@@ -91,6 +91,7 @@ impl Sidecar {
             buckets: config.buckets.clone(),
             slos: config.slos.clone(),
             tenants: config.tenants.clone(),
+            cost: config.cost.clone(),
             capacity_window: config.capacity_window,
             engine_metrics: config.engine_metrics,
             otlp: telemetry.meter(),

@@ -2,9 +2,9 @@
 //! rate per window, the error budget left, goodput and attainment, and how much of each
 //! window the sidecar has seen.
 
-use super::window::WINDOWS;
 use super::{ServiceModelLabels, SloEngine, SloLabels};
 use crate::tenant::TenantLabel;
+use crate::window::WINDOWS;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;

@@ -8,10 +8,10 @@ mod gauges;
 mod judge;
 pub mod rules;
 pub mod spec;
-pub mod window;
 
 use crate::record::{Engine, Outcome, Reader, RequestRecord};
 use crate::tenant::TenantLabel;
+use crate::window::Windows;
 use gauges::SloCollector;
 pub use gauges::Snapshot;
 pub use judge::{classify, is_goodput, Verdict};
@@ -23,7 +23,6 @@ use spec::{SloKind, SloSet};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
 use tokio::time::Instant;
-use window::Windows;
 
 /// `slo_service`, `slo`, `model`: the SLO file's service keeps two teams' SLOs of the same
 /// name apart in fleet rules. (Not `service`: a ServiceMonitor attaches that target label,

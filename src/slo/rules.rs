@@ -4,7 +4,8 @@
 //! classic p99 TPOT alert.
 
 use super::spec::{Slo, SloKind, SloSet};
-use super::window::WINDOWS;
+use crate::cost::CostKind;
+use crate::window::WINDOWS;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -84,6 +85,9 @@ pub fn render(set: &SloSet, format: RulesFormat, scope: Scope) -> String {
         groups.push(meta_group(set, slo));
         groups.push(alert_group(set, slo));
     }
+    if !set.cost_slos.is_empty() {
+        groups.push(cost_group(set));
+    }
     if scope == Scope::All {
         if set.per_tenant {
             groups.push(tenant_group());
@@ -138,6 +142,67 @@ fn tenant_group() -> Group {
                 "namespace",
             ),
         ],
+    }
+}
+
+/// The windows the cost SLOs are judged over: the cost must exceed its target over both
+/// before a ticket is opened.
+const COST_WINDOWS: [&str; 2] = ["1h", "6h"];
+
+/// The cost per million output and input tokens per namespace over [`COST_WINDOWS`], from the
+/// sidecars' cost and token counters, and a ticket per cost SLO when both windows exceed it.
+fn cost_group(set: &SloSet) -> Group {
+    let weight = set.input_token_weight;
+    let mut rules = Vec::new();
+    for window in COST_WINDOWS {
+        let tokens = format!(
+            "(\n    sum by (namespace) (increase(llmslo_output_tokens_total[{window}]))\n    \
+             + {weight} * sum by (namespace) (increase(llmslo_input_tokens_total[{window}]))\n  )"
+        );
+        for (kind, factor) in [
+            (CostKind::PerMillionOutputTokens, 1.0),
+            (CostKind::PerMillionInputTokens, weight),
+        ] {
+            rules.push(Rule {
+                record: Some(format!("llmslo:{}:ratio_rate{window}", kind.as_str())),
+                expr: format!(
+                    "{factor} * 1e6 * sum by (namespace) (increase(llmslo_cost_total[{window}]))\n  / {tokens}"
+                ),
+                ..Rule::default()
+            });
+        }
+    }
+    for slo in &set.cost_slos {
+        let name = slo.kind.as_str();
+        let target = slo.target;
+        let over = |window: &str| format!("llmslo:{name}:ratio_rate{window} > {target}");
+        rules.push(Rule {
+            alert: Some("LLMSLOCostOverTarget".into()),
+            expr: format!("{}\nand\n{}", over(COST_WINDOWS[0]), over(COST_WINDOWS[1])),
+            for_: Some("15m".into()),
+            labels: BTreeMap::from([("severity".into(), "ticket".into()), ("slo".into(), slo.name.clone())]),
+            annotations: BTreeMap::from([
+                (
+                    "summary".into(),
+                    format!(
+                        "{} cost SLO {}: a million tokens cost more than {target}",
+                        set.service, slo.name
+                    ),
+                ),
+                (
+                    "description".into(),
+                    format!(
+                        "{name} has been above {target} over both the last hour and the last 6 hours: \
+                         the engine serves fewer tokens for what it costs (idle, or past its knee)."
+                    ),
+                ),
+            ]),
+            ..Rule::default()
+        });
+    }
+    Group {
+        name: format!("llmslo-cost-{}", set.service),
+        rules,
     }
 }
 

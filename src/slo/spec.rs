@@ -1,6 +1,7 @@
 //! The SLO file: service, period, minimum events, the SLOs and goodput.
 //! It lives in the same YAML file as the rest of the configuration.
 
+use crate::cost::{CostSlo, DEFAULT_INPUT_TOKEN_WEIGHT};
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -184,6 +185,10 @@ pub struct SloSet {
     /// Whether the SLOs are judged per tenant too (tenants are configured): the rules then
     /// keep a `tenant` label beside `model`.
     pub per_tenant: bool,
+    /// The cost SLOs (`cost.slos`), for the rules.
+    pub cost_slos: Vec<CostSlo>,
+    /// An input token's GPU time relative to an output token's (`cost.input_token_weight`).
+    pub input_token_weight: f64,
 }
 
 impl SloSet {
@@ -209,6 +214,8 @@ impl Default for SloSet {
             slos: Vec::new(),
             goodput_require: Vec::new(),
             per_tenant: false,
+            cost_slos: Vec::new(),
+            input_token_weight: DEFAULT_INPUT_TOKEN_WEIGHT,
         }
     }
 }
@@ -336,6 +343,8 @@ impl SloSet {
             slos,
             goodput_require,
             per_tenant: false,
+            cost_slos: Vec::new(),
+            input_token_weight: DEFAULT_INPUT_TOKEN_WEIGHT,
         })
     }
 

@@ -1,0 +1,104 @@
+//! The cost meter's tests: exact figures under paused time, and shares that add up.
+
+use super::*;
+use crate::record::Operation;
+
+fn meter(settings: CostSettings) -> Arc<CostMeter> {
+    CostMeter::new(
+        settings,
+        Duration::from_secs(30 * 24 * 3600),
+        None,
+        &mut Registry::default(),
+    )
+}
+
+fn tokens(tenant: Option<&str>, input: u64, output: u64) -> RequestRecord {
+    RequestRecord {
+        input_tokens: Some(input),
+        output_tokens: Some(output),
+        tenant: tenant.map(str::to_string),
+        ..RequestRecord::new("m".into(), Operation::Chat, Duration::from_secs(1))
+    }
+}
+
+fn priced(per_hour: f64, gpus: u32) -> CostSettings {
+    CostSettings {
+        gpu_hour_price: Some(per_hour),
+        gpus,
+        ..CostSettings::default()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_million_tokens_cost_the_windows_cost_over_its_weighted_tokens() {
+    // Two accelerators at 3.60 an hour: 0.002 a second.
+    let meter = meter(priced(3.6, 2));
+    meter.finished(&tokens(None, 1000, 100));
+    meter.finished(&tokens(None, 0, 300));
+    tokio::time::advance(Duration::from_secs(100)).await;
+    let s = meter.snapshot(Instant::now());
+    assert_eq!(s.per_hour, 7.2);
+    assert!((s.total - 0.2).abs() < 1e-12, "{}", s.total);
+    let five = &s.windows[0];
+    assert_eq!(five.window, "5m");
+    assert!(
+        (five.cost - 0.2).abs() < 1e-12,
+        "the window is the uptime while shorter"
+    );
+    // 100 + 300 output tokens, 1000 input tokens at 0.1: 500 weighted tokens.
+    assert!(
+        (five.per_million_output - 0.2e6 / 500.0).abs() < 1e-6,
+        "{}",
+        five.per_million_output
+    );
+    assert!((five.per_million_input - 0.1 * 0.2e6 / 500.0).abs() < 1e-6);
+    assert!(five.shares.is_empty(), "no tenants, no shares");
+    // Ten minutes later, the 5m window holds five minutes of cost and no tokens.
+    tokio::time::advance(Duration::from_secs(600)).await;
+    let s = meter.snapshot(Instant::now());
+    assert!((s.windows[0].cost - 0.6).abs() < 1e-9, "{}", s.windows[0].cost);
+    assert!(s.windows[0].per_million_output.is_nan(), "no tokens in the window");
+    assert!((s.windows[1].cost - 1.4).abs() < 1e-9, "30m: the whole uptime");
+    assert!(s.windows[1].per_million_output.is_finite());
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_tenants_shares_add_up_to_the_whole() {
+    let meter = meter(priced(2.5, 1));
+    let mix = [("a", 4000, 250), ("b", 120, 900), ("c", 0, 30), ("a", 10, 10)];
+    for (tenant, input, output) in mix {
+        meter.finished(&tokens(Some(tenant), input, output));
+        tokio::time::advance(Duration::from_secs(7)).await;
+    }
+    let s = meter.snapshot(Instant::now());
+    for w in &s.windows {
+        let shares: f64 = w.shares.iter().map(|(_, share)| share).sum();
+        assert!((shares - 1.0).abs() < 0.01, "{}: {shares}", w.window);
+        let costs: f64 = w.shares.iter().map(|(_, share)| share * w.cost).sum();
+        assert!((costs - w.cost).abs() <= 0.01 * w.cost, "{}", w.window);
+    }
+    let a = &s.windows[0].shares[0];
+    assert_eq!(a.0, TenantLabel(Some("a".into())));
+    // a: 260 output + 0.1 x 4010 input = 661 of 661 + 912 + 30.
+    assert!((a.1 - 661.0 / 1603.0).abs() < 1e-9, "{}", a.1);
+}
+
+#[test]
+fn cost_is_off_without_a_price() {
+    assert!(!CostSettings::default().enabled());
+    assert!(priced(1.0, 1).enabled());
+    let per_model = CostSettings {
+        gpu_hour_prices: BTreeMap::from([("NVIDIA H100 80GB HBM3".to_string(), 4.0)]),
+        ..CostSettings::default()
+    };
+    assert!(per_model.enabled());
+}
+
+#[test]
+fn the_cost_between_two_points_is_on_the_line_between_them() {
+    let t0 = Instant::now();
+    let history = VecDeque::from([(t0, 0.0), (t0 + Duration::from_secs(100), 10.0)]);
+    assert_eq!(spent_at(&history, Some(t0 + Duration::from_secs(25))), 2.5);
+    assert_eq!(spent_at(&history, None), 0.0, "before the start");
+    assert_eq!(spent_at(&history, Some(t0 + Duration::from_secs(200))), 10.0);
+}
