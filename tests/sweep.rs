@@ -44,6 +44,7 @@ fn options(target: String, loads: LoadPlan) -> SweepOptions {
         ca_cert: None,
         seed: 1,
         bursts: None,
+        gpu_hour_price: None,
     }
 }
 
@@ -96,6 +97,43 @@ async fn auto_finds_the_analytic_knee_exactly_under_paused_time() {
     assert_eq!(steps[0]["ttfb_p99_s"], 0.0);
     let svg = llmslo::tools::sweep::plot::render(&report).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("knee: c=40") && svg.contains("tpot-30ms"));
+    stop.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_curve_is_priced_at_every_step_and_at_the_knee() {
+    let (engine, stop) = start_engine(knee_40_engine()).await;
+    let options = SweepOptions {
+        gpu_hour_price: Some(3.6),
+        ..options(format!("http://{engine}"), LoadPlan::Concurrency(vec![20, 40, 60]))
+    };
+    let report = llmslo::tools::sweep::run(options).await.unwrap();
+    assert_eq!(report.knee.load, Some(Load::Concurrency(40)), "{}", report.render());
+    // 3.60 an hour is 0.001 a second: a million tokens cost 1000 / (tokens a second).
+    for step in &report.steps {
+        let input = step.prompt_tokens_mean * step.requests_per_second;
+        let weighted = step.output_tokens_per_second + 0.1 * if input.is_finite() { input } else { 0.0 };
+        let cost = report.cost_per_million_output_tokens(step).unwrap();
+        assert!((cost - 1000.0 / weighted).abs() < 1e-9, "{}: {cost}", step.load);
+    }
+    let costs: Vec<f64> = report
+        .steps
+        .iter()
+        .map(|s| report.cost_per_million_output_tokens(s).unwrap())
+        .collect();
+    assert!(
+        costs[0] > costs[1] && costs[1] > costs[2],
+        "more load, cheaper tokens: {costs:?}"
+    );
+    let json = report.to_json();
+    assert_eq!(
+        json["knee"]["cost_per_million_output_tokens"].as_f64().unwrap(),
+        costs[1]
+    );
+    assert!(report
+        .render()
+        .contains(&format!("a million output tokens cost {:.2} there", costs[1])));
+    assert!(report.render().contains("cost/1M out"));
     stop.cancel();
 }
 
@@ -389,6 +427,9 @@ async fn bad_input_gets_a_clear_error_and_a_non_zero_exit() {
         stderr.contains("--rate 0: rates are requests per second above zero"),
         "{stderr}"
     );
+    let (code, _, stderr) = run(&["--target", &target, "--gpu-hour-price", "0"]).await;
+    assert_eq!(code, 64);
+    assert!(stderr.contains("--gpu-hour-price 0: a price above zero"), "{stderr}");
     let (code, _, stderr) = run(&["--target", &target, "--bursts", "2s/3s"]).await;
     assert_eq!(code, 2, "bursts need rate steps");
     assert!(stderr.contains("--rate"), "{stderr}");

@@ -65,6 +65,10 @@ pub struct SweepArgs {
     /// PEM certificates to trust for an https:// target, besides the public roots (a private CA).
     #[arg(long)]
     ca_cert: Option<PathBuf>,
+    /// The price of the target's accelerators for an hour: each step and the knee then say
+    /// what a million output tokens cost there.
+    #[arg(long, value_name = "PRICE")]
+    gpu_hour_price: Option<f64>,
     /// Seed for the Poisson arrival times (step n draws from seed + n).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -110,6 +114,9 @@ impl SweepArgs {
                 }
             }
         };
+        if let Some(price) = self.gpu_hour_price.filter(|p| !(p.is_finite() && *p > 0.0)) {
+            return usage(format!("--gpu-hour-price {price}: a price above zero"));
+        }
         if self.duration.is_zero() {
             return usage("--duration must be above zero".into());
         }
@@ -139,6 +146,7 @@ impl SweepArgs {
             request_timeout: self.request_timeout,
             ca_cert: self.ca_cert,
             seed: self.seed,
+            gpu_hour_price: self.gpu_hour_price,
             bursts: self.bursts,
         })
     }

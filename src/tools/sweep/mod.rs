@@ -72,6 +72,8 @@ pub struct SweepOptions {
     pub ca_cert: Option<PathBuf>,
     /// Seed for arrival times.
     pub seed: u64,
+    /// The accelerators' price for an hour, to price a million tokens at each step.
+    pub gpu_hour_price: Option<f64>,
     /// Rate steps send their requests in on/off bursts (the same mean rate).
     pub bursts: Option<Bursts>,
 }
@@ -181,6 +183,7 @@ pub async fn run(options: SweepOptions) -> Result<Report, SweepError> {
         slos: options.slos.clone(),
         steps,
         knee,
+        gpu_hour_price: options.gpu_hour_price,
     })
 }
 

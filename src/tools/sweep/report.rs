@@ -20,6 +20,8 @@ pub struct Report {
     pub steps: Vec<StepResult>,
     /// The highest load that met the SLOs, when one did.
     pub knee: Knee,
+    /// The accelerators' price for an hour, when given: a million tokens are priced.
+    pub gpu_hour_price: Option<f64>,
 }
 
 /// The knee: the highest measured load at which every deciding SLO held.
@@ -112,6 +114,21 @@ pub fn step_line(step: &StepResult) -> String {
 }
 
 impl Report {
+    /// What a million output tokens cost at `step`: an hour of the accelerators over the
+    /// tokens it serves in an hour, input tokens weighing `cost.input_token_weight` of an
+    /// output token (the sidecar's own formula).
+    pub fn cost_per_million_output_tokens(&self, step: &StepResult) -> Option<f64> {
+        let price = self.gpu_hour_price?;
+        let input = step.prompt_tokens_mean * step.requests_per_second;
+        let input = if input.is_finite() { input } else { 0.0 };
+        let weighted = step.output_tokens_per_second + self.slos.input_token_weight * input;
+        Some(if weighted > 0.0 {
+            price / 3600.0 * 1e6 / weighted
+        } else {
+            f64::NAN
+        })
+    }
+
     /// The table printed at the end.
     pub fn render(&self) -> String {
         let slo_names: Vec<&str> = self.slos.slos.iter().map(|s| s.name.as_str()).collect();
@@ -128,6 +145,9 @@ impl Report {
             "tok/s/user",
             "goodput req/s",
         ];
+        if self.gpu_hour_price.is_some() {
+            header.push("cost/1M out");
+        }
         header.extend(&slo_names);
         let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
         for step in &self.steps {
@@ -149,6 +169,9 @@ impl Report {
                 format!("{:.1}", step.per_user_tokens_per_second),
                 format!("{:.2}", step.goodput_requests_per_second),
             ];
+            if let Some(cost) = self.cost_per_million_output_tokens(step) {
+                row.push(format!("{cost:.2}"));
+            }
             for a in &step.attainment {
                 let mark = match (a.required, a.verdict()) {
                     (false, _) => "",
@@ -198,8 +221,19 @@ impl Report {
         }
         out.push('\n');
         out.push_str(&self.knee.describe());
+        if let Some(cost) = self
+            .knee_step()
+            .and_then(|step| self.cost_per_million_output_tokens(step))
+        {
+            out.push_str(&format!("; a million output tokens cost {cost:.2} there"));
+        }
         out.push('\n');
         out
+    }
+
+    /// The step at the knee, when there is one.
+    fn knee_step(&self) -> Option<&StepResult> {
+        self.steps.iter().find(|s| Some(s.load) == self.knee.load)
     }
 
     /// Whether no step served a single request: nothing was measured.
@@ -226,6 +260,12 @@ impl Report {
             "goodput_output_tokens_per_second".into(),
             number(self.knee.goodput_output_tokens_per_second),
         );
+        if let Some(cost) = self
+            .knee_step()
+            .and_then(|step| self.cost_per_million_output_tokens(step))
+        {
+            knee.insert("cost_per_million_output_tokens".into(), number(cost));
+        }
         knee.insert("limited_by".into(), json!(self.knee.limited_by));
         knee.insert("reached_max".into(), json!(self.knee.reached_max));
         let steps: Vec<Value> = self
@@ -252,6 +292,9 @@ impl Report {
                 s.insert("output_tokens_mean".into(), number(step.output_tokens_mean));
                 s.insert("requests_per_second".into(), number(step.requests_per_second));
                 s.insert("output_tokens_per_second".into(), number(step.output_tokens_per_second));
+                if let Some(cost) = self.cost_per_million_output_tokens(step) {
+                    s.insert("cost_per_million_output_tokens".into(), number(cost));
+                }
                 s.insert(
                     "per_user_output_tokens_per_second".into(),
                     number(step.per_user_tokens_per_second),
