@@ -123,6 +123,7 @@ async fn offer(target: SocketAddr, case: &Case, rates: &[f64], warmup: Duration,
             ca_cert: None,
             seed: 7 + 1000 * i as u64 + (rates[0] * 10.0) as u64,
             bursts: case.bursts,
+            gpu_hour_price: None,
         };
         sweeps.spawn(async move {
             let report = llmslo::tools::sweep::run(options).await;
