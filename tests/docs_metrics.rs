@@ -55,7 +55,9 @@ async fn every_metric_the_docs_name_is_exported() {
     })
     .await;
     let config = format!(
-        "engine: vllm\nmin_events: 1\ngpu: {{simulated: true, processes: true, interval: 100ms}}\n{}",
+        "engine: vllm\nmin_events: 1\ngpu: {{simulated: true, processes: true, interval: 100ms}}\n\
+         tenants: {{from: [{{header: x-team}}]}}\n\
+         cost: {{gpu_hour_price: 2, slos: [{{name: out, cost_per_million_output_tokens: 1}}]}}\n{}",
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/llmslo.yaml"))
             .unwrap()
             .lines()
