@@ -173,7 +173,9 @@ async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
     let (sidecar, config, _engine) = prometheus::failing_engine_and_sidecar(
         2,
         "  - {name: tpot-50ms, objective: 99, tpot: 50ms}\n  - {name: ttft-1ms, objective: 99, ttft: 1ms}\n\
-         goodput: {require: [ttft-500ms, tpot-50ms]}\ngpu: {simulated: true, interval: 200ms}\n",
+         goodput: {require: [ttft-500ms, tpot-50ms]}\ngpu: {simulated: true, interval: 200ms}\n\
+         tenants: {from: [{header: x-team}]}\n\
+         cost: {gpu_hour_price: 4, slos: [{name: out, cost_per_million_output_tokens: 2.5}]}\n",
     )
     .await;
     let rule_file = rules::render(&config.slos, RulesFormat::Prometheus, rules::Scope::All);
