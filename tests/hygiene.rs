@@ -87,9 +87,23 @@ async fn prompts_completions_and_credentials_never_reach_the_logs() {
          data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":3,\"completion_tokens\":1}}}}\n\ndata: [DONE]\n\n"
     );
     let (upstream, _) = scripted_upstream(Script::sse(vec![(Duration::ZERO, stream.into_bytes())])).await;
+    // The key is also a tenant's, through the key table: matching it logs nothing of it.
+    let dir = std::env::temp_dir().join(format!("llmslo-hygiene-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("keys.yaml"), format!("team-k: [{KEY_SECRET}]\n")).unwrap();
+    let config = dir.join("llmslo.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "tenants:\n  from: [{{api_keys: {}}}]\n",
+            dir.join("keys.yaml").display()
+        ),
+    )
+    .unwrap();
 
     let mut child = Command::new(env!("CARGO_BIN_EXE_llmslo"))
         .args(["run", "--upstream", &format!("http://{upstream}")])
+        .args(["--config", config.to_str().unwrap()])
         .args([
             "--listen",
             "127.0.0.1:0",
@@ -178,6 +192,7 @@ async fn prompts_completions_and_credentials_never_reach_the_logs() {
     for secret in [PROMPT_SECRET, COMPLETION_SECRET, KEY_SECRET, MODEL_SECRET] {
         assert!(!log.contains(secret), "`{secret}` leaked into the log");
     }
+    std::fs::remove_dir_all(&dir).unwrap();
     let longest = log.lines().map(str::len).max().unwrap_or(0);
     assert!(
         longest < 4096,

@@ -10,6 +10,7 @@ use http::Request;
 use http_body_util::{BodyExt, Full};
 use serde_json::json;
 use std::path::PathBuf;
+use std::time::Duration;
 
 const SECRET: &str = "sk-live-0123456789abcdef";
 
@@ -305,4 +306,35 @@ fn tenant_config_errors_name_their_key_and_never_a_key() {
     assert!(printed.contains("api_keys") && !printed.contains(SECRET), "{printed}");
     assert!(!format!("{config:?}").contains(SECRET));
     std::fs::remove_file(good).unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_tenant_and_target_headers_reach_the_engine_unchanged() {
+    let keys = key_table("forward");
+    let (upstream, log) = scripted_upstream(paced_capture(Duration::from_millis(10), Duration::from_millis(5))).await;
+    let sidecar = start_sidecar(
+        upstream,
+        &format!(
+            "tenants:\n  from: [{{header: x-team}}, {{api_keys: {}}}]\n",
+            keys.display()
+        ),
+    )
+    .await;
+    let bearer = format!("Bearer {SECRET}");
+    let headers = [
+        ("x-team", "Team-A"),
+        ("authorization", bearer.as_str()),
+        ("x-llm-d-slo-ttft-ms", "250"),
+        ("x-slo-tpot-ms", "not a number"),
+    ];
+    assert_eq!(chat(sidecar.proxy_addr, &headers, json!({"user": "u"}), 3).await, 200);
+    let request = request_to(&log, "POST /v1/chat/completions").to_ascii_lowercase();
+    for (name, value) in headers {
+        assert!(
+            request.contains(&format!("{name}: {}", value.to_ascii_lowercase())),
+            "{name} forwarded as sent:\n{request}"
+        );
+    }
+    sidecar.shutdown().await;
+    std::fs::remove_file(keys).unwrap();
 }

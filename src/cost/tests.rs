@@ -102,3 +102,57 @@ fn the_cost_between_two_points_is_on_the_line_between_them() {
     assert_eq!(spent_at(&history, None), 0.0, "before the start");
     assert_eq!(spent_at(&history, Some(t0 + Duration::from_secs(200))), 10.0);
 }
+
+#[tokio::test(start_paused = true)]
+async fn each_gpu_model_has_its_price_and_its_energy_is_priced_by_the_kwh() {
+    use crate::gpu::{DeviceSnapshot, GpuState, Snapshot};
+    let gpu = GpuState::new(Duration::from_secs(1));
+    let device = |index: u32, name: &str, joules: f64| DeviceSnapshot {
+        index,
+        uuid: format!("GPU-{index}"),
+        name: name.to_string(),
+        utilization_ratio: None,
+        memory_used_bytes: None,
+        memory_total_bytes: None,
+        power_watts: Some(500.0),
+        temperature_celsius: None,
+        energy_joules: Some(joules),
+        sm_clock_hertz: None,
+        processes: Vec::new(),
+    };
+    let publish = |joules: f64| {
+        gpu.publish(Some(Snapshot {
+            taken_at: Instant::now(),
+            devices: vec![
+                device(0, "NVIDIA H100 80GB HBM3", joules),
+                device(1, "NVIDIA L4", joules),
+            ],
+        }))
+    };
+    let settings = CostSettings {
+        gpu_hour_price: Some(1.0),
+        gpu_hour_prices: BTreeMap::from([("NVIDIA H100 80GB HBM3".to_string(), 4.0)]),
+        energy_price_per_kwh: Some(0.5),
+        ..CostSettings::default()
+    };
+    let meter = CostMeter::new(
+        settings,
+        Duration::from_secs(86_400),
+        Some(gpu.clone()),
+        &mut Registry::default(),
+    );
+    publish(1_000_000.0);
+    let first = meter.snapshot(Instant::now());
+    // The H100 at 4.00, the L4 at the one figure: 5.00 an hour, plus 2 x 500 W at 0.50 a kWh.
+    assert_eq!(first.per_hour, 5.0 + 1.0 * 0.5);
+    tokio::time::advance(Duration::from_secs(360)).await;
+    // Each GPU drew 0.05 kWh (180 kJ) in those 6 minutes.
+    publish(1_180_000.0);
+    let s = meter.snapshot(Instant::now());
+    let expected = 5.0 / 10.0 + 2.0 * 0.05 * 0.5;
+    assert!(
+        (s.total - first.total - expected).abs() < 1e-9,
+        "{} vs {expected}",
+        s.total - first.total
+    );
+}
