@@ -6,55 +6,47 @@ mod common;
 use common::llmslo_output as llmslo;
 use std::path::Path;
 
+/// `llmslo rules` with `flags` on `config` gives the committed `rules` file, byte for byte.
+fn committed_rules_match(flags: &[&str], config: &str, rules: &str) -> String {
+    let args: Vec<&str> = ["rules"]
+        .into_iter()
+        .chain(flags.iter().copied())
+        .chain([config])
+        .collect();
+    let (code, generated, stderr) = llmslo(&args);
+    assert_eq!(code, 0, "{stderr}");
+    let committed = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(rules)).unwrap();
+    assert_eq!(
+        generated,
+        committed,
+        "{rules} drifted: run `cargo run -- {} > {rules}`",
+        args.join(" ")
+    );
+    generated
+}
+
 #[test]
 fn committed_example_rules_match_the_generator() {
-    let (code, generated, stderr) = llmslo(&["rules", "examples/llmslo.yaml"]);
-    assert_eq!(code, 0, "{stderr}");
-    let committed =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/llmslo.rules.yaml")).unwrap();
-    assert_eq!(
-        generated, committed,
-        "examples/llmslo.rules.yaml drifted: run `cargo run -- rules examples/llmslo.yaml > examples/llmslo.rules.yaml`"
-    );
+    committed_rules_match(&[], "examples/llmslo.yaml", "examples/llmslo.rules.yaml");
 }
 
 #[test]
 fn committed_tenant_rules_match_the_generator() {
-    let (code, generated, stderr) = llmslo(&["rules", "tests/rules/tenants.yaml"]);
-    assert_eq!(code, 0, "{stderr}");
-    let committed =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rules/tenants.rules.yaml")).unwrap();
-    assert_eq!(
-        generated, committed,
-        "tests/rules/tenants.rules.yaml drifted: run \
-         `cargo run -- rules tests/rules/tenants.yaml > tests/rules/tenants.rules.yaml`"
-    );
+    let generated = committed_rules_match(&[], "tests/rules/tenants.yaml", "tests/rules/tenants.rules.yaml");
     assert!(generated.contains("sum by (model, tenant)") && generated.contains("llmslo:tenant_bad_event_share"));
 }
 
 #[test]
 fn committed_cost_rules_match_the_generator() {
-    let (code, generated, stderr) = llmslo(&["rules", "--slos-only", "tests/rules/cost.yaml"]);
-    assert_eq!(code, 0, "{stderr}");
-    let committed =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rules/cost.rules.yaml")).unwrap();
-    assert_eq!(
-        generated, committed,
-        "tests/rules/cost.rules.yaml drifted: run \
-         `cargo run -- rules --slos-only tests/rules/cost.yaml > tests/rules/cost.rules.yaml`"
-    );
+    committed_rules_match(&["--slos-only"], "tests/rules/cost.yaml", "tests/rules/cost.rules.yaml");
 }
 
 #[test]
 fn committed_second_service_rules_match_the_generator() {
-    let (code, generated, stderr) = llmslo(&["rules", "--slos-only", "tests/rules/search.yaml"]);
-    assert_eq!(code, 0, "{stderr}");
-    let committed =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/rules/search.rules.yaml")).unwrap();
-    assert_eq!(
-        generated, committed,
-        "tests/rules/search.rules.yaml drifted: run \
-         `cargo run -- rules --slos-only tests/rules/search.yaml > tests/rules/search.rules.yaml`"
+    committed_rules_match(
+        &["--slos-only"],
+        "tests/rules/search.yaml",
+        "tests/rules/search.rules.yaml",
     );
 }
 
