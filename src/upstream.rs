@@ -5,7 +5,7 @@ use bytes::Bytes;
 use http::uri::{Authority, Scheme};
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt, Empty, Limited};
+use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::{Client, Error};
@@ -120,7 +120,26 @@ impl UpstreamClient {
             .expect("a GET with a valid URI and a static header is a valid request");
         let response = self.send(request).await?;
         let status = response.status();
-        let body = Limited::new(response.into_body(), limit).collect().await;
-        Ok((status, body.ok().map(|b| b.to_bytes())))
+        // Copied into one buffer as the frames arrive: the page is held once, not as frames
+        // and then again whole.
+        let declared = response
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        let mut body = response.into_body();
+        let mut page = Vec::with_capacity(declared.unwrap_or(0).min(limit));
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else {
+                return Ok((status, None));
+            };
+            if let Ok(data) = frame.into_data() {
+                if page.len() + data.len() > limit {
+                    return Ok((status, None));
+                }
+                page.extend_from_slice(&data);
+            }
+        }
+        Ok((status, Some(Bytes::from(page))))
     }
 }
