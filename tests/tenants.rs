@@ -79,8 +79,20 @@ async fn the_first_configured_source_that_names_a_tenant_wins() {
         (&[], json!({"user": "u-1", "metadata": {"user_id": "m"}}), "u-1"),
         (&[], json!({"metadata": {"user_id": "m-1"}}), "m-1"),
     ];
-    for (headers, body, _) in &cases {
+    // Each request alone, so that the tenant it is counted under is the one expected.
+    for (headers, body, expected) in &cases {
+        let before = sample(
+            &settled(&sidecar).await,
+            "llmslo_requests_total",
+            &[("tenant", expected)],
+        );
         assert_eq!(chat(addr, headers, body.clone(), 3).await, 200);
+        let after = sample(
+            &settled(&sidecar).await,
+            "llmslo_requests_total",
+            &[("tenant", expected)],
+        );
+        assert_eq!(after, before + 1.0, "{headers:?} {body} is {expected}'s");
     }
     assert_eq!(chat(addr, &[], json!({}), 3).await, 200, "no source: unknown");
     let m = settled(&sidecar).await;

@@ -445,13 +445,13 @@ impl Reader for RequestFamilies {
             self.count_sources.get_or_create(&CountSourceLabels { source }).inc();
         }
         let labels = outcome_labels(&labels, record.outcome);
+        self.duration.observe(&labels, record.e2e.as_secs_f64(), exemplar);
         self.requests
             .get_or_create(&TenantOutcomeLabels {
-                outcome: labels.clone(),
+                outcome: labels,
                 tenant,
             })
             .inc();
-        self.duration.observe(&labels, record.e2e.as_secs_f64(), exemplar);
     }
 }
 
