@@ -37,6 +37,7 @@ pub mod tenant;
 pub mod tools;
 pub mod upstream;
 pub mod window;
+pub mod workload;
 
 pub use proxy::observe::{Observe, ObserveLayer, ObserveSettings};
 pub use sidecar::measurement::{Measurement, MeasurementSettings};

@@ -17,7 +17,9 @@ const FLOORS: &[&[&str]] = &[
     &["health", "serve"],
     &["proxy"],
     &["observe"],
-    &["metrics", "slo", "capacity", "cost", "otel", "engine", "gpu"],
+    &[
+        "metrics", "slo", "capacity", "cost", "otel", "engine", "gpu", "workload",
+    ],
     &[
         "record", "proto", "upstream", "provider", "quantile", "flags", "tenant", "window",
     ],

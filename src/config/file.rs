@@ -80,6 +80,14 @@ pub(super) struct FileConfig {
     pub(super) tenants: Option<TenantsFile>,
     pub(super) cost: Option<CostFile>,
     pub(super) per_request_slos: Option<bool>,
+    pub(super) workload: Option<WorkloadFile>,
+}
+
+/// `workload:` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct WorkloadFile {
+    recent_requests: Option<usize>,
 }
 
 /// `capacity:` as written.
@@ -376,6 +384,7 @@ impl Config {
             tenants: tenant_settings(f.tenants)?,
             cost: cost_settings(f.cost.as_ref())?,
             per_request_slos: f.per_request_slos.unwrap_or(true),
+            recent_requests: f.workload.and_then(|w| w.recent_requests).unwrap_or(0),
             file: None,
             file_error: None,
             overrides,

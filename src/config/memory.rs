@@ -16,19 +16,23 @@ pub const PER_IN_FLIGHT_REQUEST_BYTES: u64 = 24 << 10;
 /// What each sample kept from the engine's page costs beyond its text (its record, its place
 /// in the family and the series index while it is read).
 pub const PER_ENGINE_SAMPLE_BYTES: u64 = 64;
+/// What each request kept for `/workload` costs: the row, and its line while the page is served.
+pub const PER_RECENT_REQUEST_BYTES: u64 = crate::workload::recent::BYTES_PER_REQUEST as u64 + 128;
 /// Where cgroup v2 states the container's memory limit.
 const CGROUP_MEMORY_MAX: &str = "/sys/fs/cgroup/memory.max";
 
 impl Config {
     /// The most memory the proxy can hold with every limit reached at once: connections,
     /// requests in flight, the peek's buffer budget and the engine's page, above the base (a
-    /// tokenizer adds its own size; a compressed response its decoder window while it lasts).
+    /// tokenizer adds its own size; a compressed response its decoder window while it lasts), and
+    /// the requests kept for `/workload`.
     pub fn worst_case_memory_bytes(&self) -> u64 {
         BASE_BYTES
             + self.max_connections as u64 * PER_CONNECTION_BYTES
             + self.max_in_flight_requests as u64 * PER_IN_FLIGHT_REQUEST_BYTES
             + self.max_buffered_request_bytes as u64
             + self.engine_page_bytes()
+            + self.recent_requests as u64 * PER_RECENT_REQUEST_BYTES
     }
 
     /// The engine's page: its bytes while read, the text kept of it and each sample's record;

@@ -213,6 +213,8 @@ pub struct Config {
     pub per_request_slos: bool,
     /// `cost:`: the prices, and the cost SLOs.
     pub cost: CostSettings,
+    /// `workload.recent_requests`: generation requests kept for `/workload` (0: off).
+    pub recent_requests: usize,
     /// The file it was read from, re-read on reload.
     pub file: Option<PathBuf>,
     /// The flags and environment it was merged with, applied again on reload.

@@ -100,6 +100,7 @@ impl Config {
                 "simulated": self.gpu.simulated,
             },
             "capacity": {"window": human(self.capacity_window)},
+            "workload": {"recent_requests": self.recent_requests},
         });
         let mut mapping: serde_yaml::Mapping = serde_json::from_value(value).expect("plain JSON maps to YAML");
         if self.buckets != BucketOverrides::default() {

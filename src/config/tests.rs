@@ -367,6 +367,34 @@ fn capacity_window() {
 }
 
 #[test]
+fn the_recent_workload_is_off_by_default_and_bounded() {
+    let c = Config::from_yaml("upstream: http://x:1\n").unwrap();
+    assert_eq!(c.recent_requests, 0);
+    let c = Config::from_yaml("upstream: http://x:1\nworkload: {recent_requests: 5000}\n").unwrap();
+    assert_eq!(c.recent_requests, 5000);
+    assert_eq!(
+        c.worst_case_memory_bytes()
+            - Config::from_yaml("upstream: http://x:1\n")
+                .unwrap()
+                .worst_case_memory_bytes(),
+        5000 * super::memory::PER_RECENT_REQUEST_BYTES
+    );
+    let again = Config::from_yaml(&c.to_yaml()).unwrap();
+    assert_eq!(again.recent_requests, 5000);
+    let error = Config::from_yaml("upstream: http://x:1\nworkload: {recent_requests: 2000000}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        error.contains("workload.recent_requests") && error.contains("at most 1000000"),
+        "{error}"
+    );
+    let error = Config::from_yaml("upstream: http://x:1\nworkload: {recent: 5}\n")
+        .unwrap_err()
+        .to_string();
+    assert!(error.contains("recent"), "{error}");
+}
+
+#[test]
 fn the_effective_config_round_trips() {
     let c = Config::from_yaml(
         "upstream: http://x:1\nengine: tgi\nslos:\n  - {name: a, objective: 99.5, ttft: 500ms}\n  \

@@ -88,6 +88,16 @@ impl Config {
                 "must be between 1m and 24h (the model needs minutes of traffic, and its memory is bounded)",
             ));
         }
+        if self.recent_requests > crate::workload::recent::MAX_RECENT_REQUESTS {
+            return Err(ConfigError::invalid(
+                "workload.recent_requests",
+                format!(
+                    "at most {} (each costs about {} bytes)",
+                    crate::workload::recent::MAX_RECENT_REQUESTS,
+                    crate::workload::recent::BYTES_PER_REQUEST
+                ),
+            ));
+        }
         if self.gpu.library_path.is_empty() {
             return Err(ConfigError::invalid("gpu.library_path", "must name a library"));
         }

@@ -1,5 +1,6 @@
 //! The readers of the request record, composed: the Prometheus families, the SLO engine, the
-//! capacity model, the OTLP exporter (when metric export is on) and any reader given from
+//! capacity model, the OTLP exporter (when metric export is on), the record of recent requests
+//! (when kept) and any reader given from
 //! outside, all registered in one registry and given to the recorder as one fan-out. Adding a
 //! reader is one line here.
 
@@ -18,6 +19,7 @@ use crate::proto;
 use crate::record::{Reader, Readers};
 use crate::slo::spec::SloSet;
 use crate::slo::SloEngine;
+use crate::workload::recent::RecentRequests;
 use opentelemetry::metrics::Meter;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -43,6 +45,8 @@ pub struct MeasurementSettings {
     pub otlp: Option<Meter>,
     /// The GPUs' state, when GPU telemetry is on.
     pub gpu: Option<Arc<GpuState>>,
+    /// Generation requests kept for `/workload` (0: none).
+    pub recent_requests: usize,
     /// Readers beyond llmslo's own (the demo's table, a per-request log): each sees every
     /// request before llmslo's readers do.
     pub extra: Vec<Arc<dyn Reader>>,
@@ -60,6 +64,7 @@ impl Default for MeasurementSettings {
             engine_metrics: EngineMetricsMode::default(),
             otlp: None,
             gpu: None,
+            recent_requests: 0,
             extra: Vec::new(),
         }
     }
@@ -76,6 +81,8 @@ pub struct Measurement {
     pub slo: Arc<SloEngine>,
     /// The engine's own `/metrics` as last read, for the scraper that reads them.
     pub engine_view: Arc<EngineView>,
+    /// The recent requests `/workload` serves, when kept.
+    pub recent: Option<Arc<RecentRequests>>,
 }
 
 impl Measurement {
@@ -114,6 +121,10 @@ impl Measurement {
         if let Some(cost) = cost {
             readers.push(cost);
         }
+        let recent = (settings.recent_requests > 0).then(|| Arc::new(RecentRequests::new(settings.recent_requests)));
+        if let Some(recent) = &recent {
+            readers.push(recent.clone());
+        }
         if let Some(meter) = &settings.otlp {
             readers.push(Arc::new(OtelMetrics::new(meter, boundaries(&edges))));
         }
@@ -129,6 +140,7 @@ impl Measurement {
             metrics: Arc::new(registry.into_metrics(merged)),
             slo,
             engine_view,
+            recent,
         }
     }
 

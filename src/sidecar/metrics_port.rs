@@ -1,21 +1,35 @@
 //! The metrics port: `/metrics` (OpenMetrics text for Prometheus, protobuf with native
 //! histograms for a scraper that prefers it, the classic text format for everyone else),
-//! `/healthz` (process up), `/readyz` (upstream answering).
+//! `/healthz` (process up), `/readyz` (upstream answering), `/workload` (the recent requests
+//! as a trace, when kept).
 
 use crate::health::Readiness;
 use crate::metrics::Metrics;
+use crate::workload::recent::RecentRequests;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use std::convert::Infallible;
 use std::sync::Arc;
 
+/// What the metrics port serves.
+#[derive(Debug, Clone)]
+pub struct MetricsPort {
+    /// Every reader's families.
+    pub metrics: Arc<Metrics>,
+    /// Whether the upstream answers.
+    pub readiness: Arc<Readiness>,
+    /// The recent requests, when kept (`workload.recent_requests`).
+    pub workload: Option<Arc<RecentRequests>>,
+}
+
 /// Answers one request on the metrics port.
-pub async fn handle<B>(
-    request: Request<B>,
-    metrics: Arc<Metrics>,
-    readiness: Arc<Readiness>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+pub async fn handle<B>(request: Request<B>, port: MetricsPort) -> Result<Response<Full<Bytes>>, Infallible> {
+    let MetricsPort {
+        metrics,
+        readiness,
+        workload,
+    } = port;
     if request.method() != Method::GET && request.method() != Method::HEAD {
         return Ok(plain(StatusCode::METHOD_NOT_ALLOWED, "only GET and HEAD\n"));
     }
@@ -30,6 +44,16 @@ pub async fn handle<B>(
                 .expect("static response parts are valid")
         }
         "/healthz" => plain(StatusCode::OK, "ok\n"),
+        "/workload" => match workload {
+            Some(recent) => Response::builder()
+                .header(header::CONTENT_TYPE, "application/jsonl")
+                .body(Full::new(Bytes::from(recent.trace().to_jsonl())))
+                .expect("static response parts are valid"),
+            None => plain(
+                StatusCode::NOT_FOUND,
+                "no workload is kept: set workload.recent_requests in the config to keep the recent requests\n",
+            ),
+        },
         // An invalid config file never makes the pod unready: traffic still flows without it.
         "/readyz" if readiness.is_ready() && !metrics.config_status().is_valid() => plain(
             StatusCode::OK,
@@ -41,7 +65,10 @@ pub async fn handle<B>(
             StatusCode::SERVICE_UNAVAILABLE,
             "upstream has not answered its health path recently\n",
         ),
-        _ => plain(StatusCode::NOT_FOUND, "not found: try /metrics, /healthz or /readyz\n"),
+        _ => plain(
+            StatusCode::NOT_FOUND,
+            "not found: try /metrics, /healthz, /readyz or /workload\n",
+        ),
     })
 }
 

@@ -96,6 +96,7 @@ impl Sidecar {
             engine_metrics: config.engine_metrics,
             otlp: telemetry.meter(),
             gpu: gpu.clone(),
+            recent_requests: config.recent_requests,
             extra: readers,
         });
         let metrics = measurement.metrics.clone();
@@ -169,10 +170,14 @@ impl Sidecar {
                 live_when_full: false,
             },
         ));
-        let (m, r) = (metrics.clone(), readiness.clone());
+        let port = metrics_port::MetricsPort {
+            metrics: metrics.clone(),
+            readiness: readiness.clone(),
+            workload: measurement.recent.clone(),
+        };
         tasks.spawn(serve(
             metrics_listener,
-            move |request, _peer| metrics_port::handle(request, m.clone(), r.clone()),
+            move |request, _peer| metrics_port::handle(request, port.clone()),
             shutdown.clone(),
             config.drain_timeout,
             ConnectionLimits {

@@ -1,0 +1,173 @@
+//! The sidecar's rolling record of recent generation requests: when each arrived, its API,
+//! model and token counts, and whether it streamed; never a prompt or an answer. It keeps the
+//! last `capacity` requests (about [`BYTES_PER_REQUEST`] bytes each) and serves them as a
+//! Mooncake-style trace on the metrics port's `/workload`.
+
+use super::trace::{Trace, TraceRow};
+use crate::record::{Operation, Reader, RequestRecord};
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use tokio::time::Instant;
+
+/// Most requests the record may be asked to keep.
+pub const MAX_RECENT_REQUESTS: usize = 1_000_000;
+/// What one kept request costs in memory, in bytes (the model name is shared).
+pub const BYTES_PER_REQUEST: usize = std::mem::size_of::<Kept>();
+
+/// One request as kept.
+#[derive(Debug, Clone)]
+struct Kept {
+    /// Arrival, in microseconds since the record began.
+    arrival_us: u64,
+    input: u32,
+    output: u32,
+    reasoning: Option<u32>,
+    api: &'static str,
+    model: Arc<str>,
+    stream: bool,
+}
+
+/// The rolling record; a [`Reader`] of the sidecar.
+#[derive(Debug)]
+pub struct RecentRequests {
+    began: Instant,
+    capacity: usize,
+    kept: Mutex<Recent>,
+}
+
+#[derive(Debug, Default)]
+struct Recent {
+    rows: VecDeque<Kept>,
+    /// Model names seen, shared by the rows (bounded by the sidecar's model limit).
+    models: Vec<Arc<str>>,
+}
+
+impl RecentRequests {
+    /// A record of the last `capacity` generation requests (at most [`MAX_RECENT_REQUESTS`]).
+    pub fn new(capacity: usize) -> Self {
+        let capacity = capacity.min(MAX_RECENT_REQUESTS);
+        Self {
+            began: Instant::now(),
+            capacity,
+            kept: Mutex::new(Recent {
+                rows: VecDeque::with_capacity(capacity.min(4096)),
+                models: Vec::new(),
+            }),
+        }
+    }
+
+    /// The kept requests as a trace, first arrival at 0 ms.
+    pub fn trace(&self) -> Trace {
+        let recent = self.kept.lock().expect("recent requests lock");
+        let mut rows: Vec<&Kept> = recent.rows.iter().collect();
+        rows.sort_by_key(|k| k.arrival_us);
+        let first = rows.first().map_or(0, |k| k.arrival_us);
+        Trace {
+            rows: rows
+                .into_iter()
+                .map(|k| TraceRow {
+                    timestamp: (k.arrival_us - first + 500) / 1000,
+                    api: Some(k.api.to_string()),
+                    model: Some(k.model.to_string()),
+                    reasoning_length: k.reasoning,
+                    stream: Some(k.stream),
+                    ..TraceRow::lengths(k.input, k.output)
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Reader for RecentRequests {
+    fn finished(&self, record: &RequestRecord) {
+        let Some(api) = api_name(record.operation) else { return };
+        // A request whose lengths are unknown cannot be replayed; one that produced nothing is
+        // not a generation to replay either.
+        let (Some(input), Some(output)) = (record.input_tokens, record.output_tokens) else {
+            return;
+        };
+        if output == 0 || self.capacity == 0 {
+            return;
+        }
+        let arrival = Instant::now().checked_sub(record.e2e).unwrap_or(self.began);
+        let arrival_us = arrival.saturating_duration_since(self.began).as_micros() as u64;
+        let clamp = |n: u64| n.min(u64::from(super::trace::MAX_LENGTH)) as u32;
+        let mut recent = self.kept.lock().expect("recent requests lock");
+        let model = match recent.models.iter().find(|m| ***m == *record.model) {
+            Some(model) => model.clone(),
+            None => {
+                let model: Arc<str> = Arc::from(record.model.as_str());
+                recent.models.push(model.clone());
+                model
+            }
+        };
+        if recent.rows.len() == self.capacity {
+            recent.rows.pop_front();
+        }
+        recent.rows.push_back(Kept {
+            arrival_us,
+            input: clamp(input),
+            output: clamp(output),
+            reasoning: record.reasoning_tokens.map(clamp),
+            api,
+            model,
+            stream: record.count_source.is_some(),
+        });
+    }
+}
+
+/// The `api` a trace names an operation by, for the generation APIs a sweep can replay.
+pub fn api_name(operation: Operation) -> Option<&'static str> {
+    match operation {
+        Operation::Chat => Some("chat"),
+        Operation::TextCompletion => Some("completions"),
+        Operation::Responses => Some("responses"),
+        Operation::Messages => Some("messages"),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::record::CountSource;
+    use std::time::Duration;
+
+    fn record(model: &str, operation: Operation, e2e_ms: u64, input: u64, output: u64) -> RequestRecord {
+        let mut record = RequestRecord::new(model.into(), operation, Duration::from_millis(e2e_ms));
+        record.input_tokens = Some(input);
+        record.output_tokens = Some(output);
+        record.count_source = Some(CountSource::Usage);
+        record
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn keeps_arrivals_and_lengths_of_the_last_requests_only() {
+        let recent = RecentRequests::new(3);
+        tokio::time::advance(Duration::from_millis(1000)).await;
+        recent.finished(&record("m", Operation::Chat, 400, 10, 5));
+        tokio::time::advance(Duration::from_millis(100)).await;
+        recent.finished(&record("m", Operation::TextCompletion, 50, 20, 6));
+        recent.finished(&record("n", Operation::Embeddings, 1, 20, 1));
+        let mut unknown = record("m", Operation::Chat, 1, 1, 1);
+        unknown.input_tokens = None;
+        recent.finished(&unknown);
+        let trace = recent.trace();
+        let offsets: Vec<u64> = trace.rows.iter().map(|r| r.timestamp).collect();
+        assert_eq!(offsets, [0, 450], "arrival = end − e2e, from the first");
+        assert_eq!(trace.rows[0].api.as_deref(), Some("chat"));
+        assert_eq!(trace.rows[1].api.as_deref(), Some("completions"));
+        assert_eq!((trace.rows[1].input_length, trace.rows[1].output_length), (20, 6));
+        assert_eq!(trace.rows[0].stream, Some(true));
+        for _ in 0..3 {
+            recent.finished(&record("m", Operation::Messages, 0, 1, 2));
+        }
+        let trace = recent.trace();
+        assert_eq!(trace.rows.len(), 3, "bounded");
+        assert!(trace.rows.iter().all(|r| r.api.as_deref() == Some("messages")));
+        assert_eq!(recent.kept.lock().unwrap().models.len(), 1, "names are shared");
+    }
+
+    /// A kept request costs a few dozen bytes.
+    const _: () = assert!(BYTES_PER_REQUEST <= 64);
+}
