@@ -84,7 +84,7 @@ enum Command {
     /// Stream through a sidecar for a long time, sampling its memory, file descriptors and scrape latency.
     Soak(SoakArgs),
     /// Load an OpenAI-compatible endpoint step by step, judge each step against the SLOs and find the knee.
-    Sweep(crate::tools::sweep::args::SweepArgs),
+    Sweep(Box<crate::tools::sweep::args::SweepArgs>),
 }
 
 #[derive(Debug, Args)]
@@ -188,6 +188,13 @@ struct RulesArgs {
     /// evaluates the fleet-wide groups once.
     #[arg(long)]
     slos_only: bool,
+    /// Also record each deployment's attainment, goodput and p99 TTFT/TPOT, told apart by this
+    /// label (a version label, or `rollouts_pod_template_hash`), for canary analysis.
+    #[arg(long, value_name = "LABEL")]
+    compare_by: Option<String>,
+    /// The window of the comparing rules [default: 10m].
+    #[arg(long, value_parser = crate::flags::duration, requires = "compare_by")]
+    compare_window: Option<std::time::Duration>,
 }
 
 #[derive(Debug, Args)]
@@ -435,7 +442,18 @@ impl Cli {
                     } else {
                         rules::Scope::All
                     };
-                    write_stdout(&rules::render(&slos, args.format, scope));
+                    let compare =
+                        match args.compare_by.as_deref().map(|l| {
+                            rules::CompareBy::new(l, args.compare_window.unwrap_or(rules::DEFAULT_COMPARE_WINDOW))
+                        }) {
+                            Some(Err(e)) => {
+                                eprintln!("llmslo rules: {e}");
+                                return ExitCode::from(crate::flags::EXIT_CONFIG);
+                            }
+                            Some(Ok(compare)) => Some(compare),
+                            None => None,
+                        };
+                    write_stdout(&rules::render_with(&slos, args.format, scope, compare.as_ref()));
                     for note in rules::left_out(&slos) {
                         eprintln!("llmslo: {note}");
                     }
@@ -635,7 +653,7 @@ impl Cli {
                     self.log.as_deref().unwrap_or("warn"),
                     self.log_format.unwrap_or(LogFormat::Text),
                 );
-                crate::tools::sweep::args::run(args).await
+                crate::tools::sweep::args::run(*args).await
             }
             Command::Demo(args) => {
                 init_logging(

@@ -16,9 +16,9 @@ use common::{knee_40_engine, start_engine, start_sidecar};
 use llmslo::tools::simulate::batching::BatchingOptions;
 use llmslo::tools::simulate::SimOptions;
 use llmslo::tools::sweep::client::Endpoint;
-use llmslo::tools::sweep::load::Bursts;
+use llmslo::tools::sweep::load::{Arrivals, Bursts};
 use llmslo::tools::sweep::report::Report;
-use llmslo::tools::sweep::{LoadPlan, SweepOptions};
+use llmslo::tools::sweep::{LoadPlan, SweepOptions, Workload};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -122,7 +122,8 @@ async fn offer(target: SocketAddr, case: &Case, rates: &[f64], warmup: Duration,
             request_timeout: Duration::from_secs(60),
             ca_cert: None,
             seed: 7 + 1000 * i as u64 + (rates[0] * 10.0) as u64,
-            bursts: case.bursts,
+            arrivals: case.bursts.map(Arrivals::Bursts).unwrap_or_default(),
+            workload: Workload::Fixed,
             gpu_hour_price: None,
         };
         sweeps.spawn(async move {

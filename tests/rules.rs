@@ -51,6 +51,58 @@ fn committed_second_service_rules_match_the_generator() {
 }
 
 #[test]
+fn committed_comparison_rules_match_the_generator() {
+    let generated = committed_rules_match(
+        &["--slos-only", "--compare-by", "version"],
+        "tests/rules/compare.yaml",
+        "tests/rules/compare.rules.yaml",
+    );
+    assert!(generated.contains("- name: llmslo-compare-canary"));
+    let (code, text, _) = llmslo(&[
+        "rules",
+        "--compare-by",
+        "rollouts_pod_template_hash",
+        "--compare-window",
+        "30m",
+        "tests/rules/compare.yaml",
+    ]);
+    assert_eq!(code, 0);
+    assert!(text.contains("record: llmslo:compare_tpot_seconds:p99_rate30m"));
+    assert!(text.contains("sum by (le, model, rollouts_pod_template_hash)"));
+}
+
+#[test]
+fn bad_comparison_flags_are_refused_with_the_reason() {
+    for (flags, says) in [
+        (
+            &["--compare-by", "9lives"][..],
+            "--compare-by 9lives: not a Prometheus label name",
+        ),
+        (
+            &["--compare-by", "model"][..],
+            "--compare-by model: the rules group by that label already",
+        ),
+        (
+            &["--compare-by", "version", "--compare-window", "10s"][..],
+            "--compare-window must be between 1m and 1d",
+        ),
+    ] {
+        let args: Vec<&str> = ["rules"]
+            .iter()
+            .chain(flags)
+            .chain(&["tests/rules/compare.yaml"])
+            .copied()
+            .collect();
+        let (code, stdout, stderr) = llmslo(&args);
+        assert_eq!(code, 64, "{flags:?}: {stderr}");
+        assert!(stderr.contains(says), "{flags:?}: {stderr}");
+        assert!(stdout.is_empty(), "no half-written rules");
+    }
+    let (code, _, stderr) = llmslo(&["rules", "--compare-window", "5m", "tests/rules/compare.yaml"]);
+    assert_eq!(code, 2, "a window needs a label: {stderr}");
+}
+
+#[test]
 fn operator_format_and_check_config() {
     let (code, text, _) = llmslo(&["rules", "examples/llmslo.yaml", "--format", "prometheus-operator"]);
     assert_eq!(code, 0);

@@ -8,8 +8,9 @@ use common::{free_port, knee_40_engine, start_engine, timed_engine};
 use llmslo::slo::spec::SloSet;
 use llmslo::tools::simulate::SimOptions;
 use llmslo::tools::sweep::client::Endpoint;
+use llmslo::tools::sweep::load::Arrivals;
 use llmslo::tools::sweep::stats::{Judgement, Load};
-use llmslo::tools::sweep::{LoadPlan, SweepOptions};
+use llmslo::tools::sweep::{LoadPlan, SweepOptions, Workload};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -43,7 +44,8 @@ fn options(target: String, loads: LoadPlan) -> SweepOptions {
         request_timeout: Duration::from_secs(60),
         ca_cert: None,
         seed: 1,
-        bursts: None,
+        arrivals: Arrivals::default(),
+        workload: Workload::Fixed,
         gpu_hour_price: None,
     }
 }
@@ -424,14 +426,14 @@ async fn bad_input_gets_a_clear_error_and_a_non_zero_exit() {
     let (code, _, stderr) = run(&["--target", &target, "--rate", "0"]).await;
     assert_eq!(code, 64);
     assert!(
-        stderr.contains("--rate 0: rates are requests per second above zero"),
+        stderr.contains("--rate 0: expected `auto`, or requests per second above zero like 0.5,1,2"),
         "{stderr}"
     );
     let (code, _, stderr) = run(&["--target", &target, "--gpu-hour-price", "0"]).await;
     assert_eq!(code, 64);
     assert!(stderr.contains("--gpu-hour-price 0: a price above zero"), "{stderr}");
     let (code, _, stderr) = run(&["--target", &target, "--bursts", "2s/3s"]).await;
-    assert_eq!(code, 2, "bursts need rate steps");
+    assert_eq!(code, 64, "bursts need rate steps");
     assert!(stderr.contains("--rate"), "{stderr}");
     for (bad, says) in [
         ("2s", "expected ON/OFF, two durations like 2s/3s, not `2s`"),

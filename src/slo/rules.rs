@@ -77,8 +77,63 @@ pub enum Scope {
     SlosOnly,
 }
 
+/// Two deployments of one service told apart by a label (`llmslo rules --compare-by`): a
+/// version label, or the pod-template hash of a rollout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CompareBy {
+    label: String,
+    window: Duration,
+}
+
+/// The window of the comparing rules unless given.
+pub const DEFAULT_COMPARE_WINDOW: Duration = Duration::from_secs(600);
+
+/// Labels the rules group by already, or that name something else.
+const RESERVED_LABELS: [&str; 7] = [
+    "model",
+    "le",
+    "slo",
+    "slo_service",
+    "instance",
+    "tenant",
+    "sloth_window",
+];
+
+impl CompareBy {
+    /// Compares by `label` over `window`; the label must be a Prometheus label name that the
+    /// rules do not use already, the window between 1m and 1d.
+    pub fn new(label: &str, window: Duration) -> Result<Self, String> {
+        let valid = label
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && !label.starts_with("__");
+        if !valid {
+            return Err(format!(
+                "--compare-by {label}: not a Prometheus label name (letters, digits and _, not first a digit)"
+            ));
+        }
+        if RESERVED_LABELS.contains(&label) {
+            return Err(format!("--compare-by {label}: the rules group by that label already; name the one that tells the deployments apart"));
+        }
+        if !(Duration::from_secs(60)..=Duration::from_secs(86_400)).contains(&window) {
+            return Err("--compare-window must be between 1m and 1d".into());
+        }
+        Ok(Self {
+            label: label.to_string(),
+            window,
+        })
+    }
+}
+
 /// The rules for `set` as YAML text.
 pub fn render(set: &SloSet, format: RulesFormat, scope: Scope) -> String {
+    render_with(set, format, scope, None)
+}
+
+/// The rules for `set`, with the rules comparing deployments when asked.
+pub fn render_with(set: &SloSet, format: RulesFormat, scope: Scope, compare: Option<&CompareBy>) -> String {
     let mut groups = Vec::new();
     for slo in &set.slos {
         groups.push(sli_group(set, slo));
@@ -87,6 +142,9 @@ pub fn render(set: &SloSet, format: RulesFormat, scope: Scope) -> String {
     }
     if !set.cost_slos.is_empty() {
         groups.push(cost_group(set));
+    }
+    if let Some(compare) = compare {
+        groups.push(compare_group(set, compare));
     }
     if scope == Scope::All {
         if set.per_tenant {
@@ -142,6 +200,61 @@ fn tenant_group() -> Group {
                 "namespace",
             ),
         ],
+    }
+}
+
+/// Each deployment's attainment per SLO, goodput (as a share of the judged requests and per
+/// pod) and p99 TTFT and TPOT over the window, per model: what a canary analysis compares.
+fn compare_group(set: &SloSet, compare: &CompareBy) -> Group {
+    let (label, window) = (&compare.label, prometheus_duration(compare.window));
+    let by = format!("{}, {label}", by(set));
+    let mut rules: Vec<Rule> = set
+        .slos
+        .iter()
+        .map(|slo| Rule {
+            record: Some(format!("llmslo:compare_slo_attainment:ratio_rate{window}")),
+            expr: format!(
+                "1 - sum by ({by}) (rate({}[{window}]))\n  / sum by ({by}) (rate({}[{window}]))",
+                counter(set, slo, "llmslo_slo_bad_events_total"),
+                counter(set, slo, "llmslo_slo_events_total")
+            ),
+            labels: BTreeMap::from([
+                ("slo_service".into(), set.service.clone()),
+                ("slo".into(), slo.name.clone()),
+            ]),
+            ..Rule::default()
+        })
+        .collect();
+    let goodput = format!("llmslo_goodput_requests_total{{slo_service=\"{}\"}}", set.service);
+    let judged = format!(
+        "llmslo_goodput_judged_requests_total{{slo_service=\"{}\"}}",
+        set.service
+    );
+    rules.push(Rule {
+        record: Some(format!("llmslo:compare_goodput_attainment:ratio_rate{window}")),
+        expr: format!("sum by ({by}) (rate({goodput}[{window}]))\n  / sum by ({by}) (rate({judged}[{window}]))"),
+        labels: BTreeMap::from([("slo_service".into(), set.service.clone())]),
+        ..Rule::default()
+    });
+    rules.push(Rule {
+        record: Some(format!("llmslo:compare_goodput_requests_per_pod:rate{window}")),
+        expr: format!("avg by ({by}) (sum by ({by}, instance) (rate({goodput}[{window}])))"),
+        labels: BTreeMap::from([("slo_service".into(), set.service.clone())]),
+        ..Rule::default()
+    });
+    for (figure, histogram) in [
+        ("ttft", "gen_ai_server_time_to_first_token_seconds_bucket"),
+        ("tpot", "gen_ai_server_time_per_output_token_seconds_bucket"),
+    ] {
+        rules.push(Rule {
+            record: Some(format!("llmslo:compare_{figure}_seconds:p99_rate{window}")),
+            expr: format!("histogram_quantile(0.99, sum by (le, model, {label}) (rate({histogram}[{window}])))"),
+            ..Rule::default()
+        });
+    }
+    Group {
+        name: format!("llmslo-compare-{}", set.service),
+        rules,
     }
 }
 

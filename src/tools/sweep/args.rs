@@ -1,11 +1,15 @@
 //! `llmslo sweep`'s flags, their checks, and the run from flags to table, JSON and plot.
 
 use super::client::Endpoint;
-use super::load::Bursts;
-use super::{LoadPlan, SweepError, SweepOptions};
+use super::compare::{CompareOptions, Comparison};
+use super::load::{Arrivals, Bursts};
+use super::report::Report;
+use super::{describe_workload, LoadPlan, SweepError, SweepOptions, Workload};
 use crate::config::Config;
 use crate::flags::{duration, EXIT_CONFIG};
 use crate::slo::spec::SloKind;
+use crate::workload::shape::Shape;
+use crate::workload::trace::Trace;
 use clap::Args;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -15,8 +19,15 @@ use std::time::Duration;
 #[derive(Debug, Args)]
 pub struct SweepArgs {
     /// The OpenAI-compatible endpoint's base URL, e.g. http://127.0.0.1:8000 or https://llm.example.com.
-    #[arg(long)]
-    target: String,
+    #[arg(long, required_unless_present = "compare", conflicts_with = "compare")]
+    target: Option<String>,
+    /// Compare two targets (base URLs) at the same loads with the same requests, interleaved,
+    /// and say whether B differs from A beyond the noise.
+    #[arg(long, num_args = 2, value_names = ["A", "B"])]
+    compare: Vec<String>,
+    /// How many times each load runs on each target in a comparison [default: 5].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1000))]
+    repetitions: Option<u64>,
     /// The config file whose `slos:` (and `goodput.require`) judge every step.
     #[arg(long, env = "LLMSLO_CONFIG")]
     config: PathBuf,
@@ -32,12 +43,35 @@ pub struct SweepArgs {
     /// Closed-loop clients per step (`1,2,4,8`), or `auto` to search for the knee [default: auto].
     #[arg(long, value_delimiter = ',', conflicts_with = "rate")]
     concurrency: Vec<String>,
-    /// Open-loop Poisson steps instead, in requests per second (`0.5,1,2`).
+    /// Open-loop steps instead, in requests per second (`0.5,1,2`), or `auto` to search for the
+    /// knee in rate (the default with a workload).
     #[arg(long, value_delimiter = ',')]
-    rate: Vec<f64>,
+    rate: Vec<String>,
+    /// A rate search goes no higher than this many requests per second.
+    #[arg(long, default_value_t = 1000.0)]
+    max_rate: f64,
     /// Send each rate step's requests in bursts: ON of arrivals, then OFF of none (`2s/3s`), the same mean rate.
-    #[arg(long, value_name = "ON/OFF", value_parser = bursts, requires = "rate")]
+    #[arg(long, value_name = "ON/OFF", value_parser = bursts, conflicts_with = "burstiness")]
     bursts: Option<Bursts>,
+    /// Space rate steps' arrivals by a gamma distribution of this shape, as vLLM's
+    /// `--burstiness`: 1 is Poisson, below 1 burstier [default: the workload's, else 1].
+    #[arg(long, value_name = "K")]
+    burstiness: Option<f64>,
+    /// Replay a trace: Mooncake-style JSONL (`timestamp` ms, `input_length`, `output_length`),
+    /// Azure's CSV, or a sidecar's `/workload`; each step replays it whole.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["dataset", "workload_from", "concurrency", "bursts", "burstiness"])]
+    replay: Option<PathBuf>,
+    /// Replay the trace at these multiples of its own rate (`0.5,1,2`), or `auto` to search for the
+    /// knee [default: auto].
+    #[arg(long, value_delimiter = ',', requires = "replay", conflicts_with = "rate")]
+    rate_scale: Vec<String>,
+    /// Load the target with the workload a sidecar saw: read its `/workload` (http://sidecar:9090),
+    /// take its shape (rate, burstiness, API mix, lengths) and sweep the rate of that shape.
+    #[arg(long, value_name = "URL", conflicts_with = "dataset")]
+    workload_from: Option<String>,
+    /// A workload shape file: written with --workload-from, read without it.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["dataset", "replay"])]
+    workload: Option<PathBuf>,
     /// `--concurrency auto` goes no higher than this.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     max_concurrency: u64,
@@ -81,15 +115,38 @@ pub struct SweepArgs {
 }
 
 impl SweepArgs {
-    /// Checks the flags and the SLO file and turns them into options.
-    pub fn options(self) -> Result<SweepOptions, SweepError> {
+    /// Checks the flags and the SLO file, reads the workload (from a sidecar, when asked) and
+    /// turns them into options.
+    pub async fn options(self) -> Result<SweepOptions, SweepError> {
         let usage = |m: String| Err(SweepError::Usage(m));
         let slos = Config::slos_from_file(&self.config).map_err(|e| SweepError::Usage(e.to_string()))?;
-        let loads = if !self.rate.is_empty() {
-            if let Some(bad) = self.rate.iter().find(|r| !(r.is_finite() && **r > 0.0)) {
-                return usage(format!("--rate {bad}: rates are requests per second above zero"));
+        if self.repetitions.is_some() && self.compare.is_empty() {
+            return usage("--repetitions counts the runs of a comparison: give --compare A B".into());
+        }
+        let workload = self.workload_source().await?;
+        if !(self.max_rate.is_finite() && self.max_rate > 0.0) {
+            return usage(format!("--max-rate {}: a rate above zero", self.max_rate));
+        }
+        let loads = if let Workload::Replay { trace, .. } = &workload {
+            let rate = trace.rate();
+            match rates(&self.rate_scale, "--rate-scale")? {
+                Some(scales) => LoadPlan::Rate(scales.iter().map(|s| s * rate).collect()),
+                None => LoadPlan::AutoRate {
+                    start: rate,
+                    max: self.max_rate.max(rate),
+                },
             }
-            LoadPlan::Rate(self.rate)
+        } else if let Some(list) = rates(&self.rate, "--rate")? {
+            LoadPlan::Rate(list)
+        } else if !self.rate.is_empty() || (workload != Workload::Fixed && self.concurrency.is_empty()) {
+            let start = match &workload {
+                Workload::Shape(shape) if shape.rate.is_finite() && shape.rate > 0.0 => shape.rate,
+                _ => 1.0,
+            };
+            LoadPlan::AutoRate {
+                start: start.min(self.max_rate),
+                max: self.max_rate,
+            }
         } else {
             match self.concurrency.as_slice() {
                 [] => LoadPlan::Auto {
@@ -114,6 +171,22 @@ impl SweepArgs {
                 }
             }
         };
+        if let Some(k) = self.burstiness.filter(|k| !(k.is_finite() && *k > 0.0)) {
+            return usage(format!("--burstiness {k}: a gamma shape above zero (1 is Poisson)"));
+        }
+        if (self.burstiness.is_some() || self.bursts.is_some())
+            && !matches!(loads, LoadPlan::Rate(_) | LoadPlan::AutoRate { .. })
+        {
+            return usage("--burstiness and --bursts shape open-loop arrivals: give --rate".into());
+        }
+        let arrivals = match (self.bursts, self.burstiness, &workload) {
+            (Some(bursts), _, _) => Arrivals::Bursts(bursts),
+            (None, Some(burstiness), _) => Arrivals::Gamma { burstiness },
+            (None, None, Workload::Shape(shape)) => Arrivals::Gamma {
+                burstiness: shape.burstiness,
+            },
+            (None, None, _) => Arrivals::default(),
+        };
         if let Some(price) = self.gpu_hour_price.filter(|p| !(p.is_finite() && *p > 0.0)) {
             return usage(format!("--gpu-hour-price {price}: a price above zero"));
         }
@@ -131,7 +204,10 @@ impl SweepArgs {
             ));
         }
         Ok(SweepOptions {
-            target: self.target,
+            target: self
+                .target
+                .or_else(|| self.compare.first().cloned())
+                .unwrap_or_default(),
             slos,
             model: self.model,
             endpoint: self.endpoint,
@@ -147,9 +223,89 @@ impl SweepArgs {
             ca_cert: self.ca_cert,
             seed: self.seed,
             gpu_hour_price: self.gpu_hour_price,
-            bursts: self.bursts,
+            arrivals,
+            workload,
         })
     }
+
+    /// The workload the flags name: a trace to replay, a shape read from a sidecar (and saved
+    /// with --workload) or from a shape file, or the fixed one.
+    async fn workload_source(&self) -> Result<Workload, SweepError> {
+        let usage = |m: String| SweepError::Usage(m);
+        if let Some(path) = &self.replay {
+            let name = path.display().to_string();
+            let text = std::fs::read_to_string(path).map_err(|e| usage(format!("--replay {name}: {e}")))?;
+            let trace = Trace::parse(&name, &text).map_err(usage)?;
+            if trace.rows.len() < 2 || trace.span().is_zero() {
+                return Err(usage(format!(
+                    "--replay {name}: a trace needs two requests at different times to have a rate"
+                )));
+            }
+            return Ok(Workload::Replay { name, trace });
+        }
+        if let Some(url) = &self.workload_from {
+            let url = workload_url(url)?;
+            let text = super::client::fetch_text(&url, self.ca_cert.as_ref())
+                .await
+                .map_err(|e| SweepError::Target(format!("--workload-from {url}: {e}")))?;
+            let trace = Trace::parse(&url, &text).map_err(|e| SweepError::Target(format!("--workload-from {e}")))?;
+            let shape = Shape::of(&trace).map_err(|e| SweepError::Target(format!("--workload-from {url}: {e}")))?;
+            if let Some(path) = &self.workload {
+                std::fs::write(path, shape.to_yaml())
+                    .map_err(|e| usage(format!("--workload {}: cannot write there: {e}", path.display())))?;
+            }
+            return Ok(Workload::Shape(shape));
+        }
+        if let Some(path) = &self.workload {
+            let name = path.display().to_string();
+            let text = std::fs::read_to_string(path).map_err(|e| usage(format!("--workload {name}: {e}")))?;
+            return Ok(Workload::Shape(Shape::from_yaml(&name, &text).map_err(usage)?));
+        }
+        Ok(Workload::Fixed)
+    }
+}
+
+/// A list of rates or scales above zero; `None` for none or `auto`.
+fn rates(list: &[String], flag: &str) -> Result<Option<Vec<f64>>, SweepError> {
+    let what = if flag == "--rate" {
+        "requests per second"
+    } else {
+        "multiples of the trace's own rate"
+    };
+    match list {
+        [] => Ok(None),
+        [auto] if auto == "auto" => Ok(None),
+        list => list
+            .iter()
+            .map(|item| match item.trim().parse::<f64>() {
+                Ok(r) if r.is_finite() && r > 0.0 => Ok(r),
+                _ => Err(SweepError::Usage(format!(
+                    "{flag} {item}: expected `auto`, or {what} above zero like 0.5,1,2"
+                ))),
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+    }
+}
+
+/// The trace endpoint of a sidecar's metrics port: `/workload` unless the URL names a path.
+fn workload_url(url: &str) -> Result<String, SweepError> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| SweepError::Usage(format!("--workload-from {url}: not a URL ({e})")))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+        return Err(SweepError::Usage(format!(
+            "--workload-from {url}: expected a sidecar's metrics port, like http://pod-ip:9090"
+        )));
+    }
+    Ok(match uri.path() {
+        "" | "/" | "/metrics" => format!(
+            "{}://{}/workload",
+            uri.scheme_str().unwrap_or("http"),
+            uri.authority().expect("checked")
+        ),
+        _ => url.to_string(),
+    })
 }
 
 /// Parses `--bursts ON/OFF`: two durations, the burst above zero.
@@ -187,35 +343,91 @@ pub async fn run(args: SweepArgs) -> ExitCode {
             )));
         }
     }
-    let options = match args.options() {
+    let compare = args.compare.clone();
+    let repetitions = args
+        .repetitions
+        .map_or(super::compare::DEFAULT_REPETITIONS, |n| n as usize);
+    let options = match args.options().await {
         Ok(options) => options,
         Err(e) => return fail(e),
     };
-    let report = match super::run(options).await {
-        Ok(report) => report,
+    if let Some(workload) = describe_workload(&options) {
+        eprint!("{workload}");
+    }
+    let done = match compare.get(1) {
+        Some(other) => super::compare::run(CompareOptions {
+            sweep: options,
+            other: other.clone(),
+            repetitions,
+        })
+        .await
+        .map(|c| Done::Compare(Box::new(c))),
+        None => super::run(options).await.map(|r| Done::Sweep(Box::new(r))),
+    };
+    let done = match done {
+        Ok(done) => done,
         Err(e) => return fail(e),
     };
     let json_to_stdout = json.as_deref().is_some_and(|p| p.as_os_str() == "-");
     if json_to_stdout {
-        println!("{:#}", report.to_json());
+        println!("{:#}", done.to_json());
     } else {
-        print!("{}", report.render());
+        print!("{}", done.render());
     }
     if let Some(path) = json.filter(|_| !json_to_stdout) {
-        if let Err(e) = std::fs::write(&path, format!("{:#}\n", report.to_json())) {
+        if let Err(e) = std::fs::write(&path, format!("{:#}\n", done.to_json())) {
             return fail(SweepError::Usage(format!("{}: {e}", path.display())));
         }
     }
     if let Some(path) = plot {
-        let written =
-            super::plot::render(&report).and_then(|svg| std::fs::write(&path, svg).map_err(|e| e.to_string()));
+        let written = done
+            .plot()
+            .and_then(|svg| std::fs::write(&path, svg).map_err(|e| e.to_string()));
         if let Err(e) = written {
             return fail(SweepError::Usage(format!("{}: {e}", path.display())));
         }
     }
-    if report.measured_nothing() {
+    if done.measured_nothing() {
         eprintln!("llmslo sweep: no step served a request: see the notes above");
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+/// What a sweep or a comparison measured.
+enum Done {
+    /// One target's curve.
+    Sweep(Box<Report>),
+    /// Two targets' curves and the verdict.
+    Compare(Box<Comparison>),
+}
+
+impl Done {
+    fn render(&self) -> String {
+        match self {
+            Done::Sweep(report) => report.render(),
+            Done::Compare(comparison) => comparison.render(),
+        }
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        match self {
+            Done::Sweep(report) => report.to_json(),
+            Done::Compare(comparison) => comparison.to_json(),
+        }
+    }
+
+    fn plot(&self) -> Result<String, String> {
+        match self {
+            Done::Sweep(report) => super::plot::render(report),
+            Done::Compare(comparison) => super::plot::render_comparison(comparison),
+        }
+    }
+
+    fn measured_nothing(&self) -> bool {
+        match self {
+            Done::Sweep(report) => report.measured_nothing(),
+            Done::Compare(comparison) => comparison.a.measured_nothing() && comparison.b.measured_nothing(),
+        }
+    }
 }

@@ -38,6 +38,29 @@ pub enum Endpoint {
 }
 
 impl Endpoint {
+    /// Every endpoint, in the order [`Endpoint::index`] gives.
+    const ALL: [Endpoint; 4] = [
+        Endpoint::Chat,
+        Endpoint::Completions,
+        Endpoint::Responses,
+        Endpoint::Messages,
+    ];
+
+    fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The endpoint a trace's `api` names (`chat`, `completions`, `responses`, `messages`).
+    pub fn from_api(api: &str) -> Option<Self> {
+        match api {
+            "chat" => Some(Endpoint::Chat),
+            "completions" => Some(Endpoint::Completions),
+            "responses" => Some(Endpoint::Responses),
+            "messages" => Some(Endpoint::Messages),
+            _ => None,
+        }
+    }
+
     fn path(self) -> &'static str {
         match self {
             Endpoint::Chat => "/v1/chat/completions",
@@ -57,12 +80,23 @@ impl Endpoint {
     }
 }
 
+/// One request the sweep will send: its route, prompt and output length.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Planned {
+    /// The route.
+    pub endpoint: Endpoint,
+    /// What it says.
+    pub prompt: Prompt,
+    /// Output tokens it asks for.
+    pub output_tokens: u32,
+}
+
 /// What the sweep asks of every request.
 #[derive(Debug, Clone)]
 pub struct RequestShape {
     /// The target's base URL, without `/v1`.
     pub base: String,
-    /// The route.
+    /// The route of requests that name none.
     pub endpoint: Endpoint,
     /// The `model` field.
     pub model: String,
@@ -96,15 +130,18 @@ pub struct Sample {
 pub struct Requester {
     client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
     shape: RequestShape,
-    uri: Uri,
+    /// Each endpoint's URI, by [`Endpoint::index`].
+    uris: Vec<Uri>,
 }
 
 impl Requester {
     /// A client for `shape` (`http://`, or `https://` verified against the public roots and
     /// `ca_cert`).
     pub fn new(shape: RequestShape) -> Result<Self, String> {
-        let uri: Uri = format!("{}{}", shape.base, shape.endpoint.path())
-            .parse()
+        let uris = Endpoint::ALL
+            .iter()
+            .map(|endpoint| format!("{}{}", shape.base, endpoint.path()).parse::<Uri>())
+            .collect::<Result<Vec<_>, _>>()
             .map_err(|e| format!("--target {}: not a URL ({e})", shape.base))?;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -118,7 +155,12 @@ impl Requester {
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .build(connector);
-        Ok(Self { client, shape, uri })
+        Ok(Self { client, shape, uris })
+    }
+
+    /// The target's base URL.
+    pub fn base(&self) -> &str {
+        &self.shape.base
     }
 
     /// The model every request asks for.
@@ -126,10 +168,20 @@ impl Requester {
         &self.shape.model
     }
 
-    /// The request body for `prompt` asking for `output_tokens`.
-    pub fn body(&self, prompt: &Prompt, output_tokens: u32) -> Bytes {
+    /// A request of the default endpoint: `prompt`, asking for `output_tokens`.
+    pub fn plan(&self, prompt: Prompt, output_tokens: u32) -> Planned {
+        Planned {
+            endpoint: self.shape.endpoint,
+            prompt,
+            output_tokens,
+        }
+    }
+
+    /// The request body of `planned`.
+    pub fn body(&self, planned: &Planned) -> Bytes {
+        let (prompt, output_tokens) = (&planned.prompt, planned.output_tokens);
         let mut body = serde_json::json!({"model": self.shape.model, "stream": true});
-        match self.shape.endpoint {
+        match planned.endpoint {
             Endpoint::Chat | Endpoint::Completions => {
                 body["max_tokens"] = output_tokens.into();
                 body["stream_options"] = serde_json::json!({"include_usage": true});
@@ -138,7 +190,7 @@ impl Requester {
             Endpoint::Responses => body["max_output_tokens"] = output_tokens.into(),
             Endpoint::Messages => body["max_tokens"] = output_tokens.into(),
         }
-        match self.shape.endpoint {
+        match planned.endpoint {
             Endpoint::Chat | Endpoint::Messages => body["messages"] = prompt.messages(),
             Endpoint::Completions => body["prompt"] = prompt.text().into(),
             Endpoint::Responses => body["input"] = prompt.messages(),
@@ -149,21 +201,20 @@ impl Requester {
         Bytes::from(body.to_string())
     }
 
-    /// Sends one request and measures it to its end (or its timeout).
-    pub async fn send(&self, body: Bytes) -> Sample {
+    /// Sends `planned` and measures it to its end (or its timeout).
+    pub async fn send(&self, planned: &Planned) -> Sample {
+        let body = self.body(planned);
+        let endpoint = planned.endpoint;
         let sent = Instant::now();
         let mut sample = Sample {
             sent,
-            record: RequestRecord::new(
-                self.shape.model.clone(),
-                self.shape.endpoint.operation(),
-                Duration::ZERO,
-            ),
+            record: RequestRecord::new(self.shape.model.clone(), endpoint.operation(), Duration::ZERO),
             gaps: Vec::new(),
             ttfb: None,
             failure: None,
         };
-        let outcome = match tokio::time::timeout(self.shape.timeout, self.exchange(body, sent, &mut sample)).await {
+        let exchange = self.exchange(endpoint, body, sent, &mut sample);
+        let outcome = match tokio::time::timeout(self.shape.timeout, exchange).await {
             Ok(Ok(())) => Outcome::Success,
             Ok(Err((outcome, message))) => {
                 sample.failure = Some(message);
@@ -182,8 +233,15 @@ impl Requester {
         sample
     }
 
-    async fn exchange(&self, body: Bytes, sent: Instant, sample: &mut Sample) -> Result<(), (Outcome, String)> {
-        let mut request = Request::post(self.uri.clone())
+    async fn exchange(
+        &self,
+        endpoint: Endpoint,
+        body: Bytes,
+        sent: Instant,
+        sample: &mut Sample,
+    ) -> Result<(), (Outcome, String)> {
+        let uri = &self.uris[endpoint.index()];
+        let mut request = Request::post(uri.clone())
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::ACCEPT, "text/event-stream")
             .header(header::ACCEPT_ENCODING, "identity");
@@ -195,17 +253,17 @@ impl Requester {
                 )
             })?;
             request = request.header(header::AUTHORIZATION, value.clone());
-            if self.shape.endpoint == Endpoint::Messages {
+            if endpoint == Endpoint::Messages {
                 request = request.header("x-api-key", value);
             }
         }
-        if self.shape.endpoint == Endpoint::Messages {
+        if endpoint == Endpoint::Messages {
             request = request.header("anthropic-version", "2023-06-01");
         }
         let request = request.body(Full::new(body)).expect("a valid request");
         let response = self.client.request(request).await.map_err(|e| {
             let cause = crate::upstream::innermost_cause(&e);
-            (Outcome::ConnectError, format!("cannot reach {}: {cause}", self.uri))
+            (Outcome::ConnectError, format!("cannot reach {uri}: {cause}"))
         })?;
         let status = response.status();
         if !status.is_success() {
@@ -226,7 +284,7 @@ impl Requester {
                 format!("answered {status} with Content-Type {content_type}, not an event stream: the endpoint does not stream"),
             ));
         }
-        let protocol = self.shape.endpoint.operation().protocol();
+        let protocol = endpoint.operation().protocol();
         let mut observer = StreamObserver::new(protocol, MAX_EVENT_BYTES, false);
         let mut body = response.into_body();
         let gaps = &mut sample.gaps;
@@ -280,6 +338,39 @@ impl Requester {
         let listed: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
         Ok(listed["data"][0]["id"].as_str().map(str::to_string))
     }
+}
+
+/// Largest page [`fetch_text`] reads: a million trace lines.
+pub const MAX_FETCHED_BYTES: usize = 256 << 20;
+
+/// GETs `url` and returns its body as text (a sidecar's `/workload`), within a minute.
+pub async fn fetch_text(url: &str, ca_cert: Option<&PathBuf>) -> Result<String, String> {
+    let uri: Uri = url.parse().map_err(|e| format!("not a URL ({e})"))?;
+    let connector = HttpsConnectorBuilder::new()
+        .with_tls_config(tls_config(ca_cert)?)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build(connector);
+    let fetch = async {
+        let response = client
+            .get(uri)
+            .await
+            .map_err(|e| format!("cannot reach it: {}", crate::upstream::innermost_cause(&e)))?;
+        let status = response.status();
+        let body = Limited::new(response.into_body(), MAX_FETCHED_BYTES)
+            .collect()
+            .await
+            .map_err(|e| format!("the answer broke off or is over {MAX_FETCHED_BYTES} bytes: {e}"))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(answer_message(status, &body));
+        }
+        String::from_utf8(body.to_vec()).map_err(|_| "the answer is not UTF-8 text".to_string())
+    };
+    tokio::time::timeout(Duration::from_secs(60), fetch)
+        .await
+        .map_err(|_| "no answer within a minute".to_string())?
 }
 
 /// TLS for `https://` targets: the public web roots, plus the certificates of `ca_cert`.
@@ -366,7 +457,8 @@ mod tests {
             ca_cert: None,
         };
         let requester = Requester::new(shape.clone()).unwrap();
-        let body: serde_json::Value = serde_json::from_slice(&requester.body(&Prompt::Text("hi".into()), 7)).unwrap();
+        let body: serde_json::Value =
+            serde_json::from_slice(&requester.body(&requester.plan(Prompt::Text("hi".into()), 7))).unwrap();
         assert_eq!(body["prompt"], "hi");
         assert_eq!(body["max_tokens"], 7);
         assert_eq!(body["stream_options"]["include_usage"], true);
@@ -377,7 +469,8 @@ mod tests {
             ..shape
         })
         .unwrap();
-        let body: serde_json::Value = serde_json::from_slice(&chat.body(&Prompt::Text("hi".into()), 7)).unwrap();
+        let body: serde_json::Value =
+            serde_json::from_slice(&chat.body(&chat.plan(Prompt::Text("hi".into()), 7))).unwrap();
         assert_eq!(body["messages"][0]["content"], "hi");
         assert!(body.get("ignore_eos").is_none());
     }

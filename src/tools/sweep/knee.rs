@@ -1,5 +1,6 @@
 //! The search for the knee: double the concurrency from 1 until the SLOs fail, then bisect
-//! between the last passing and the first failing concurrency until they are within 10 %.
+//! between the last passing and the first failing concurrency until they are within 10 %. A
+//! rate search does the same from a starting rate, halving first when that one fails.
 
 /// How close the last passing and first failing concurrency must come.
 pub const TOLERANCE: f64 = 0.10;
@@ -63,6 +64,63 @@ impl KneeSearch {
     }
 }
 
+/// Lowest rate a rate search tries, as a fraction of its start.
+pub const RATE_FLOOR: f64 = 1.0 / 64.0;
+
+/// Where a search over arrival rates stands.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RateSearch {
+    start: f64,
+    max: f64,
+    passing: Option<f64>,
+    failing: Option<f64>,
+    bisections: u32,
+}
+
+impl RateSearch {
+    /// A search from `start` requests per second that goes no higher than `max`.
+    pub fn new(start: f64, max: f64) -> Self {
+        Self {
+            start: start.min(max),
+            max,
+            passing: None,
+            failing: None,
+            bisections: 0,
+        }
+    }
+
+    /// The next rate to measure, or `None` when the search is over.
+    pub fn next(&self) -> Option<f64> {
+        match (self.passing, self.failing) {
+            (None, None) => Some(self.start),
+            (None, Some(fail)) => (fail / 2.0 >= self.start * RATE_FLOOR).then_some(fail / 2.0),
+            (Some(pass), None) if pass >= self.max => None,
+            (Some(pass), None) => Some((pass * 2.0).min(self.max)),
+            (Some(pass), Some(fail)) => {
+                let close = fail - pass <= TOLERANCE * pass;
+                (!close && self.bisections < MAX_BISECTIONS).then_some((pass + fail) / 2.0)
+            }
+        }
+    }
+
+    /// Takes the verdict of a measured rate.
+    pub fn observe(&mut self, rate: f64, met_slos: bool) {
+        if self.passing.is_some() && self.failing.is_some() {
+            self.bisections += 1;
+        }
+        if met_slos {
+            self.passing = Some(self.passing.map_or(rate, |p| p.max(rate)));
+        } else {
+            self.failing = Some(self.failing.map_or(rate, |f| f.min(rate)));
+        }
+    }
+
+    /// The search stopped at `max` without the SLOs failing.
+    pub fn reached_max(&self) -> bool {
+        self.failing.is_none() && self.passing.is_some_and(|p| p >= self.max)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -99,6 +157,35 @@ mod tests {
                 "{knee}: {found}"
             );
         }
+    }
+
+    #[test]
+    fn a_rate_search_halves_or_doubles_then_bisects_to_within_ten_percent() {
+        for (knee, start) in [(7.3, 1.0), (7.3, 50.0), (0.2, 4.0), (1000.0, 3.0)] {
+            let mut s = RateSearch::new(start, 500.0);
+            let mut measured = Vec::new();
+            while let Some(rate) = s.next() {
+                measured.push(rate);
+                s.observe(rate, rate <= knee);
+                assert!(measured.len() < 40);
+            }
+            let best = measured.iter().copied().filter(|r| *r <= knee).fold(f64::NAN, f64::max);
+            if knee >= 500.0 {
+                assert!(s.reached_max() && best == 500.0, "{measured:?}");
+            } else {
+                assert!(
+                    best <= knee && knee - best <= 0.1 * best + 1e-9,
+                    "{knee} from {start}: {measured:?}"
+                );
+            }
+        }
+        let mut never = RateSearch::new(1.0, 10.0);
+        let mut tried = 0;
+        while let Some(rate) = never.next() {
+            never.observe(rate, false);
+            tried += 1;
+        }
+        assert_eq!(tried, 7, "1 down to 1/64, then it stops");
     }
 
     #[test]

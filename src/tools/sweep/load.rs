@@ -1,17 +1,15 @@
-//! Holds one load against the target: closed-loop clients or Poisson arrivals (steady, or in
-//! on/off bursts). Requests sent
+//! Holds one load against the target: closed-loop clients, or open-loop arrivals (Poisson,
+//! gamma with a burstiness, on/off bursts, or a trace's own times). Requests sent
 //! during the warm-up are not recorded; those sent in the measured window are, and the load
 //! is held until the last of them ends, so every recorded request ran under the same load.
 
-use super::client::{Requester, Sample};
-use super::prompts::Entry;
+use super::client::{Planned, Requester, Sample};
 use super::stats::Load;
-use bytes::Bytes;
 use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
 use rand::SeedableRng;
-use rand_distr::{Distribution, Exp};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use rand_distr::{Distribution, Exp, Gamma};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -31,8 +29,29 @@ pub struct StepPlan {
     pub duration: Duration,
     /// Seed for arrival times.
     pub seed: u64,
-    /// Open-loop arrivals come in bursts instead of steadily.
-    pub bursts: Option<Bursts>,
+    /// How open-loop arrivals are spaced.
+    pub arrivals: Arrivals,
+}
+
+/// How open-loop arrivals are spaced, at a step's mean rate.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Arrivals {
+    /// Gaps drawn from a gamma distribution of this shape (vLLM's burstiness): 1 is Poisson,
+    /// below 1 burstier.
+    Gamma {
+        /// The shape.
+        burstiness: f64,
+    },
+    /// Poisson within on/off bursts.
+    Bursts(Bursts),
+    /// A trace's own times, divided by a rate scale: one request per time, in order.
+    Trace(Arc<Vec<Duration>>),
+}
+
+impl Default for Arrivals {
+    fn default() -> Self {
+        Arrivals::Gamma { burstiness: 1.0 }
+    }
 }
 
 /// On/off arrivals: Poisson during each `on` spell at the rate that keeps the step's mean
@@ -60,28 +79,35 @@ impl Bursts {
     }
 }
 
-/// The request bodies, taken in turn.
+/// The requests a step sends, taken in turn (and again from the first when all were sent).
 #[derive(Debug)]
 pub struct Bodies {
-    bodies: Vec<Bytes>,
+    planned: Vec<Planned>,
     next: AtomicUsize,
 }
 
 impl Bodies {
-    /// Every entry's request body, asking for its own output length or `output_tokens`.
-    pub fn new(requester: &Requester, entries: &[Entry], output_tokens: u32) -> Self {
+    /// The requests `planned`, in order; at least one.
+    pub fn new(planned: Vec<Planned>) -> Self {
+        assert!(!planned.is_empty(), "a step sends at least one kind of request");
         Self {
-            bodies: entries
-                .iter()
-                .map(|e| requester.body(&e.prompt, e.output_tokens.unwrap_or(output_tokens)))
-                .collect(),
+            planned,
             next: AtomicUsize::new(0),
         }
     }
 
-    fn next(&self) -> Bytes {
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
-        self.bodies[i % self.bodies.len()].clone()
+    /// The same requests, from the first again (for another step or target).
+    pub fn restart(&self) -> Arc<Self> {
+        Arc::new(Self::new(self.planned.clone()))
+    }
+
+    /// The requests, in order.
+    pub fn planned(&self) -> &[Planned] {
+        &self.planned
+    }
+
+    fn next(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed) % self.planned.len()
     }
 }
 
@@ -103,23 +129,37 @@ struct Shared {
     record_until: Instant,
     /// Recorded requests not yet finished.
     outstanding: AtomicUsize,
+    /// A trace's arrivals were all sent: its window is over (timers fire late, so a last
+    /// arrival due at the window's end may come after it).
+    exhausted: AtomicBool,
     /// Woken when a recorded request ends.
     ended: Notify,
     samples: Mutex<Vec<Sample>>,
 }
 
 impl Shared {
-    /// Sends one request; records it when it was sent in the window.
+    /// Sends the next request; records it when it was sent in the window.
     async fn one_request(&self) -> Sent {
         if self.over() {
             return Sent::Over;
         }
+        let recorded = self.begin();
+        self.send(self.bodies.next(), recorded).await
+    }
+
+    /// Whether a request sent now is recorded; if so it is in flight from now on.
+    fn begin(&self) -> bool {
         let now = Instant::now();
         let recorded = now >= self.record_from && now < self.record_until;
         if recorded {
             self.outstanding.fetch_add(1, Ordering::AcqRel);
         }
-        let sample = self.requester.send(self.bodies.next()).await;
+        recorded
+    }
+
+    /// Sends request `index`, [`Shared::begin`] having said whether it is `recorded`.
+    async fn send(&self, index: usize, recorded: bool) -> Sent {
+        let sample = self.requester.send(&self.bodies.planned[index]).await;
         let sent = if sample.failure.is_some() {
             Sent::Failed
         } else {
@@ -135,7 +175,8 @@ impl Shared {
 
     /// The window passed and every recorded request ended.
     fn over(&self) -> bool {
-        Instant::now() >= self.record_until && self.outstanding.load(Ordering::Acquire) == 0
+        (Instant::now() >= self.record_until || self.exhausted.load(Ordering::Acquire))
+            && self.outstanding.load(Ordering::Acquire) == 0
     }
 }
 
@@ -148,12 +189,18 @@ pub async fn run_step(
     bar: &ProgressBar,
 ) -> Vec<Sample> {
     let start = Instant::now();
+    // A trace's window is its arrivals, all of them recorded, however late the last one is sent.
+    let slack = match plan.arrivals {
+        Arrivals::Trace(_) => Duration::from_secs(24 * 3600),
+        _ => Duration::ZERO,
+    };
     let shared = Arc::new(Shared {
         requester: requester.clone(),
         bodies,
         record_from: start + plan.warmup,
-        record_until: start + plan.warmup + plan.duration,
+        record_until: start + plan.warmup + plan.duration + slack,
         outstanding: AtomicUsize::new(0),
+        exhausted: AtomicBool::new(false),
         ended: Notify::new(),
         samples: Mutex::new(Vec::new()),
     });
@@ -175,7 +222,7 @@ pub async fn run_step(
         }
         Load::Rate(rate) => {
             let shared = shared.clone();
-            tasks.spawn(arrivals(shared, rate, plan.seed, plan.bursts));
+            tasks.spawn(arrivals(shared, ArrivalTimes::new(rate, plan.seed, &plan.arrivals)));
         }
     }
     let total = plan.warmup + plan.duration;
@@ -211,40 +258,67 @@ pub async fn run_step(
     samples
 }
 
-/// Poisson arrivals: each request in its own task, sent at exponentially spaced times (of busy
-/// time, with `bursts`).
-async fn arrivals(shared: Arc<Shared>, rate: f64, seed: u64, bursts: Option<Bursts>) {
+/// Open-loop arrivals: each request in its own task, sent at its time; the request is picked
+/// when it is due, so that the n-th arrival sends the n-th request.
+async fn arrivals(shared: Arc<Shared>, times: ArrivalTimes) {
     let mut requests = JoinSet::new();
     let start = Instant::now();
-    for offset in ArrivalTimes::new(rate, seed, bursts) {
+    for offset in times {
         tokio::time::sleep_until(start + offset).await;
         if shared.over() {
             break;
         }
         let shared_one = shared.clone();
-        requests.spawn(async move { shared_one.one_request().await });
+        let (index, recorded) = (shared.bodies.next(), shared.begin());
+        requests.spawn(async move { shared_one.send(index, recorded).await });
         // Reap finished requests so the set stays as large as what is in flight.
         while requests.try_join_next().is_some() {}
     }
+    // Only a trace runs out; its requests are all counted in flight by now, and run to their end.
+    shared.exhausted.store(true, Ordering::Release);
+    while requests.join_next().await.is_some() {}
 }
 
-/// The send times of Poisson arrivals at a mean `rate`, from the step's start.
-struct ArrivalTimes {
+/// The send times of open-loop arrivals at a mean `rate`, from the step's start.
+pub struct ArrivalTimes {
     rng: SmallRng,
-    gaps: Exp<f64>,
+    gaps: Gaps,
     bursts: Option<Bursts>,
     /// Seconds of arrival time (time within bursts) drawn so far.
     busy: f64,
+    /// A trace's times, and the next one.
+    trace: Option<(Arc<Vec<Duration>>, usize)>,
+}
+
+/// How the gaps between arrivals are drawn.
+enum Gaps {
+    /// Exponential: Poisson arrivals.
+    Exponential(Exp<f64>),
+    /// Gamma, of a shape other than 1.
+    Gamma(Gamma<f64>),
 }
 
 impl ArrivalTimes {
-    fn new(rate: f64, seed: u64, bursts: Option<Bursts>) -> Self {
-        let duty = bursts.map_or(1.0, |b| b.duty());
+    /// The times of `arrivals` at a mean `rate`, seeded.
+    pub fn new(rate: f64, seed: u64, arrivals: &Arrivals) -> Self {
+        let (bursts, burstiness, trace) = match arrivals {
+            Arrivals::Gamma { burstiness } => (None, *burstiness, None),
+            Arrivals::Bursts(bursts) => (Some(*bursts), 1.0, None),
+            Arrivals::Trace(times) => (None, 1.0, Some((times.clone(), 0))),
+        };
+        let rate = rate / bursts.map_or(1.0, |b| b.duty());
+        let gaps = if burstiness == 1.0 {
+            Gaps::Exponential(Exp::new(rate).expect("a positive rate"))
+        } else {
+            // vLLM's definition: shape = burstiness, scale = 1 / (rate × burstiness).
+            Gaps::Gamma(Gamma::new(burstiness, 1.0 / (rate * burstiness)).expect("a positive shape and rate"))
+        };
         Self {
             rng: SmallRng::seed_from_u64(seed),
-            gaps: Exp::new(rate / duty).expect("a positive rate"),
+            gaps,
             bursts,
             busy: 0.0,
+            trace,
         }
     }
 }
@@ -253,11 +327,19 @@ impl Iterator for ArrivalTimes {
     type Item = Duration;
 
     fn next(&mut self) -> Option<Duration> {
+        if let Some((times, next)) = &mut self.trace {
+            let at = times.get(*next).copied();
+            *next += 1;
+            return at;
+        }
         let at = match self.bursts {
             Some(bursts) => bursts.clock(self.busy),
             None => Duration::from_secs_f64(self.busy),
         };
-        self.busy += self.gaps.sample(&mut self.rng);
+        self.busy += match &self.gaps {
+            Gaps::Exponential(exp) => exp.sample(&mut self.rng),
+            Gaps::Gamma(gamma) => gamma.sample(&mut self.rng),
+        };
         Some(at)
     }
 }
@@ -285,12 +367,12 @@ mod tests {
             on: Duration::from_secs(1),
             off: Duration::from_secs(3),
         };
-        let times: Vec<Duration> = ArrivalTimes::new(10.0, 3, Some(bursts))
+        let times: Vec<Duration> = ArrivalTimes::new(10.0, 3, &Arrivals::Bursts(bursts))
             .take_while(|t| *t < Duration::from_secs(400))
             .collect();
         assert!((times.len() as f64 / 400.0 - 10.0).abs() < 0.5, "{}", times.len());
         assert!(times.iter().all(|t| t.as_millis() % 4000 < 1000), "none between bursts");
-        let steady: Vec<Duration> = ArrivalTimes::new(10.0, 3, None)
+        let steady: Vec<Duration> = ArrivalTimes::new(10.0, 3, &Arrivals::default())
             .take_while(|t| *t < Duration::from_secs(400))
             .collect();
         assert!((steady.len() as f64 / 400.0 - 10.0).abs() < 0.5, "{}", steady.len());

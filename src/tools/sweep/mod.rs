@@ -1,22 +1,27 @@
 //! `llmslo sweep`: measures an OpenAI-compatible endpoint's latency–load curve
 //! from the client side, judges every step against the SLO file, and finds the knee: the
-//! highest load at which every deciding SLO still holds.
+//! highest load at which every deciding SLO still holds. The requests are fixed-length, a
+//! dataset's, a replayed trace's, or drawn from a workload's shape.
 
 pub mod args;
 pub mod client;
+pub mod compare;
 pub mod knee;
 pub mod load;
 pub mod plot;
 pub mod prompts;
 pub mod report;
 pub mod stats;
+pub mod verdict;
 
 use crate::record::Outcome;
 use crate::slo::spec::{SloKind, SloSet};
-use client::{Endpoint, RequestShape, Requester};
+use crate::workload::shape::Shape;
+use crate::workload::trace::{Trace, TraceRow};
+use client::{Endpoint, Planned, RequestShape, Requester, Sample};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use knee::KneeSearch;
-use load::{Bodies, Bursts, StepPlan};
+use knee::{KneeSearch, RateSearch};
+use load::{Arrivals, Bodies, StepPlan};
 use prompts::{Entry, Prompt};
 use report::{Knee, Report};
 use stats::{Load, StepResult};
@@ -35,9 +40,37 @@ pub enum LoadPlan {
         /// The highest concurrency tried.
         max: usize,
     },
-    /// These Poisson request rates (requests per second), in order.
+    /// These open-loop request rates (requests per second), in order.
     Rate(Vec<f64>),
+    /// From `start` requests per second, halving or doubling, then bisecting, to the knee;
+    /// never above `max`.
+    AutoRate {
+        /// The first rate tried.
+        start: f64,
+        /// The highest rate tried.
+        max: f64,
+    },
 }
+
+/// What the requests are like.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Workload {
+    /// One prompt length (or a dataset's prompts) and one output length, from the flags.
+    Fixed,
+    /// A trace replayed whole at each step: its requests at its own times, scaled to the
+    /// step's rate.
+    Replay {
+        /// The file it came from, for the report.
+        name: String,
+        /// Its requests.
+        trace: Trace,
+    },
+    /// Requests drawn from a workload's shape.
+    Shape(Shape),
+}
+
+/// Requests drawn from a shape for each step (taken in turn, and again when all were sent).
+pub const DRAWN_REQUESTS: usize = 10_000;
 
 /// Everything `llmslo sweep` was asked.
 #[derive(Debug, Clone)]
@@ -74,8 +107,10 @@ pub struct SweepOptions {
     pub seed: u64,
     /// The accelerators' price for an hour, to price a million tokens at each step.
     pub gpu_hour_price: Option<f64>,
-    /// Rate steps send their requests in on/off bursts (the same mean rate).
-    pub bursts: Option<Bursts>,
+    /// How rate steps space their arrivals (a shape's burstiness unless set).
+    pub arrivals: Arrivals,
+    /// What the requests are like.
+    pub workload: Workload,
 }
 
 /// Why a sweep could not run or finish.
@@ -91,26 +126,52 @@ pub enum SweepError {
 
 /// Runs the sweep and returns what it measured.
 pub async fn run(options: SweepOptions) -> Result<Report, SweepError> {
-    if !options
-        .slos
-        .slos
-        .iter()
-        .any(|s| !matches!(s.kind, SloKind::Availability))
-    {
-        return Err(SweepError::Usage(
-            "the config has no latency SLO to judge the load by: add a `slos:` entry with ttft, tpot or e2e \
-             (see docs/slos.md)"
-                .into(),
-        ));
+    check_slos(&options.slos)?;
+    let requester = connect(&options, &options.target).await?;
+    let bodies = Bodies::new(planned_requests(&options, &requester)?);
+    preflight(&requester, &bodies.planned()[0]).await?;
+
+    let mut steps = Vec::new();
+    let mut search = Search::new(&options.loads);
+    while let Some(load) = search.next() {
+        // Each step draws its own arrival times (the same seed would replay one pattern at
+        // every rate, scaled) and sends the same requests from the first.
+        let step_plan = step_plan(&options, load, steps.len() as u64);
+        let samples = hold(&requester, bodies.restart(), load, &step_plan, "").await;
+        let step = judge_step(load, step_plan.duration, &samples, &options.slos, "");
+        // Too few requests to judge is not a miss: the search goes on, and the report says so.
+        search.observe(load, step.verdict() != stats::Judgement::Missed);
+        steps.push(step);
     }
-    let base = base_url(&options.target)?;
-    let entries: Vec<Entry> = match &options.dataset {
-        Some(path) => prompts::load_dataset(path).map_err(SweepError::Usage)?,
-        None => vec![Entry {
-            prompt: prompts::synthetic(options.prompt_tokens),
-            output_tokens: None,
-        }],
-    };
+    steps.sort_by(|a, b| load_order(a.load).total_cmp(&load_order(b.load)));
+    let knee = Knee::from_steps(&steps, search.reached_max());
+    Ok(Report {
+        target: requester.base().to_string(),
+        model: requester.model().to_string(),
+        endpoint: options.endpoint,
+        slos: options.slos.clone(),
+        steps,
+        knee,
+        gpu_hour_price: options.gpu_hour_price,
+        workload: describe_workload(&options),
+    })
+}
+
+/// A sweep needs a latency SLO to judge its loads by.
+pub fn check_slos(slos: &SloSet) -> Result<(), SweepError> {
+    if slos.slos.iter().any(|s| !matches!(s.kind, SloKind::Availability)) {
+        return Ok(());
+    }
+    Err(SweepError::Usage(
+        "the config has no latency SLO to judge the load by: add a `slos:` entry with ttft, tpot or e2e \
+         (see docs/slos.md)"
+            .into(),
+    ))
+}
+
+/// A client for `target`, asking for `--model` or the first model the target lists.
+pub async fn connect(options: &SweepOptions, target: &str) -> Result<Requester, SweepError> {
+    let base = base_url(target)?;
     let mut shape = RequestShape {
         base: base.clone(),
         endpoint: options.endpoint,
@@ -128,74 +189,142 @@ pub async fn run(options: SweepOptions) -> Result<Report, SweepError> {
             .map_err(SweepError::Target)?
             .ok_or_else(|| SweepError::Target(format!("{base}/v1/models lists no model: pass --model")))?;
     }
-    let requester = Requester::new(shape).map_err(SweepError::Usage)?;
-    let bodies = Arc::new(Bodies::new(&requester, &entries, options.output_tokens));
-    let first = &entries[0];
-    preflight(
-        &requester,
-        &first.prompt,
-        first.output_tokens.unwrap_or(options.output_tokens),
-    )
-    .await?;
+    Requester::new(shape).map_err(SweepError::Usage)
+}
 
-    let plan = StepPlan {
-        warmup: options.warmup,
-        duration: options.duration,
-        seed: options.seed,
-        bursts: options.bursts,
-    };
-    let mut steps = Vec::new();
-    let mut search = match options.loads {
-        LoadPlan::Auto { max } => Some(KneeSearch::new(max)),
-        _ => None,
-    };
-    let mut queue: Vec<Load> = match &options.loads {
-        LoadPlan::Concurrency(list) => list.iter().map(|&c| Load::Concurrency(c)).collect(),
-        LoadPlan::Rate(list) => list.iter().map(|&r| Load::Rate(r)).collect(),
-        LoadPlan::Auto { .. } => Vec::new(),
-    };
-    queue.reverse();
-    loop {
-        let load = match search.as_ref() {
-            Some(search) => search.next().map(Load::Concurrency),
-            None => queue.pop(),
+/// The loads still to measure: a list, or a search.
+enum Search {
+    /// These, in order (the next at the end).
+    List(Vec<Load>),
+    /// A concurrency search.
+    Concurrency(KneeSearch),
+    /// A rate search.
+    Rate(RateSearch),
+}
+
+impl Search {
+    fn new(plan: &LoadPlan) -> Self {
+        let mut list: Vec<Load> = match plan {
+            LoadPlan::Concurrency(list) => list.iter().map(|&c| Load::Concurrency(c)).collect(),
+            LoadPlan::Rate(list) => list.iter().map(|&r| Load::Rate(r)).collect(),
+            LoadPlan::Auto { max } => return Search::Concurrency(KneeSearch::new(*max)),
+            LoadPlan::AutoRate { start, max } => return Search::Rate(RateSearch::new(*start, *max)),
         };
-        let Some(load) = load else { break };
-        // Each step draws its own arrival times: the same seed would replay one pattern at
-        // every rate, scaled.
-        let step_plan = StepPlan {
-            seed: plan.seed.wrapping_add(steps.len() as u64),
-            ..plan.clone()
-        };
-        let step = measure(&requester, bodies.clone(), load, &step_plan, &options.slos).await?;
-        if let (Some(search), Load::Concurrency(c)) = (search.as_mut(), load) {
-            // Too few requests to judge is not a miss: the search goes on, and the report says so.
-            search.observe(c, step.verdict() != stats::Judgement::Missed);
-        }
-        steps.push(step);
+        list.reverse();
+        Search::List(list)
     }
-    steps.sort_by(|a, b| load_order(a.load).total_cmp(&load_order(b.load)));
-    let knee = Knee::from_steps(&steps, search.as_ref().is_some_and(KneeSearch::reached_max));
-    Ok(Report {
-        target: base,
-        model: requester.model().to_string(),
-        endpoint: options.endpoint,
-        slos: options.slos.clone(),
-        steps,
-        knee,
-        gpu_hour_price: options.gpu_hour_price,
+
+    fn next(&mut self) -> Option<Load> {
+        match self {
+            Search::List(list) => list.pop(),
+            Search::Concurrency(search) => search.next().map(Load::Concurrency),
+            Search::Rate(search) => search.next().map(Load::Rate),
+        }
+    }
+
+    fn observe(&mut self, load: Load, met: bool) {
+        match (self, load) {
+            (Search::Concurrency(search), Load::Concurrency(c)) => search.observe(c, met),
+            (Search::Rate(search), Load::Rate(r)) => search.observe(r, met),
+            _ => {}
+        }
+    }
+
+    fn reached_max(&self) -> bool {
+        match self {
+            Search::List(_) => false,
+            Search::Concurrency(search) => search.reached_max(),
+            Search::Rate(search) => search.reached_max(),
+        }
+    }
+}
+
+/// How step number `index` at `load` runs: a replayed trace runs whole, once, at the step's
+/// rate; anything else holds the load for the warm-up and the window.
+pub fn step_plan(options: &SweepOptions, load: Load, index: u64) -> StepPlan {
+    let seed = options.seed.wrapping_add(index);
+    match (&options.workload, load) {
+        (Workload::Replay { trace, .. }, Load::Rate(rate)) => {
+            let scale = rate / trace.rate();
+            let times: Vec<Duration> = trace.rows.iter().map(|r| r.offset().div_f64(scale)).collect();
+            StepPlan {
+                warmup: Duration::ZERO,
+                duration: times.last().copied().unwrap_or_default(),
+                seed,
+                arrivals: Arrivals::Trace(Arc::new(times)),
+            }
+        }
+        _ => StepPlan {
+            warmup: options.warmup,
+            duration: options.duration,
+            seed,
+            arrivals: options.arrivals.clone(),
+        },
+    }
+}
+
+/// The requests every step sends, in order: a trace's rows, requests drawn from a shape
+/// (seeded), or the fixed prompt or dataset.
+pub fn planned_requests(options: &SweepOptions, requester: &Requester) -> Result<Vec<Planned>, SweepError> {
+    let endpoint_of = |api: &Option<String>| api.as_deref().and_then(Endpoint::from_api).unwrap_or(options.endpoint);
+    let sized = |rows: Vec<TraceRow>| {
+        rows.into_iter()
+            .enumerate()
+            .map(|(i, row)| Planned {
+                endpoint: endpoint_of(&row.api),
+                prompt: Prompt::Sized {
+                    tokens: row.input_length,
+                    salt: options.seed.wrapping_mul(1_000_003).wrapping_add(i as u64),
+                },
+                output_tokens: row.output_length,
+            })
+            .collect()
+    };
+    Ok(match &options.workload {
+        Workload::Replay { trace, .. } => sized(trace.rows.clone()),
+        Workload::Shape(shape) => sized(shape.draw(DRAWN_REQUESTS, options.seed)),
+        Workload::Fixed => {
+            let entries: Vec<Entry> = match &options.dataset {
+                Some(path) => prompts::load_dataset(path).map_err(SweepError::Usage)?,
+                None => vec![Entry {
+                    prompt: prompts::synthetic(options.prompt_tokens),
+                    output_tokens: None,
+                }],
+            };
+            entries
+                .into_iter()
+                .map(|e| requester.plan(e.prompt, e.output_tokens.unwrap_or(options.output_tokens)))
+                .collect()
+        }
     })
 }
 
-/// Measures one step, with its progress bar; a step with nothing to judge by is kept, with
-/// its reason.
-async fn measure(
-    requester: &Requester,
-    bodies: Arc<Bodies>,
-    load: Load,
-    plan: &StepPlan,
-    slos: &SloSet,
-) -> Result<StepResult, SweepError> {
+/// The workload in a few lines, for the report, when it is not the fixed one.
+pub fn describe_workload(options: &SweepOptions) -> Option<String> {
+    match &options.workload {
+        Workload::Fixed => None,
+        Workload::Replay { name, trace } => {
+            let classes: String = Shape::of(trace)
+                .map(|s| s.describe())
+                .unwrap_or_default()
+                .lines()
+                .skip(1)
+                .map(|line| format!("{line}\n"))
+                .collect();
+            Some(format!(
+                "workload: replay of {name}: {} requests over {:.1} s ({:.2} req/s at its own timing)\n{classes}",
+                trace.rows.len(),
+                trace.span().as_secs_f64(),
+                trace.rate(),
+            ))
+        }
+        Workload::Shape(shape) => Some(shape.describe()),
+    }
+}
+
+/// Holds one step's load, with its progress bar (on a terminal), and returns its samples;
+/// `label` names the target when there are two.
+pub async fn hold(requester: &Requester, bodies: Arc<Bodies>, load: Load, plan: &StepPlan, label: &str) -> Vec<Sample> {
     let terminal = std::io::stderr().is_terminal();
     let bar = if terminal {
         ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
@@ -203,28 +332,31 @@ async fn measure(
         ProgressBar::hidden()
     };
     bar.set_style(
-        ProgressStyle::with_template("{bar:30.cyan/blue} {elapsed:>4} {msg}")
+        ProgressStyle::with_template("{prefix}{bar:30.cyan/blue} {elapsed:>4} {msg}")
             .expect("a valid template")
             .progress_chars("█▓░"),
     );
+    bar.set_prefix(label.to_string());
     let samples = load::run_step(requester, bodies, load, plan, &bar).await;
-    let step = StepResult::from_samples(load, plan.duration, &samples, slos);
-    let line = report::step_line(&step);
-    if terminal {
-        bar.finish_with_message(line);
-    } else {
-        eprintln!("llmslo sweep: {line}");
-    }
+    bar.finish_and_clear();
+    samples
+}
+
+/// A step's figures from its samples, told on standard error (a step with nothing to judge
+/// by is kept, with its reason).
+pub fn judge_step(load: Load, window: Duration, samples: &[Sample], slos: &SloSet, label: &str) -> StepResult {
+    let step = StepResult::from_samples(load, window, samples, slos);
+    eprintln!("llmslo sweep: {label}{}", report::step_line(&step));
     if let Some(note) = step.note() {
-        eprintln!("llmslo sweep: {}: {note}; the sweep goes on", step.load);
+        eprintln!("llmslo sweep: {label}{}: {note}; the sweep goes on", step.load);
     }
-    Ok(step)
+    step
 }
 
 /// One request before any step: an unreachable target, a refused request or an endpoint
 /// that does not stream stops the sweep here with the reason.
-async fn preflight(requester: &Requester, prompt: &Prompt, output_tokens: u32) -> Result<(), SweepError> {
-    let sample = requester.send(requester.body(prompt, output_tokens)).await;
+async fn preflight(requester: &Requester, planned: &Planned) -> Result<(), SweepError> {
+    let sample = requester.send(planned).await;
     let message = sample.failure.unwrap_or_default();
     match sample.record.outcome {
         Outcome::Success => Ok(()),

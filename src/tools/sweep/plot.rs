@@ -1,6 +1,8 @@
 //! The sweep's plot (SVG): per-user against aggregate output tokens/s with each point's load,
 //! the TPOT SLO's limit and the knee; beside it TTFT and TPOT p99 against load.
+//! A comparison draws both targets: their frontiers, attainment and goodput against load.
 
+use super::compare::Comparison;
 use super::report::Report;
 use super::stats::{Judgement, Load, StepResult};
 use crate::slo::spec::SloKind;
@@ -199,4 +201,150 @@ fn load_label(load: Load) -> String {
         Load::Concurrency(c) => format!("c={c}"),
         Load::Rate(r) => format!("{r}/s"),
     }
+}
+
+/// A's colour in a comparison.
+const A_COLOUR: RGBColor = RGBColor(31, 119, 180);
+/// B's colour in a comparison.
+const B_COLOUR: RGBColor = RGBColor(255, 127, 14);
+
+/// A comparison as an SVG document: both frontiers, then attainment and goodput against the
+/// offered load, each with its knee.
+pub fn render_comparison(comparison: &Comparison) -> Result<String, String> {
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1500, 500)).into_drawing_area();
+        root.fill(&WHITE).map_err(error)?;
+        let panels = root.split_evenly((1, 3));
+        let sides = [("A", &comparison.a, A_COLOUR), ("B", &comparison.b, B_COLOUR)];
+        frontiers(&panels[0], &sides).map_err(error)?;
+        type Figure = fn(&StepResult) -> f64;
+        let attainment: Figure = |s| {
+            s.attainment
+                .iter()
+                .filter(|a| a.required)
+                .map(|a| a.attainment * 100.0)
+                .fold(f64::INFINITY, f64::min)
+        };
+        let goodput: Figure = |s| s.goodput_requests_per_second;
+        against_load(
+            &panels[1],
+            &sides,
+            "Attainment (worst deciding SLO)",
+            "% of requests good",
+            attainment,
+        )
+        .map_err(error)?;
+        against_load(&panels[2], &sides, "Goodput", "requests/s meeting the SLOs", goodput).map_err(error)?;
+        root.present().map_err(error)?;
+    }
+    Ok(svg)
+}
+
+type Side<'a> = (&'a str, &'a Report, RGBColor);
+
+/// Per-user against aggregate output tokens/s, one line a side, its knee circled.
+fn frontiers(area: &Area, sides: &[Side]) -> DrawResult {
+    let all = sides.iter().flat_map(|(_, r, _)| &r.steps);
+    let finite: Vec<&StepResult> = all
+        .filter(|s| s.output_tokens_per_second.is_finite() && s.per_user_tokens_per_second.is_finite())
+        .collect();
+    let x_max = finite.iter().map(|s| s.output_tokens_per_second).fold(1.0, f64::max) * 1.15;
+    let y_max = finite.iter().map(|s| s.per_user_tokens_per_second).fold(1.0, f64::max) * 1.15;
+    let mut chart = ChartBuilder::on(area)
+        .caption("Per-user speed against throughput", ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
+    chart
+        .configure_mesh()
+        .x_desc("aggregate output tokens/s")
+        .y_desc("output tokens/s per user")
+        .draw()?;
+    for (name, report, colour) in sides {
+        let colour = *colour;
+        let points: Vec<(f64, f64)> = report
+            .steps
+            .iter()
+            .map(|s| (s.output_tokens_per_second, s.per_user_tokens_per_second))
+            .filter(|p| p.0.is_finite() && p.1.is_finite())
+            .collect();
+        chart
+            .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))?
+            .label(format!("{name}: {}", report.target))
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
+        chart.draw_series(points.iter().map(|p| Circle::new(*p, 3, colour.filled())))?;
+        if let Some(knee) = report.steps.iter().find(|s| Some(s.load) == report.knee.load) {
+            chart.draw_series([Circle::new(
+                (knee.output_tokens_per_second, knee.per_user_tokens_per_second),
+                9,
+                colour.stroke_width(2),
+            )])?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerLeft)
+        .draw()?;
+    Ok(())
+}
+
+/// One figure against the offered load, one line a side, a dashed line at each side's knee.
+fn against_load(area: &Area, sides: &[Side], caption: &str, unit: &str, figure: fn(&StepResult) -> f64) -> DrawResult {
+    let load_of = |s: &StepResult| match s.load {
+        Load::Concurrency(c) => c as f64,
+        Load::Rate(r) => r,
+    };
+    let x_name = match sides[0].1.steps.first().map(|s| s.load) {
+        Some(Load::Rate(_)) => "offered rate (req/s)",
+        _ => "concurrency",
+    };
+    let steps = || sides.iter().flat_map(|(_, r, _)| &r.steps);
+    let x_max = steps().map(load_of).fold(1.0, f64::max) * 1.1;
+    let values: Vec<f64> = steps().map(figure).filter(|v| v.is_finite()).collect();
+    let y_max = values.iter().copied().fold(1.0, f64::max) * 1.1;
+    let y_min = values.iter().copied().fold(y_max, f64::min).min(0.0);
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
+        .build_cartesian_2d(0.0..x_max, y_min..y_max)?;
+    chart.configure_mesh().x_desc(x_name).y_desc(unit).draw()?;
+    for (name, report, colour) in sides {
+        let colour = *colour;
+        let points: Vec<(f64, f64)> = report
+            .steps
+            .iter()
+            .map(|s| (load_of(s), figure(s)))
+            .filter(|p| p.1.is_finite())
+            .collect();
+        chart
+            .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))?
+            .label(*name)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
+        chart.draw_series(points.iter().map(|p| Circle::new(*p, 3, colour.filled())))?;
+        if let Some(knee) = report.knee.load {
+            let x = match knee {
+                Load::Concurrency(c) => c as f64,
+                Load::Rate(r) => r,
+            };
+            chart.draw_series(DashedLineSeries::new(
+                [(x, y_min), (x, y_max)],
+                6,
+                4,
+                colour.stroke_width(1),
+            ))?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::LowerRight)
+        .draw()?;
+    Ok(())
 }

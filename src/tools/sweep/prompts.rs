@@ -17,6 +17,14 @@ pub enum Prompt {
     Text(String),
     /// Chat messages as the dataset wrote them.
     Messages(Value),
+    /// About `tokens` tokens of short words, written when sent: a replayed or drawn request,
+    /// each with its own words (from `salt`) so that no two share more than a chance prefix.
+    Sized {
+        /// Its length in tokens.
+        tokens: u32,
+        /// Picks its words.
+        salt: u64,
+    },
 }
 
 impl Prompt {
@@ -24,6 +32,7 @@ impl Prompt {
     pub fn text(&self) -> String {
         match self {
             Prompt::Text(text) => text.clone(),
+            Prompt::Sized { tokens, salt } => words(*tokens, *salt),
             Prompt::Messages(messages) => messages
                 .as_array()
                 .into_iter()
@@ -38,6 +47,7 @@ impl Prompt {
     pub fn messages(&self) -> Value {
         match self {
             Prompt::Text(text) => serde_json::json!([{"role": "user", "content": text}]),
+            Prompt::Sized { .. } => serde_json::json!([{"role": "user", "content": self.text()}]),
             Prompt::Messages(messages) => messages.clone(),
         }
     }
@@ -58,6 +68,23 @@ pub fn synthetic(tokens: u32) -> Prompt {
         .map(|i| WORDS[(i * 7 + i / 16) % WORDS.len()])
         .collect();
     Prompt::Text(words.join(" "))
+}
+
+/// `tokens` short words picked by `salt` (a splitmix64 sequence), each after a space: one
+/// token each for BPE tokenizers, and exactly four characters a token.
+fn words(tokens: u32, salt: u64) -> String {
+    let mut state = salt;
+    let mut text = String::with_capacity(tokens as usize * 4);
+    for _ in 0..tokens.max(1) {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        text.push(' ');
+        text.push_str(WORDS[(z % WORDS.len() as u64) as usize]);
+    }
+    text
 }
 
 /// Reads a JSONL dataset: one prompt per non-empty line.
@@ -120,6 +147,23 @@ mod tests {
         // Engines that estimate a token per four characters see about the same length.
         assert!((text.len() + 1) / 4 == 100, "{}", text.len());
         assert_eq!(synthetic(0), synthetic(1));
+    }
+
+    #[test]
+    fn a_sized_prompt_has_its_length_and_its_own_words() {
+        let one = Prompt::Sized { tokens: 300, salt: 1 };
+        let two = Prompt::Sized { tokens: 300, salt: 2 };
+        assert_eq!(one.text().split_whitespace().count(), 300);
+        assert_eq!(one.text().len(), 4 * 300);
+        assert_eq!(one.text(), one.text(), "the same salt, the same words");
+        let shared = one
+            .text()
+            .chars()
+            .zip(two.text().chars())
+            .take_while(|(a, b)| a == b)
+            .count();
+        assert!(shared < 40, "{shared} characters in common");
+        assert_eq!(one.messages()[0]["content"], one.text());
     }
 
     #[test]

@@ -22,6 +22,8 @@ pub struct Report {
     pub knee: Knee,
     /// The accelerators' price for an hour, when given: a million tokens are priced.
     pub gpu_hour_price: Option<f64>,
+    /// The workload the requests followed, in a few lines, when not the fixed one.
+    pub workload: Option<String>,
 }
 
 /// The knee: the highest measured load at which every deciding SLO held.
@@ -345,13 +347,17 @@ impl Report {
                 })
             })
             .collect();
-        json!({
+        let mut document = json!({
             "target": self.target,
             "model": self.model,
             "slos": slos,
             "knee": Value::Object(knee),
             "steps": steps,
-        })
+        });
+        if let Some(workload) = &self.workload {
+            document["workload"] = json!(workload);
+        }
+        document
     }
 }
 

@@ -25,7 +25,11 @@ impl std::fmt::Display for Load {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Load::Concurrency(c) => write!(f, "c={c}"),
-            Load::Rate(r) => write!(f, "{r} req/s"),
+            Load::Rate(r) => {
+                // At most three decimals: a trace's own rate has many.
+                let rate = format!("{r:.3}");
+                write!(f, "{} req/s", rate.trim_end_matches('0').trim_end_matches('.'))
+            }
         }
     }
 }
