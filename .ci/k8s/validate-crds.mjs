@@ -1,5 +1,5 @@
-// Validates the custom resources in the given YAML files (Prometheus operator, cert-manager and
-// KEDA kinds) against @kubernetes-models' schemas, which kubernetes-validate does not know, and writes
+// Validates the custom resources in the given YAML files (Prometheus operator, cert-manager,
+// KEDA and Argo Rollouts kinds) against @kubernetes-models' schemas, which kubernetes-validate does not know, and writes
 // each PrometheusRule's spec to target/ci/prometheusrules/ for `promtool check rules`.
 // Usage: node validate-crds.mjs FILE...
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
@@ -9,11 +9,13 @@ import { parseAllDocuments } from "yaml";
 import * as monitoring from "@kubernetes-models/prometheus-operator/monitoring.coreos.com/v1";
 import * as certManager from "@kubernetes-models/cert-manager/cert-manager.io/v1";
 import * as keda from "@kubernetes-models/keda/keda.sh/v1alpha1";
+import * as argo from "@kubernetes-models/argo-rollouts/argoproj.io/v1alpha1";
 
 const models = {
   "monitoring.coreos.com/v1": monitoring,
   "cert-manager.io/v1": certManager,
   "keda.sh/v1alpha1": keda,
+  "argoproj.io/v1alpha1": argo,
 };
 const root = resolve(dirname(fileURLToPath(import.meta.url)), "../..");
 const rulesDir = join(root, "target/ci/prometheusrules");

