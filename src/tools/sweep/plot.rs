@@ -15,16 +15,49 @@ const LIMIT_COLOUR: RGBColor = RGBColor(120, 120, 120);
 
 /// The report as an SVG document.
 pub fn render(report: &Report) -> Result<String, String> {
+    document((1200, 500), |root| {
+        let (left, right) = root.split_horizontally(600);
+        seesaw(&left, report)?;
+        latency(&right, report)
+    })
+}
+
+/// An SVG document `size` pixels large, drawn by `draw` on its white root.
+fn document(size: (u32, u32), draw: impl FnOnce(&Area) -> DrawResult) -> Result<String, String> {
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, (1200, 500)).into_drawing_area();
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
         root.fill(&WHITE).map_err(error)?;
-        let (left, right) = root.split_horizontally(600);
-        seesaw(&left, report).map_err(error)?;
-        latency(&right, report).map_err(error)?;
+        draw(&root).map_err(error)?;
         root.present().map_err(error)?;
     }
     Ok(svg)
+}
+
+/// A chart on `area` with its caption, the house margins and linear axes over `x` and `y`.
+fn chart<'a, 'b>(
+    area: &'a Area<'b>,
+    caption: &str,
+    x: std::ops::Range<f64>,
+    y: std::ops::Range<f64>,
+) -> Result<Chart<'a, 'b>, Box<dyn std::error::Error>> {
+    Ok(ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(55)
+        .build_cartesian_2d(x, y)?)
+}
+
+/// The chart's legend, boxed, at `position`.
+fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>, position: SeriesLabelPosition) -> DrawResult {
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(position)
+        .draw()?;
+    Ok(())
 }
 
 fn error(e: impl std::fmt::Display) -> String {
@@ -33,6 +66,11 @@ fn error(e: impl std::fmt::Display) -> String {
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 type DrawResult = Result<(), Box<dyn std::error::Error>>;
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
 
 /// Per-user output tokens/s against aggregate output tokens/s.
 fn seesaw(area: &Area, report: &Report) -> DrawResult {
@@ -57,12 +95,7 @@ fn seesaw(area: &Area, report: &Report) -> DrawResult {
         .chain(tpot_limits.iter().map(|l| l.1))
         .fold(1.0, f64::max)
         * 1.15;
-    let mut chart = ChartBuilder::on(area)
-        .caption("Per-user speed against throughput", ("sans-serif", 20))
-        .margin(15)
-        .x_label_area_size(40)
-        .y_label_area_size(55)
-        .build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
+    let mut chart = chart(area, "Per-user speed against throughput", 0.0..x_max, 0.0..y_max)?;
     chart
         .configure_mesh()
         .x_desc("aggregate output tokens/s")
@@ -103,13 +136,7 @@ fn seesaw(area: &Area, report: &Report) -> DrawResult {
             .label(format!("knee: {}", load_label(knee.load)))
             .legend(|(x, y)| Circle::new((x + 10, y), 5, KNEE_COLOUR.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerLeft)
-        .draw()?;
-    Ok(())
+    legend(&mut chart, SeriesLabelPosition::LowerLeft)
 }
 
 /// TTFT and TPOT p99 against load, with their SLO thresholds and the knee.
@@ -141,12 +168,7 @@ fn latency(area: &Area, report: &Report) -> DrawResult {
         .chain(thresholds.iter().map(|t| t.1))
         .fold(1.0, f64::max)
         * 1.15;
-    let mut chart = ChartBuilder::on(area)
-        .caption("p99 latency against load", ("sans-serif", 20))
-        .margin(15)
-        .x_label_area_size(40)
-        .y_label_area_size(55)
-        .build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
+    let mut chart = chart(area, "p99 latency against load", 0.0..x_max, 0.0..y_max)?;
     chart.configure_mesh().x_desc(x_name).y_desc("milliseconds").draw()?;
     type Figure = fn(&StepResult) -> f64;
     let figures: [(&str, Figure, RGBColor); 2] = [
@@ -187,13 +209,7 @@ fn latency(area: &Area, report: &Report) -> DrawResult {
             .label(format!("knee: {}", load_label(knee)))
             .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], KNEE_COLOUR.stroke_width(2)));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()?;
-    Ok(())
+    legend(&mut chart, SeriesLabelPosition::UpperLeft)
 }
 
 fn load_label(load: Load) -> String {
@@ -211,13 +227,10 @@ const B_COLOUR: RGBColor = RGBColor(255, 127, 14);
 /// A comparison as an SVG document: both frontiers, then attainment and goodput against the
 /// offered load, each with its knee.
 pub fn render_comparison(comparison: &Comparison) -> Result<String, String> {
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, (1500, 500)).into_drawing_area();
-        root.fill(&WHITE).map_err(error)?;
+    document((1500, 500), |root| {
         let panels = root.split_evenly((1, 3));
         let sides = [("A", &comparison.a, A_COLOUR), ("B", &comparison.b, B_COLOUR)];
-        frontiers(&panels[0], &sides).map_err(error)?;
+        frontiers(&panels[0], &sides)?;
         type Figure = fn(&StepResult) -> f64;
         let attainment: Figure = |s| {
             s.attainment
@@ -236,7 +249,7 @@ pub fn render_comparison(comparison: &Comparison) -> Result<String, String> {
                 .reduce(f64::max)
         });
         let title = "Attainment (worst deciding SLO)";
-        against_load(&panels[1], &sides, title, "% of requests good", attainment, objective).map_err(error)?;
+        against_load(&panels[1], &sides, title, "% of requests good", attainment, objective)?;
         against_load(
             &panels[2],
             &sides,
@@ -245,10 +258,7 @@ pub fn render_comparison(comparison: &Comparison) -> Result<String, String> {
             goodput,
             None,
         )
-        .map_err(error)?;
-        root.present().map_err(error)?;
-    }
-    Ok(svg)
+    })
 }
 
 type Side<'a> = (&'a str, &'a Report, RGBColor);
@@ -261,12 +271,7 @@ fn frontiers(area: &Area, sides: &[Side]) -> DrawResult {
         .collect();
     let x_max = finite.iter().map(|s| s.output_tokens_per_second).fold(1.0, f64::max) * 1.15;
     let y_max = finite.iter().map(|s| s.per_user_tokens_per_second).fold(1.0, f64::max) * 1.15;
-    let mut chart = ChartBuilder::on(area)
-        .caption("Per-user speed against throughput", ("sans-serif", 20))
-        .margin(15)
-        .x_label_area_size(40)
-        .y_label_area_size(55)
-        .build_cartesian_2d(0.0..x_max, 0.0..y_max)?;
+    let mut chart = chart(area, "Per-user speed against throughput", 0.0..x_max, 0.0..y_max)?;
     chart
         .configure_mesh()
         .x_desc("aggregate output tokens/s")
@@ -293,13 +298,7 @@ fn frontiers(area: &Area, sides: &[Side]) -> DrawResult {
             )])?;
         }
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerLeft)
-        .draw()?;
-    Ok(())
+    legend(&mut chart, SeriesLabelPosition::LowerLeft)
 }
 
 /// One figure against the offered load, one line a side, a dashed line at each side's knee
@@ -326,12 +325,7 @@ fn against_load(
     let values: Vec<f64> = steps().map(figure).filter(|v| v.is_finite()).collect();
     let y_max = values.iter().copied().fold(1.0, f64::max) * 1.1;
     let y_min = values.iter().copied().fold(y_max, f64::min).min(0.0);
-    let mut chart = ChartBuilder::on(area)
-        .caption(caption, ("sans-serif", 20))
-        .margin(15)
-        .x_label_area_size(40)
-        .y_label_area_size(55)
-        .build_cartesian_2d(x_min..x_max, y_min..y_max)?;
+    let mut chart = chart(area, caption, x_min..x_max, y_min..y_max)?;
     chart.configure_mesh().x_desc(x_name).y_desc(unit).draw()?;
     if let Some(target) = target {
         chart
@@ -370,11 +364,5 @@ fn against_load(
             ))?;
         }
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .position(SeriesLabelPosition::LowerRight)
-        .draw()?;
-    Ok(())
+    legend(&mut chart, SeriesLabelPosition::LowerRight)
 }
