@@ -418,3 +418,26 @@ async fn bad_traces_shapes_and_comparisons_get_a_clear_error_and_nothing_runs() 
     sidecar.shutdown().await;
     stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_port_serves_the_recent_requests_without_their_words() {
+    let (engine, stop) = start_engine(common::timed_engine(2, 1)).await;
+    let sidecar = start_sidecar(engine, "workload: {recent_requests: 2}\n").await;
+    for max_tokens in [3, 4, 5] {
+        let body = common::chat_body(max_tokens, true, true).replace("hello there", "a secret prompt");
+        common::post_collect(sidecar.proxy_addr, "/v1/chat/completions", body).await;
+    }
+    common::settle(&sidecar).await;
+    let url = format!("http://{}/workload", sidecar.metrics_addr);
+    let page = fetch_text(&url, None).await.unwrap();
+    let trace = Trace::parse("workload", &page).unwrap();
+    let outputs: Vec<u32> = trace.rows.iter().map(|r| r.output_length).collect();
+    assert_eq!(outputs, [4, 5], "the last two, oldest first");
+    assert!(trace
+        .rows
+        .iter()
+        .all(|r| r.api.as_deref() == Some("chat") && r.input_length > 0));
+    assert!(!page.contains("secret") && !page.contains("hello"), "{page}");
+    sidecar.shutdown().await;
+    stop.cancel();
+}
