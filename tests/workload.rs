@@ -87,11 +87,15 @@ async fn sweep(flags: &[&str]) -> Report {
     llmslo::tools::sweep::run(options).await.unwrap()
 }
 
+/// Where the knee's objective is crossed, between the highest rate that met the SLOs and
+/// the lowest that missed them.
 fn knee_rate(report: &Report) -> f64 {
-    match report.knee.load {
-        Some(Load::Rate(rate)) => rate,
-        other => panic!("no rate knee ({other:?}):\n{}", report.render()),
-    }
+    let (Some(Load::Rate(met)), Some(Load::Rate(missed))) = (report.knee.load, report.knee.first_missed) else {
+        panic!("no rate knee:\n{}", report.render());
+    };
+    let crossing = report.knee.crossing;
+    assert!((met..=missed).contains(&crossing), "{crossing} outside {met}..{missed}");
+    crossing
 }
 
 /// Nearest-rank quantile of `values`.
@@ -133,9 +137,10 @@ async fn the_recorded_workload_reproduces_the_trace_and_its_knee() {
     assert_eq!(replayed.steps[0].failed(), 0);
     let url = format!("http://{}/workload", sidecar.metrics_addr);
     let mut exported = Trace::parse("workload", &fetch_text(&url, None).await.unwrap()).unwrap();
-    // The sweep's first request checks the target before the replay: the sidecar saw it too.
-    exported = Trace::new(exported.rows.split_off(1));
-    assert_eq!(exported.rows.len(), original.rows.len());
+    // Before the replay the sweep measured the target's tokens a word (two prompts on each API)
+    // and checked it with one request: the sidecar saw those five too.
+    assert_eq!(exported.rows.len(), original.rows.len() + 5);
+    exported = Trace::new(exported.rows.split_off(5));
     let mut errors: Vec<u64> = exported
         .rows
         .iter()
@@ -176,10 +181,7 @@ async fn the_recorded_workload_reproduces_the_trace_and_its_knee() {
     ])
     .await;
     let shape = Shape::from_yaml("saved", &std::fs::read_to_string(&shape_file).unwrap()).unwrap();
-    assert_eq!(
-        shape.requests, 1201,
-        "the replay, and the request that checked the target"
-    );
+    assert_eq!(shape.requests, 1205, "the replay, and the five requests before it");
     assert!((shape.burstiness - 0.5).abs() < 0.15, "burstiness {}", shape.burstiness);
     assert_eq!(shape.classes.len(), 2);
     let drawn = shape.draw(20_000, 5);

@@ -52,12 +52,16 @@ impl Endpoint {
 
     /// The endpoint a trace's `api` names (`chat`, `completions`, `responses`, `messages`).
     pub fn from_api(api: &str) -> Option<Self> {
-        match api {
-            "chat" => Some(Endpoint::Chat),
-            "completions" => Some(Endpoint::Completions),
-            "responses" => Some(Endpoint::Responses),
-            "messages" => Some(Endpoint::Messages),
-            _ => None,
+        Self::ALL.into_iter().find(|e| e.api() == api)
+    }
+
+    /// The `api` a trace names it by.
+    pub fn api(self) -> &'static str {
+        match self {
+            Endpoint::Chat => "chat",
+            Endpoint::Completions => "completions",
+            Endpoint::Responses => "responses",
+            Endpoint::Messages => "messages",
         }
     }
 

@@ -67,7 +67,8 @@ pub async fn run(options: CompareOptions) -> Result<Comparison, SweepError> {
         connect(sweep, &options.other).await?,
     ];
     // One set of requests for both: what differs between A and B is the target alone.
-    let bodies = Bodies::new(planned_requests(sweep, &targets[0])?);
+    let scale = super::prompt_scale(sweep, &targets[0]).await;
+    let bodies = Bodies::new(planned_requests(sweep, &targets[0], &scale)?);
     for target in &targets {
         preflight(target, &bodies.planned()[0]).await?;
     }

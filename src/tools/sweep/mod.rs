@@ -4,6 +4,7 @@
 //! dataset's, a replayed trace's, or drawn from a workload's shape.
 
 pub mod args;
+pub mod calibrate;
 pub mod client;
 pub mod compare;
 pub mod knee;
@@ -18,6 +19,7 @@ use crate::record::Outcome;
 use crate::slo::spec::{SloKind, SloSet};
 use crate::workload::shape::Shape;
 use crate::workload::trace::{Trace, TraceRow};
+use calibrate::PromptScale;
 use client::{Endpoint, Planned, RequestShape, Requester, Sample};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use knee::{KneeSearch, RateSearch};
@@ -128,7 +130,8 @@ pub enum SweepError {
 pub async fn run(options: SweepOptions) -> Result<Report, SweepError> {
     check_slos(&options.slos)?;
     let requester = connect(&options, &options.target).await?;
-    let bodies = Bodies::new(planned_requests(&options, &requester)?);
+    let scale = prompt_scale(&options, &requester).await;
+    let bodies = Bodies::new(planned_requests(&options, &requester, &scale)?);
     preflight(&requester, &bodies.planned()[0]).await?;
 
     let mut steps = Vec::new();
@@ -265,18 +268,24 @@ pub fn step_plan(options: &SweepOptions, load: Load, index: u64) -> StepPlan {
 
 /// The requests every step sends, in order: a trace's rows, requests drawn from a shape
 /// (seeded), or the fixed prompt or dataset.
-pub fn planned_requests(options: &SweepOptions, requester: &Requester) -> Result<Vec<Planned>, SweepError> {
-    let endpoint_of = |api: &Option<String>| api.as_deref().and_then(Endpoint::from_api).unwrap_or(options.endpoint);
+pub fn planned_requests(
+    options: &SweepOptions,
+    requester: &Requester,
+    scale: &PromptScale,
+) -> Result<Vec<Planned>, SweepError> {
     let sized = |rows: Vec<TraceRow>| {
         rows.into_iter()
             .enumerate()
-            .map(|(i, row)| Planned {
-                endpoint: endpoint_of(&row.api),
-                prompt: Prompt::Sized {
-                    tokens: row.input_length,
-                    salt: options.seed.wrapping_mul(1_000_003).wrapping_add(i as u64),
-                },
-                output_tokens: row.output_length,
+            .map(|(i, row)| {
+                let endpoint = endpoint_of(options, &row.api);
+                Planned {
+                    endpoint,
+                    prompt: Prompt::Sized {
+                        words: scale.words(endpoint, row.input_length),
+                        salt: options.seed.wrapping_mul(1_000_003).wrapping_add(i as u64),
+                    },
+                    output_tokens: row.output_length,
+                }
             })
             .collect()
     };
@@ -297,6 +306,38 @@ pub fn planned_requests(options: &SweepOptions, requester: &Requester) -> Result
                 .collect()
         }
     })
+}
+
+/// The endpoint a trace's `api` names, else `--endpoint`.
+fn endpoint_of(options: &SweepOptions, api: &Option<String>) -> Endpoint {
+    api.as_deref().and_then(Endpoint::from_api).unwrap_or(options.endpoint)
+}
+
+/// How many words make a token on `requester`'s target, for a workload of sized prompts (a
+/// trace or a shape), told on standard error; one a token for fixed prompts.
+pub async fn prompt_scale(options: &SweepOptions, requester: &Requester) -> PromptScale {
+    let apis: Vec<Option<&str>> = match &options.workload {
+        Workload::Fixed => return PromptScale::default(),
+        Workload::Replay { trace, .. } => trace.rows.iter().map(|r| r.api.as_deref()).collect(),
+        Workload::Shape(shape) => shape.classes.iter().map(|c| Some(c.api.as_str())).collect(),
+    };
+    let mut endpoints: Vec<Endpoint> = Vec::new();
+    for api in apis {
+        let endpoint = api.and_then(Endpoint::from_api).unwrap_or(options.endpoint);
+        if !endpoints.contains(&endpoint) {
+            endpoints.push(endpoint);
+        }
+    }
+    match calibrate::measure(requester, &endpoints).await {
+        Some(scale) => {
+            eprint!("llmslo sweep: {}", scale.describe());
+            scale
+        }
+        None => {
+            eprintln!("llmslo sweep: the target states no plausible prompt token counts: prompts are a word a token");
+            PromptScale::default()
+        }
+    }
 }
 
 /// The workload in a few lines, for the report, when it is not the fixed one.

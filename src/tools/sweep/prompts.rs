@@ -17,11 +17,11 @@ pub enum Prompt {
     Text(String),
     /// Chat messages as the dataset wrote them.
     Messages(Value),
-    /// About `tokens` tokens of short words, written when sent: a replayed or drawn request,
-    /// each with its own words (from `salt`) so that no two share more than a chance prefix.
+    /// `words` short words, written when sent: a replayed or drawn request, each with its own
+    /// words (from `salt`) so that no two share more than a chance prefix.
     Sized {
-        /// Its length in tokens.
-        tokens: u32,
+        /// Its length in words (one token each for BPE tokenizers; see `calibrate`).
+        words: u32,
         /// Picks its words.
         salt: u64,
     },
@@ -32,7 +32,7 @@ impl Prompt {
     pub fn text(&self) -> String {
         match self {
             Prompt::Text(text) => text.clone(),
-            Prompt::Sized { tokens, salt } => words(*tokens, *salt),
+            Prompt::Sized { words: count, salt } => words(*count, *salt),
             Prompt::Messages(messages) => messages
                 .as_array()
                 .into_iter()
@@ -151,8 +151,8 @@ mod tests {
 
     #[test]
     fn a_sized_prompt_has_its_length_and_its_own_words() {
-        let one = Prompt::Sized { tokens: 300, salt: 1 };
-        let two = Prompt::Sized { tokens: 300, salt: 2 };
+        let one = Prompt::Sized { words: 300, salt: 1 };
+        let two = Prompt::Sized { words: 300, salt: 2 };
         assert_eq!(one.text().split_whitespace().count(), 300);
         assert_eq!(one.text().len(), 4 * 300);
         assert_eq!(one.text(), one.text(), "the same salt, the same words");

@@ -43,6 +43,9 @@ pub struct Knee {
     pub unjudged: Vec<(String, u64, u64)>,
     /// The lowest load that missed, when one did.
     pub first_missed: Option<Load>,
+    /// Where the worst deciding SLO's attainment crosses its objective, interpolated between
+    /// the measured loads (finer than the search's steps); NaN when it does not cross.
+    pub crossing: f64,
 }
 
 impl Knee {
@@ -59,6 +62,7 @@ impl Knee {
             limited_by,
             reached_max,
             first_missed: first_fail.map(|i| steps[i].load),
+            crossing: crossing(steps),
             unjudged: passing
                 .map(|s| {
                     s.unjudged()
@@ -72,6 +76,18 @@ impl Knee {
 
     /// One line for people.
     pub fn describe(&self) -> String {
+        let line = self.describe_load();
+        if self.crossing.is_finite() {
+            let unit = match self.load {
+                Some(Load::Concurrency(_)) => " clients",
+                _ => " req/s",
+            };
+            return format!("{line}; the objective is crossed at {:.2}{unit}", self.crossing);
+        }
+        line
+    }
+
+    fn describe_load(&self) -> String {
         match (self.load, &self.limited_by) {
             (None, Some(slo)) => format!("no load met the SLOs: `{slo}` fails even at the lowest load"),
             (None, None) => "no load met the SLOs".to_string(),
@@ -99,6 +115,29 @@ impl Knee {
             }
         }
     }
+}
+
+/// The load where the smallest margin of a deciding SLO (attainment − objective) first falls
+/// below zero, interpolated between the steps (sorted by load) around it.
+fn crossing(steps: &[StepResult]) -> f64 {
+    let loads: Vec<f64> = steps
+        .iter()
+        .map(|s| match s.load {
+            Load::Concurrency(c) => c as f64,
+            Load::Rate(r) => r,
+        })
+        .collect();
+    let margins: Vec<f64> = steps
+        .iter()
+        .map(|s| {
+            s.attainment
+                .iter()
+                .filter(|a| a.required)
+                .map(|a| a.attainment - a.objective)
+                .fold(f64::INFINITY, f64::min)
+        })
+        .collect();
+    super::verdict::interpolated_knee(&loads, &margins)
 }
 
 /// A step in one line, for its progress bar and logs.
@@ -270,6 +309,7 @@ impl Report {
         }
         knee.insert("limited_by".into(), json!(self.knee.limited_by));
         knee.insert("reached_max".into(), json!(self.knee.reached_max));
+        knee.insert("crossing".into(), number(self.knee.crossing));
         let steps: Vec<Value> = self
             .steps
             .iter()
