@@ -49,6 +49,21 @@ fn chart<'a, 'b>(
         .build_cartesian_2d(x, y)?)
 }
 
+/// The frontier's chart: per-user against aggregate output tokens/s, from zero.
+fn frontier_chart<'a, 'b>(
+    area: &'a Area<'b>,
+    x_max: f64,
+    y_max: f64,
+) -> Result<Chart<'a, 'b>, Box<dyn std::error::Error>> {
+    let mut frontier = chart(area, "Per-user speed against throughput", 0.0..x_max, 0.0..y_max)?;
+    frontier
+        .configure_mesh()
+        .x_desc("aggregate output tokens/s")
+        .y_desc("output tokens/s per user")
+        .draw()?;
+    Ok(frontier)
+}
+
 /// The chart's legend, boxed, at `position`.
 fn legend<'a, 'b: 'a>(chart: &mut Chart<'a, 'b>, position: SeriesLabelPosition) -> DrawResult {
     chart
@@ -95,12 +110,7 @@ fn seesaw(area: &Area, report: &Report) -> DrawResult {
         .chain(tpot_limits.iter().map(|l| l.1))
         .fold(1.0, f64::max)
         * 1.15;
-    let mut chart = chart(area, "Per-user speed against throughput", 0.0..x_max, 0.0..y_max)?;
-    chart
-        .configure_mesh()
-        .x_desc("aggregate output tokens/s")
-        .y_desc("output tokens/s per user")
-        .draw()?;
+    let mut chart = frontier_chart(area, x_max, y_max)?;
     for (name, limit) in &tpot_limits {
         chart
             .draw_series(LineSeries::new(
@@ -271,12 +281,7 @@ fn frontiers(area: &Area, sides: &[Side]) -> DrawResult {
         .collect();
     let x_max = finite.iter().map(|s| s.output_tokens_per_second).fold(1.0, f64::max) * 1.15;
     let y_max = finite.iter().map(|s| s.per_user_tokens_per_second).fold(1.0, f64::max) * 1.15;
-    let mut chart = chart(area, "Per-user speed against throughput", 0.0..x_max, 0.0..y_max)?;
-    chart
-        .configure_mesh()
-        .x_desc("aggregate output tokens/s")
-        .y_desc("output tokens/s per user")
-        .draw()?;
+    let mut chart = frontier_chart(area, x_max, y_max)?;
     for (name, report, colour) in sides {
         let colour = *colour;
         let points: Vec<(f64, f64)> = report
