@@ -330,6 +330,18 @@ async fn bad_traces_shapes_and_comparisons_get_a_clear_error_and_nothing_runs() 
             "cannot be used with".into(),
         ),
         (
+            vec![
+                "--target".into(),
+                target.clone(),
+                "--replay".into(),
+                path(&trace),
+                "--rate".into(),
+                "2".into(),
+            ],
+            2,
+            "cannot be used with".into(),
+        ),
+        (
             vec!["--target".into(), target.clone(), "--rate-scale".into(), "2".into()],
             2,
             "--replay".into(),

@@ -59,7 +59,7 @@ pub struct SweepArgs {
     burstiness: Option<f64>,
     /// Replay a trace: Mooncake-style JSONL (`timestamp` ms, `input_length`, `output_length`),
     /// Azure's CSV, or a sidecar's `/workload`; each step replays it whole.
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["dataset", "workload_from", "concurrency", "bursts", "burstiness"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["dataset", "workload_from", "concurrency", "rate", "bursts", "burstiness"])]
     replay: Option<PathBuf>,
     /// Replay the trace at these multiples of its own rate (`0.5,1,2`), or `auto` to search for the
     /// knee [default: auto].

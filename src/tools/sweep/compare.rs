@@ -205,13 +205,17 @@ impl Comparison {
                 }
             };
             out.push_str(&format!(
-                "{:<24} {:>14} {:>14} {:>14} {:>32} {:>8.4}  {}\n",
+                "{:<24} {:>14} {:>14} {:>14} {:>32} {:>8}  {}\n",
                 d.figure,
                 shown(d.a, false),
                 shown(d.b, false),
                 shown(d.difference, true),
                 format!("[{}, {}]", shown(d.interval.0, true), shown(d.interval.1, true)),
-                d.p_value,
+                if d.p_value.is_finite() {
+                    format!("{:.4}", d.p_value)
+                } else {
+                    "–".into()
+                },
                 d.verdict
             ));
         }
@@ -245,7 +249,7 @@ impl Comparison {
                     "b": finite(d.b),
                     "difference": finite(d.difference),
                     "interval": [finite(d.interval.0), finite(d.interval.1)],
-                    "p_value": d.p_value,
+                    "p_value": finite(d.p_value),
                     "verdict": d.verdict,
                 })).collect::<Vec<_>>(),
             },

@@ -78,7 +78,8 @@ pub struct Difference {
     pub p_value: f64,
     /// Whether B's value is better when higher (attainment, knee) or lower (latency).
     pub higher_is_better: bool,
-    /// The verdict: `better`, `worse` or `no measurable difference` (B against A).
+    /// The verdict: `better`, `worse`, `no measurable difference` (B against A), or `not
+    /// measured` when a side lacks the figure.
     pub verdict: &'static str,
 }
 
@@ -99,7 +100,7 @@ impl Verdict {
         let differing: Vec<String> = self
             .differences
             .iter()
-            .filter(|d| d.verdict != NO_DIFFERENCE)
+            .filter(|d| d.differs())
             .map(|d| format!("{} {}", d.figure, d.verdict))
             .collect();
         if differing.is_empty() {
@@ -111,12 +112,21 @@ impl Verdict {
 
     /// Whether no figure differs.
     pub fn no_difference(&self) -> bool {
-        self.differences.iter().all(|d| d.verdict == NO_DIFFERENCE)
+        !self.differences.iter().any(Difference::differs)
+    }
+}
+
+impl Difference {
+    /// B is better or worse by this figure.
+    pub fn differs(&self) -> bool {
+        self.verdict != NO_DIFFERENCE && self.verdict != NOT_MEASURED
     }
 }
 
 /// The words for a figure that does not differ.
 pub const NO_DIFFERENCE: &str = "no measurable difference";
+/// The words for a figure one side lacks (a knee outside the loads, no latency measured).
+pub const NOT_MEASURED: &str = "not measured";
 
 /// A figure's values for one side.
 type Figures = Vec<f64>;
@@ -199,17 +209,20 @@ pub fn judge(a: &[Run], b: &[Run], judging: &Judging, seed: u64) -> Verdict {
         .enumerate()
         .map(|(i, (figure, higher_is_better))| {
             let interval = percentile_interval(&mut boot[i], level);
-            let p_value = if exhaustive {
-                as_extreme[i] as f64 / counted[i].max(1) as f64
+            let p_value = if counted[i] == 0 {
+                f64::NAN
+            } else if exhaustive {
+                as_extreme[i] as f64 / counted[i] as f64
             } else {
                 (as_extreme[i] as f64 + 1.0) / (counted[i] as f64 + 1.0)
             };
             let difference = observed[i];
-            let clear = difference.is_finite() && (interval.0 > 0.0 || interval.1 < 0.0) && p_value < level;
-            let verdict = match (clear, (difference > 0.0) == higher_is_better) {
-                (false, _) => NO_DIFFERENCE,
-                (true, true) => "better",
-                (true, false) => "worse",
+            let clear = (interval.0 > 0.0 || interval.1 < 0.0) && p_value < level;
+            let verdict = match (difference.is_finite(), clear, (difference > 0.0) == higher_is_better) {
+                (false, _, _) => NOT_MEASURED,
+                (true, false, _) => NO_DIFFERENCE,
+                (true, true, true) => "better",
+                (true, true, false) => "worse",
             };
             Difference {
                 figure,
@@ -436,6 +449,16 @@ mod tests {
             "{}",
             verdict.summary()
         );
+    }
+
+    #[test]
+    fn a_knee_beyond_the_loads_is_not_measured_and_not_a_difference() {
+        // Every request is good at every load: neither side has a knee among them.
+        let verdict = judge(&runs(0.001, 1, 3), &runs(0.001, 2, 3), &judging(), 1);
+        let knee = verdict.differences.iter().find(|d| d.figure == "knee").unwrap();
+        assert_eq!(knee.verdict, NOT_MEASURED);
+        assert!(knee.p_value.is_nan() && !knee.differs());
+        assert!(verdict.no_difference());
     }
 
     #[test]
