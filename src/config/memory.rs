@@ -16,8 +16,12 @@ pub const PER_IN_FLIGHT_REQUEST_BYTES: u64 = 24 << 10;
 /// What each sample kept from the engine's page costs beyond its text (its record, its place
 /// in the family and the series index while it is read).
 pub const PER_ENGINE_SAMPLE_BYTES: u64 = 64;
-/// What each request kept for `/workload` costs: the row, and its line while the page is served.
-pub const PER_RECENT_REQUEST_BYTES: u64 = crate::workload::recent::BYTES_PER_REQUEST as u64 + 128;
+/// What each request kept for `/workload` costs: the row, and while the page is served its
+/// copy, its trace row with two short strings (80 bytes) and its line (128 bytes).
+pub const PER_RECENT_REQUEST_BYTES: u64 = 2 * crate::workload::recent::BYTES_PER_REQUEST as u64
+    + std::mem::size_of::<crate::workload::trace::TraceRow>() as u64
+    + 80
+    + 128;
 /// Where cgroup v2 states the container's memory limit.
 const CGROUP_MEMORY_MAX: &str = "/sys/fs/cgroup/memory.max";
 

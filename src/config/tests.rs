@@ -379,6 +379,11 @@ fn the_recent_workload_is_off_by_default_and_bounded() {
                 .worst_case_memory_bytes(),
         5000 * super::memory::PER_RECENT_REQUEST_BYTES
     );
+    assert_eq!(
+        super::memory::PER_RECENT_REQUEST_BYTES,
+        440,
+        "as docs/configuration.md says"
+    );
     let again = Config::from_yaml(&c.to_yaml()).unwrap();
     assert_eq!(again.recent_requests, 5000);
     let error = Config::from_yaml("upstream: http://x:1\nworkload: {recent_requests: 2000000}\n")

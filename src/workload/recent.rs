@@ -56,15 +56,18 @@ impl RecentRequests {
         }
     }
 
-    /// The kept requests as a trace, first arrival at 0 ms.
+    /// The kept requests as a trace, first arrival at 0 ms. The lock is held only to copy
+    /// the rows: requests that end meanwhile wait for a copy, never for the page.
     pub fn trace(&self) -> Trace {
-        let recent = self.kept.lock().expect("recent requests lock");
-        let mut rows: Vec<&Kept> = recent.rows.iter().collect();
+        let mut rows: Vec<Kept> = {
+            let recent = self.kept.lock().expect("recent requests lock");
+            recent.rows.iter().cloned().collect()
+        };
         rows.sort_by_key(|k| k.arrival_us);
         let first = rows.first().map_or(0, |k| k.arrival_us);
         Trace {
             rows: rows
-                .into_iter()
+                .iter()
                 .map(|k| TraceRow {
                     timestamp: (k.arrival_us - first + 500) / 1000,
                     api: Some(k.api.to_string()),
