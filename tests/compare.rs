@@ -34,7 +34,10 @@ fn engine(per_seq: Duration, seed: u64) -> SimOptions {
 }
 
 fn options(a: String, b: String, seed: u64, loads: &[usize]) -> CompareOptions {
-    let path = std::env::temp_dir().join(format!("llmslo-compare-{}.yaml", std::process::id()));
+    // One file a call: the tests of this file run side by side.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let path = std::env::temp_dir().join(format!("llmslo-compare-{}-{n}.yaml", std::process::id()));
     std::fs::write(&path, TPOT_30MS).unwrap();
     CompareOptions {
         sweep: SweepOptions {
