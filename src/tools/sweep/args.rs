@@ -290,14 +290,11 @@ fn rates(list: &[String], flag: &str) -> Result<Option<Vec<f64>>, SweepError> {
 
 /// The trace endpoint of a sidecar's metrics port: `/workload` unless the URL names a path.
 fn workload_url(url: &str) -> Result<String, SweepError> {
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|e| SweepError::Usage(format!("--workload-from {url}: not a URL ({e})")))?;
-    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
-        return Err(SweepError::Usage(format!(
-            "--workload-from {url}: expected a sidecar's metrics port, like http://pod-ip:9090"
-        )));
-    }
+    let uri = super::http_uri(
+        "--workload-from",
+        url,
+        "a sidecar's metrics port, like http://pod-ip:9464",
+    )?;
     Ok(match uri.path() {
         "" | "/" | "/metrics" => format!(
             "{}://{}/workload",

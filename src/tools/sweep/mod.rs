@@ -409,16 +409,21 @@ async fn preflight(requester: &Requester, planned: &Planned) -> Result<(), Sweep
     }
 }
 
+/// `value` of `flag` as an `http://` or `https://` URL with a host; `expected` says what
+/// else was wanted.
+fn http_uri(flag: &str, value: &str, expected: &str) -> Result<http::Uri, SweepError> {
+    let uri: http::Uri = value
+        .parse()
+        .map_err(|e| SweepError::Usage(format!("{flag} {value}: not a URL ({e})")))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
+        return Err(SweepError::Usage(format!("{flag} {value}: expected {expected}")));
+    }
+    Ok(uri)
+}
+
 /// The target as a base URL: `http://` or `https://`, no trailing `/` or `/v1`.
 fn base_url(target: &str) -> Result<String, SweepError> {
-    let uri: http::Uri = target
-        .parse()
-        .map_err(|e| SweepError::Usage(format!("--target {target}: not a URL ({e})")))?;
-    if !matches!(uri.scheme_str(), Some("http" | "https")) || uri.authority().is_none() {
-        return Err(SweepError::Usage(format!(
-            "--target {target}: expected http://host:port or https://host"
-        )));
-    }
+    http_uri("--target", target, "http://host:port or https://host")?;
     let trimmed = target.trim_end_matches('/');
     Ok(trimmed.strip_suffix("/v1").unwrap_or(trimmed).to_string())
 }
