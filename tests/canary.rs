@@ -1,7 +1,7 @@
 //! The canary analysis examples (an Argo Rollouts AnalysisTemplate, a Flagger MetricTemplate)
 //! are the ones the docs show, are well formed, and their queries, over the rules
 //! `llmslo rules --compare-by` generates, give the gap they judge (promtool evaluates them).
-//! The AnalysisTemplate is also validated against Argo Rollouts' schema by .ci/k8s/validate.sh.
+//! .ci/k8s/validate.sh also validates each against its CRD schema (Argo Rollouts', Flagger's).
 
 mod common;
 

