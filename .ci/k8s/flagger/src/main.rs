@@ -28,7 +28,10 @@ fn main() -> ExitCode {
                     continue;
                 }
             };
-            if !object["apiVersion"].as_str().is_some_and(|v| v.starts_with("flagger.app/")) {
+            if !object["apiVersion"]
+                .as_str()
+                .is_some_and(|v| v.starts_with("flagger.app/"))
+            {
                 continue;
             }
             let what = format!("{file}: {}/{}", object["kind"], object["metadata"]["name"]);
@@ -54,8 +57,7 @@ fn check(object: &Value) -> Result<(), String> {
     if object["apiVersion"] != "flagger.app/v1beta1" || object["kind"] != "MetricTemplate" {
         return Err(format!("no schema for {} {}", object["apiVersion"], object["kind"]));
     }
-    let template: MetricTemplate =
-        serde_json::from_value(object.clone()).map_err(|error| error.to_string())?;
+    let template: MetricTemplate = serde_json::from_value(object.clone()).map_err(|error| error.to_string())?;
     let round_trip = serde_json::to_value(&template).map_err(|error| error.to_string())?;
     match first_unknown(object, &round_trip, "") {
         Some(path) => Err(format!("{path}: not a field of the schema")),
