@@ -146,6 +146,112 @@ async fn engines_whose_knees_differ_by_15_percent_are_told_apart() {
     assert_eq!(json["repetitions"], 3);
     assert_eq!(json["a"]["steps"].as_array().unwrap().len(), 5);
     assert_eq!(json["verdict"]["differences"][3]["figure"], "knee");
-    let svg = llmslo::tools::sweep::plot::render_comparison(&comparison).unwrap();
+    let svg = llmslo::tools::sweep::plot::render_comparison(&comparison.a, &comparison.b).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("Goodput") && svg.contains(&comparison.b.target));
+}
+
+/// Equal JSON, numbers within 1e-12 of each other (serde_json reads a float back to within an
+/// ulp of the one it wrote).
+fn same(a: &serde_json::Value, b: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+            (x - y).abs() <= 1e-12 * x.abs().max(y.abs())
+        }
+        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(x, y)| same(x, y)),
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| same(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
+/// Runs the binary without blocking the runtime.
+async fn llmslo(args: Vec<String>) -> (i32, String, String) {
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        common::llmslo_output(&args)
+    })
+    .await
+    .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_saved_sweeps_show_on_one_report_and_plot_through_the_binary() {
+    let dir = std::env::temp_dir();
+    let file = |name: &str| dir.join(format!("llmslo-saved-{}-{name}", std::process::id()));
+    let mut saved = Vec::new();
+    for (side, per_seq) in [("a", Duration::from_micros(500)), ("b", Duration::from_nanos(434_783))] {
+        let (engine, stop) = start_engine(engine(per_seq, 1)).await;
+        let mut sweep = options(format!("http://{engine}"), String::new(), 1, &[28, 40, 52]).sweep;
+        sweep.gpu_hour_price = Some(2.0);
+        let report = llmslo::tools::sweep::run(sweep).await.unwrap();
+        stop.cancel();
+        let path = file(&format!("{side}.json"));
+        std::fs::write(&path, report.to_json().to_string()).unwrap();
+        saved.push((path, report));
+    }
+    let config = file("slo.yaml");
+    std::fs::write(&config, TPOT_30MS).unwrap();
+    let (json, plot) = (file("both.json"), file("both.svg"));
+    let path = |p: &std::path::PathBuf| p.to_str().unwrap().to_string();
+    let compare = |extra: &[&str]| {
+        let mut all: Vec<String> = ["sweep", "--config", &path(&config), "--compare"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        all.extend([path(&saved[0].0), path(&saved[1].0)]);
+        all.extend(extra.iter().map(|s| s.to_string()));
+        llmslo(all)
+    };
+    let (code, stdout, stderr) = compare(&["--json", &path(&json), "--plot", &path(&plot)]).await;
+    assert_eq!(code, 0, "{stderr}");
+    let (a, b) = (&saved[0].1, &saved[1].1);
+    assert!(stdout.starts_with(&format!("A: {}", a.render())), "{stdout}");
+    assert!(stdout.contains(&format!("B: {}", b.render())), "{stdout}");
+    let (knee_a, knee_b) = (a.knee.crossing, b.knee.crossing);
+    assert!(knee_b > knee_a * 1.05, "B's knee is further out: {knee_a} {knee_b}");
+    assert!(
+        stdout.contains(&format!("knee: A {knee_a:.2} clients, B {knee_b:.2} clients")),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("no verdict: saved results were measured apart"),
+        "{stdout}"
+    );
+    let document: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    assert!(same(&document["a"], &a.to_json()), "A reads back as it was saved");
+    assert!(same(&document["b"], &b.to_json()), "B reads back as it was saved");
+    assert!((document["knee"]["difference"].as_f64().unwrap() - (knee_b - knee_a)).abs() < 1e-9);
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("Goodput") && svg.contains(&b.target));
+
+    // What cannot be compared is refused, saying why.
+    let (code, _, stderr) = compare(&["--rate", "2"]).await;
+    assert_eq!(code, 64);
+    assert!(stderr.contains("--rate shapes a measurement"), "{stderr}");
+    let (code, _, stderr) = llmslo(
+        [
+            "sweep",
+            "--config",
+            &path(&config),
+            "--compare",
+            "http://127.0.0.1:9",
+            &path(&saved[1].0),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+    )
+    .await;
+    assert_eq!(code, 64);
+    assert!(stderr.contains("not one of each"), "{stderr}");
+    std::fs::write(&config, TPOT_30MS.replace("objective: 90", "objective: 95")).unwrap();
+    let (code, _, stderr) = compare(&[]).await;
+    assert_eq!(code, 64);
+    assert!(stderr.contains("judged against other SLOs"), "{stderr}");
+    for path in [&saved[0].0, &saved[1].0, &config, &json, &plot] {
+        std::fs::remove_file(path).unwrap();
+    }
 }

@@ -4,6 +4,7 @@ use super::client::Endpoint;
 use super::compare::{CompareOptions, Comparison};
 use super::load::{Arrivals, Bursts};
 use super::report::Report;
+use super::saved::SavedComparison;
 use super::{describe_workload, LoadPlan, SweepError, SweepOptions, Workload};
 use crate::config::Config;
 use crate::flags::{duration, EXIT_CONFIG};
@@ -22,7 +23,8 @@ pub struct SweepArgs {
     #[arg(long, required_unless_present = "compare", conflicts_with = "compare")]
     target: Option<String>,
     /// Compare two targets (base URLs) at the same loads with the same requests, interleaved,
-    /// and say whether B differs from A beyond the noise.
+    /// and say whether B differs from A beyond the noise; or two saved results (`--json` files)
+    /// on one report and plot.
     #[arg(long, num_args = 2, value_names = ["A", "B"])]
     compare: Vec<String>,
     /// How many times each load runs on each target in a comparison [default: 5].
@@ -228,6 +230,45 @@ impl SweepArgs {
         })
     }
 
+    /// The two saved results `--compare` names, when it names files rather than URLs; the
+    /// flags that would shape a measurement are refused with them.
+    fn saved_results(&self) -> Result<Option<(PathBuf, PathBuf)>, SweepError> {
+        let [a, b] = self.compare.as_slice() else {
+            return Ok(None);
+        };
+        let url = |s: &str| s.starts_with("http://") || s.starts_with("https://");
+        match (url(a), url(b)) {
+            (true, true) => return Ok(None),
+            (false, false) => {}
+            _ => {
+                return Err(SweepError::Usage(format!(
+                    "--compare {a} {b}: give two targets (http:// or https:// URLs) to measure, or two saved \
+                     results (`--json` files) to show, not one of each"
+                )))
+            }
+        }
+        let measuring = [
+            ("--repetitions", self.repetitions.is_some()),
+            ("--rate", !self.rate.is_empty()),
+            ("--concurrency", !self.concurrency.is_empty()),
+            ("--rate-scale", !self.rate_scale.is_empty()),
+            ("--replay", self.replay.is_some()),
+            ("--workload-from", self.workload_from.is_some()),
+            ("--workload", self.workload.is_some()),
+            ("--dataset", self.dataset.is_some()),
+            ("--bursts", self.bursts.is_some()),
+            ("--burstiness", self.burstiness.is_some()),
+            ("--gpu-hour-price", self.gpu_hour_price.is_some()),
+        ];
+        if let Some((flag, _)) = measuring.iter().find(|(_, given)| *given) {
+            return Err(SweepError::Usage(format!(
+                "{flag} shapes a measurement, and saved results are shown as they were measured: drop it, or \
+                 --compare two targets"
+            )));
+        }
+        Ok(Some((a.into(), b.into())))
+    }
+
     /// The workload the flags name: a trace to replay, a shape read from a sidecar (and saved
     /// with --workload) or from a shape file, or the fixed one.
     async fn workload_source(&self) -> Result<Workload, SweepError> {
@@ -340,6 +381,19 @@ pub async fn run(args: SweepArgs) -> ExitCode {
             )));
         }
     }
+    match args.saved_results() {
+        Ok(Some((a, b))) => {
+            let read = Config::slos_from_file(&args.config)
+                .map_err(|e| SweepError::Usage(e.to_string()))
+                .and_then(|slos| SavedComparison::read(&a, &b, &slos));
+            return match read {
+                Ok(saved) => show(Done::Saved(Box::new(saved)), json, plot),
+                Err(e) => fail(e),
+            };
+        }
+        Ok(None) => {}
+        Err(e) => return fail(e),
+    }
     let compare = args.compare.clone();
     let repetitions = args
         .repetitions
@@ -361,9 +415,18 @@ pub async fn run(args: SweepArgs) -> ExitCode {
         .map(|c| Done::Compare(Box::new(c))),
         None => super::run(options).await.map(|r| Done::Sweep(Box::new(r))),
     };
-    let done = match done {
-        Ok(done) => done,
-        Err(e) => return fail(e),
+    match done {
+        Ok(done) => show(done, json, plot),
+        Err(e) => fail(e),
+    }
+}
+
+/// Prints what was done (the table, or the JSON with `--json -`) and writes the JSON and plot
+/// files asked for.
+fn show(done: Done, json: Option<PathBuf>, plot: Option<PathBuf>) -> ExitCode {
+    let fail = |e: String| {
+        eprintln!("llmslo sweep: {e}");
+        ExitCode::from(EXIT_CONFIG)
     };
     let json_to_stdout = json.as_deref().is_some_and(|p| p.as_os_str() == "-");
     if json_to_stdout {
@@ -373,7 +436,7 @@ pub async fn run(args: SweepArgs) -> ExitCode {
     }
     if let Some(path) = json.filter(|_| !json_to_stdout) {
         if let Err(e) = std::fs::write(&path, format!("{:#}\n", done.to_json())) {
-            return fail(SweepError::Usage(format!("{}: {e}", path.display())));
+            return fail(format!("{}: {e}", path.display()));
         }
     }
     if let Some(path) = plot {
@@ -381,7 +444,7 @@ pub async fn run(args: SweepArgs) -> ExitCode {
             .plot()
             .and_then(|svg| std::fs::write(&path, svg).map_err(|e| e.to_string()));
         if let Err(e) = written {
-            return fail(SweepError::Usage(format!("{}: {e}", path.display())));
+            return fail(format!("{}: {e}", path.display()));
         }
     }
     if done.measured_nothing() {
@@ -397,6 +460,8 @@ enum Done {
     Sweep(Box<Report>),
     /// Two targets' curves and the verdict.
     Compare(Box<Comparison>),
+    /// Two saved curves side by side.
+    Saved(Box<SavedComparison>),
 }
 
 impl Done {
@@ -404,6 +469,7 @@ impl Done {
         match self {
             Done::Sweep(report) => report.render(),
             Done::Compare(comparison) => comparison.render(),
+            Done::Saved(saved) => saved.render(),
         }
     }
 
@@ -411,13 +477,15 @@ impl Done {
         match self {
             Done::Sweep(report) => report.to_json(),
             Done::Compare(comparison) => comparison.to_json(),
+            Done::Saved(saved) => saved.to_json(),
         }
     }
 
     fn plot(&self) -> Result<String, String> {
         match self {
             Done::Sweep(report) => super::plot::render(report),
-            Done::Compare(comparison) => super::plot::render_comparison(comparison),
+            Done::Compare(comparison) => super::plot::render_comparison(&comparison.a, &comparison.b),
+            Done::Saved(saved) => super::plot::render_comparison(&saved.a, &saved.b),
         }
     }
 
@@ -425,6 +493,7 @@ impl Done {
         match self {
             Done::Sweep(report) => report.measured_nothing(),
             Done::Compare(comparison) => comparison.a.measured_nothing() && comparison.b.measured_nothing(),
+            Done::Saved(saved) => saved.a.measured_nothing() && saved.b.measured_nothing(),
         }
     }
 }

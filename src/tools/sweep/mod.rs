@@ -12,6 +12,7 @@ pub mod load;
 pub mod plot;
 pub mod prompts;
 pub mod report;
+pub mod saved;
 pub mod stats;
 pub mod verdict;
 

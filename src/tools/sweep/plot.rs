@@ -2,7 +2,6 @@
 //! the TPOT SLO's limit and the knee; beside it TTFT and TPOT p99 against load.
 //! A comparison draws both targets: their frontiers, attainment and goodput against load.
 
-use super::compare::Comparison;
 use super::report::Report;
 use super::stats::{Judgement, Load, StepResult};
 use crate::slo::spec::SloKind;
@@ -234,12 +233,12 @@ const A_COLOUR: RGBColor = RGBColor(31, 119, 180);
 /// B's colour in a comparison.
 const B_COLOUR: RGBColor = RGBColor(255, 127, 14);
 
-/// A comparison as an SVG document: both frontiers, then attainment and goodput against the
-/// offered load, each with its knee.
-pub fn render_comparison(comparison: &Comparison) -> Result<String, String> {
+/// Two curves (a comparison's, live or saved) as an SVG document: both frontiers, then
+/// attainment and goodput against the offered load, each with its knee.
+pub fn render_comparison(a: &Report, b: &Report) -> Result<String, String> {
     document((1500, 500), |root| {
         let panels = root.split_evenly((1, 3));
-        let sides = [("A", &comparison.a, A_COLOUR), ("B", &comparison.b, B_COLOUR)];
+        let sides = [("A", a, A_COLOUR), ("B", b, B_COLOUR)];
         frontiers(&panels[0], &sides)?;
         type Figure = fn(&StepResult) -> f64;
         let attainment: Figure = |s| {
@@ -251,7 +250,7 @@ pub fn render_comparison(comparison: &Comparison) -> Result<String, String> {
         };
         let goodput: Figure = |s| s.goodput_requests_per_second;
         // The attainment panel shows the objective the worst deciding SLO must meet.
-        let objective = comparison.a.steps.first().and_then(|s| {
+        let objective = a.steps.first().and_then(|s| {
             s.attainment
                 .iter()
                 .filter(|a| a.required)

@@ -231,12 +231,7 @@ impl Report {
             "{} at {} ({} endpoint), SLO attainment per step (✓ met, ✗ missed, ? too few requests to judge: decides the knee)\n\n",
             self.model,
             self.target,
-            match self.endpoint {
-                Endpoint::Chat => "chat",
-                Endpoint::Completions => "completions",
-                Endpoint::Responses => "responses",
-                Endpoint::Messages => "messages",
-            }
+            self.endpoint.api()
         );
         for row in rows {
             let cells: Vec<String> = row
@@ -371,6 +366,9 @@ impl Report {
                 if let Some(note) = step.note() {
                     s.insert("note".into(), json!(note));
                 }
+                if !step.error_examples.is_empty() {
+                    s.insert("error_examples".into(), json!(step.error_examples));
+                }
                 Value::Object(s)
             })
             .collect();
@@ -390,12 +388,16 @@ impl Report {
         let mut document = json!({
             "target": self.target,
             "model": self.model,
+            "endpoint": self.endpoint.api(),
             "slos": slos,
             "knee": Value::Object(knee),
             "steps": steps,
         });
         if let Some(workload) = &self.workload {
             document["workload"] = json!(workload);
+        }
+        if let Some(price) = self.gpu_hour_price {
+            document["gpu_hour_price"] = number(price);
         }
         document
     }

@@ -1,0 +1,582 @@
+//! `llmslo sweep --compare A.json B.json`: two saved sweeps (`--json` files) read back as the
+//! reports they were, checked to have been judged against the same SLOs and workload, and
+//! shown on one report and one plot. Saved sweeps ran at different times with no repetitions,
+//! so their difference is shown, not tested: only a live comparison gives a verdict.
+
+use super::client::Endpoint;
+use super::report::{Knee, Report};
+use super::stats::{Attainment, Load, Quantiles, StepResult};
+use super::SweepError;
+use crate::record::Outcome;
+use crate::slo::spec::SloSet;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// The longest failure message read back from a saved step.
+const MAX_EXAMPLE_CHARS: usize = 200;
+
+/// Two saved sweeps side by side.
+#[derive(Debug, Clone)]
+pub struct SavedComparison {
+    /// A's curve, as saved.
+    pub a: Report,
+    /// B's curve.
+    pub b: Report,
+}
+
+impl SavedComparison {
+    /// Reads both files, judged against `slos` (the config's, which both must have used), and
+    /// checks they measured the same workload with the same kind of load.
+    pub fn read(a: &Path, b: &Path, slos: &SloSet) -> Result<Self, SweepError> {
+        let a = read_report(a, slos)?;
+        let b = read_report(b, slos)?;
+        let usage = |m: String| Err(SweepError::Usage(m));
+        if a.endpoint != b.endpoint || a.workload != b.workload {
+            return usage(format!(
+                "the two results ran different workloads, so their curves do not compare: A ran {}, B ran {}",
+                workload(&a),
+                workload(&b)
+            ));
+        }
+        let kind = |r: &Report| r.steps.first().map(|s| matches!(s.load, Load::Rate(_)));
+        if kind(&a) != kind(&b) {
+            return usage(
+                "one result held concurrency (closed loop), the other rates (open loop): their loads do not compare"
+                    .into(),
+            );
+        }
+        Ok(Self { a, b })
+    }
+
+    /// Both tables, then the knees and their difference, for the terminal.
+    pub fn render(&self) -> String {
+        let mut out = format!("A: {}", self.a.render());
+        out.push_str(&format!("\nB: {}", self.b.render()));
+        let unit = unit(&self.a);
+        let (a, b) = (knee_load(&self.a.knee), knee_load(&self.b.knee));
+        out.push('\n');
+        if a.is_finite() && b.is_finite() {
+            out.push_str(&format!(
+                "knee: A {a:.2}{unit}, B {b:.2}{unit}; B − A {:+.2}{unit} ({:+.1} %)\n",
+                b - a,
+                (b / a - 1.0) * 100.0
+            ));
+        } else {
+            out.push_str("knee: not found on both curves, so not compared\n");
+        }
+        out.push_str(
+            "no verdict: saved results were measured apart, once each, so what changed between the runs counts \
+             in the difference and its noise is unknown. `--compare URL_A URL_B` measures both with the same \
+             requests, interleaved and repeated, and tests the difference.\n",
+        );
+        out
+    }
+
+    /// The JSON document `--json` writes.
+    pub fn to_json(&self) -> Value {
+        let (a, b) = (knee_load(&self.a.knee), knee_load(&self.b.knee));
+        let difference = b - a;
+        json!({
+            "a": self.a.to_json(),
+            "b": self.b.to_json(),
+            "knee": {
+                "a": finite(a),
+                "b": finite(b),
+                "difference": finite(difference),
+            },
+            "verdict": Value::Null,
+        })
+    }
+}
+
+/// The knee's load: where the objective is crossed, when it is, else the highest load met.
+fn knee_load(knee: &Knee) -> f64 {
+    if knee.crossing.is_finite() {
+        return knee.crossing;
+    }
+    match knee.load {
+        Some(Load::Concurrency(c)) => c as f64,
+        Some(Load::Rate(r)) => r,
+        None => f64::NAN,
+    }
+}
+
+fn unit(report: &Report) -> &'static str {
+    match report.steps.first().map(|s| s.load) {
+        Some(Load::Concurrency(_)) => " clients",
+        _ => " req/s",
+    }
+}
+
+fn workload(report: &Report) -> String {
+    let endpoint = report.endpoint.api();
+    match &report.workload {
+        Some(workload) => format!("`{}` on {endpoint}", workload.trim().replace('\n', "; ")),
+        None => format!("the fixed workload on {endpoint}"),
+    }
+}
+
+/// A number, or null when it is not finite.
+fn finite(v: f64) -> Value {
+    serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number)
+}
+
+/// Reads one saved sweep as the report it was, its SLOs checked against `slos`.
+pub fn read_report(path: &Path, slos: &SloSet) -> Result<Report, SweepError> {
+    let name = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| SweepError::Usage(format!("{name}: {e}")))?;
+    let document: Value = serde_json::from_str(&text)
+        .map_err(|e| SweepError::Usage(format!("{name}: not the JSON `llmslo sweep --json` writes: {e}")))?;
+    report_from_json(&document, slos).map_err(|e| SweepError::Usage(format!("{name}: {e}")))
+}
+
+/// A sweep's `--json` document back into its report; errors name the field.
+fn report_from_json(document: &Value, slos: &SloSet) -> Result<Report, String> {
+    if !document.is_object() {
+        return Err("not the JSON `llmslo sweep --json` writes: expected an object".into());
+    }
+    if document.get("verdict").is_some() {
+        return Err("a comparison's result: give two sweeps' results".into());
+    }
+    check_slos(document, slos)?;
+    let endpoint = text(document, "endpoint")?;
+    let endpoint = Endpoint::from_api(&endpoint)
+        .ok_or_else(|| format!("`endpoint`: `{}` is not one llmslo calls", bounded(&endpoint)))?;
+    let steps_json = document
+        .get("steps")
+        .and_then(Value::as_array)
+        .ok_or("`steps`: expected a list")?;
+    let mut steps = Vec::with_capacity(steps_json.len());
+    for (i, step) in steps_json.iter().enumerate() {
+        steps.push(step_from_json(step, slos).map_err(|e| format!("`steps[{i}]`.{e}"))?);
+    }
+    if steps.is_empty() {
+        return Err("`steps`: no step was measured".into());
+    }
+    let rate = |s: &StepResult| matches!(s.load, Load::Rate(_));
+    if steps.iter().any(|s| rate(s) != rate(&steps[0])) {
+        return Err("`steps`: mixes rates and concurrencies".into());
+    }
+    let reached_max = document
+        .pointer("/knee/reached_max")
+        .and_then(Value::as_bool)
+        .ok_or("`knee.reached_max`: expected true or false")?;
+    let gpu_hour_price = match document.get("gpu_hour_price") {
+        None | Some(Value::Null) => None,
+        Some(price) => Some(
+            price
+                .as_f64()
+                .filter(|p| p.is_finite() && *p > 0.0)
+                .ok_or("`gpu_hour_price`: expected a price above zero")?,
+        ),
+    };
+    let workload = match document.get("workload") {
+        None | Some(Value::Null) => None,
+        Some(_) => Some(text(document, "workload")?),
+    };
+    Ok(Report {
+        target: text(document, "target")?,
+        model: text(document, "model")?,
+        endpoint,
+        slos: slos.clone(),
+        knee: Knee::from_steps(&steps, reached_max),
+        steps,
+        gpu_hour_price,
+        workload,
+    })
+}
+
+/// The saved SLOs must be the config's: same names, objectives and deciding ones, in order.
+fn check_slos(document: &Value, slos: &SloSet) -> Result<(), String> {
+    let saved = document
+        .get("slos")
+        .and_then(Value::as_array)
+        .ok_or("`slos`: expected a list")?;
+    let describe = |name: &str, objective: f64, required: bool| {
+        format!(
+            "{} at {}{}",
+            bounded(name),
+            objective,
+            if required { "" } else { " (not deciding)" }
+        )
+    };
+    let ours: Vec<String> = slos
+        .slos
+        .iter()
+        .enumerate()
+        .map(|(i, slo)| describe(&slo.name, slo.objective, slos.decides_goodput(i)))
+        .collect();
+    let theirs: Vec<String> = saved
+        .iter()
+        .map(|slo| {
+            let name = slo.get("name").and_then(Value::as_str).unwrap_or("?");
+            let objective = slo.get("objective").and_then(Value::as_f64).unwrap_or(f64::NAN);
+            let required = slo.get("required").and_then(Value::as_bool).unwrap_or(false);
+            describe(name, objective, required)
+        })
+        .collect();
+    if ours != theirs {
+        return Err(format!(
+            "judged against other SLOs ({}) than --config's ({}): compare results judged against the same SLOs",
+            theirs.join(", "),
+            ours.join(", ")
+        ));
+    }
+    Ok(())
+}
+
+/// One step of the saved `steps` list.
+fn step_from_json(step: &Value, slos: &SloSet) -> Result<StepResult, String> {
+    let load = match (step.get("rate"), step.get("concurrency")) {
+        (Some(rate), None) => Load::Rate(
+            rate.as_f64()
+                .filter(|r| r.is_finite() && *r > 0.0)
+                .ok_or("rate: expected requests per second above zero")?,
+        ),
+        (None, Some(clients)) => Load::Concurrency(
+            clients
+                .as_u64()
+                .filter(|c| *c > 0)
+                .ok_or("concurrency: expected a client count above zero")? as usize,
+        ),
+        _ => return Err("rate or concurrency: expected one of them".into()),
+    };
+    let mut errors = BTreeMap::new();
+    for (outcome, count) in step
+        .get("errors")
+        .and_then(Value::as_object)
+        .ok_or("errors: expected an object")?
+    {
+        let known = Outcome::ALL
+            .iter()
+            .find(|o| o.as_str() == outcome)
+            .ok_or_else(|| format!("errors: `{}` is not an outcome", bounded(outcome)))?;
+        let count = count.as_u64().ok_or("errors: expected counts")?;
+        errors.insert(known.as_str(), count);
+    }
+    let mut error_examples = BTreeMap::new();
+    if let Some(examples) = step.get("error_examples").and_then(Value::as_object) {
+        for (outcome, message) in examples {
+            if let (Some(known), Some(message)) = (errors.keys().find(|o| **o == outcome), message.as_str()) {
+                error_examples.insert(*known, bounded(message));
+            }
+        }
+    }
+    let requests = count(step, "requests")?;
+    if errors.values().sum::<u64>() > requests {
+        return Err("errors: more failures than requests".into());
+    }
+    let quantiles = |name: &str| -> Result<Quantiles, String> {
+        Ok(Quantiles {
+            mean: number(step, &format!("{name}_mean_s"))?,
+            p50: number(step, &format!("{name}_p50_s"))?,
+            p90: number(step, &format!("{name}_p90_s"))?,
+            p99: number(step, &format!("{name}_p99_s"))?,
+        })
+    };
+    let mut attainment = Vec::with_capacity(slos.slos.len());
+    for (i, slo) in slos.slos.iter().enumerate() {
+        let name = bounded(&slo.name);
+        let fraction = step
+            .get("attainment")
+            .and_then(|a| a.get(&slo.name))
+            .ok_or_else(|| format!("attainment.{name}: missing"))
+            .and_then(|v| nullable(v).ok_or_else(|| format!("attainment.{name}: expected a fraction")))?;
+        let valid = step
+            .get("verdicts")
+            .and_then(|v| v.get(&slo.name))
+            .and_then(|v| v.get("events"))
+            .and_then(Value::as_u64)
+            .ok_or_else(|| format!("verdicts.{name}.events: expected a count"))?;
+        let good = if valid == 0 {
+            0
+        } else if (0.0..=1.0).contains(&fraction) {
+            (fraction * valid as f64).round() as u64
+        } else {
+            return Err(format!("attainment.{name}: expected a fraction from 0 to 1"));
+        };
+        attainment.push(Attainment {
+            slo: slo.name.clone(),
+            objective: slo.objective,
+            valid,
+            good,
+            attainment: fraction,
+            required: slos.decides_goodput(i),
+        });
+    }
+    Ok(StepResult {
+        load,
+        window_s: number(step, "window_s")?,
+        requests,
+        errors,
+        error_examples,
+        ttft: quantiles("ttft")?,
+        ttfb: quantiles("ttfb")?,
+        tpot: quantiles("tpot")?,
+        itl: quantiles("itl")?,
+        e2e: quantiles("e2e")?,
+        prompt_tokens_mean: number(step, "prompt_tokens_mean")?,
+        output_tokens_mean: number(step, "output_tokens_mean")?,
+        requests_per_second: number(step, "requests_per_second")?,
+        output_tokens_per_second: number(step, "output_tokens_per_second")?,
+        per_user_tokens_per_second: number(step, "per_user_output_tokens_per_second")?,
+        goodput_requests_per_second: number(step, "goodput_requests_per_second")?,
+        goodput_output_tokens_per_second: number(step, "goodput_output_tokens_per_second")?,
+        attainment,
+    })
+}
+
+/// A number field; null (what NaN is written as) reads as NaN.
+fn number(object: &Value, key: &str) -> Result<f64, String> {
+    object
+        .get(key)
+        .and_then(nullable)
+        .ok_or_else(|| format!("{key}: expected a number"))
+}
+
+fn nullable(value: &Value) -> Option<f64> {
+    match value {
+        Value::Null => Some(f64::NAN),
+        value => value.as_f64(),
+    }
+}
+
+fn count(object: &Value, key: &str) -> Result<u64, String> {
+    object
+        .get(key)
+        .and_then(Value::as_u64)
+        .ok_or_else(|| format!("{key}: expected a count"))
+}
+
+fn text(object: &Value, key: &str) -> Result<String, String> {
+    object
+        .get(key)
+        .and_then(Value::as_str)
+        .map(bounded)
+        .ok_or_else(|| format!("`{key}`: expected text"))
+}
+
+/// A string from the file, cut short: what is read back is shown.
+fn bounded(text: &str) -> String {
+    match text.char_indices().nth(MAX_EXAMPLE_CHARS) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::slo::spec::SloFile;
+
+    fn slos(yaml: &str) -> SloSet {
+        SloSet::validate(None, None, None, serde_yaml::from_str::<SloFile>(yaml).unwrap()).unwrap()
+    }
+
+    const SLOS: &str =
+        "slos:\n  - {name: tpot-30ms, objective: 90, tpot: 30ms}\n  - {name: ttft-1s, objective: 99, ttft: 1s}\n\
+                        goodput: {require: [tpot-30ms]}\n";
+
+    fn q(base: f64) -> Quantiles {
+        Quantiles {
+            mean: base,
+            p50: base,
+            p90: base * 1.5,
+            p99: base * 2.0,
+        }
+    }
+
+    /// A step at `load` whose TPOT SLO saw `good` of 100 good.
+    fn step(load: Load, good: u64, slos: &SloSet) -> StepResult {
+        StepResult {
+            load,
+            window_s: 30.0,
+            requests: 100,
+            errors: BTreeMap::from([("timeout", 2)]),
+            error_examples: BTreeMap::from([("timeout", "took longer than 5m".to_string())]),
+            ttft: q(0.1),
+            ttfb: q(0.09),
+            tpot: q(0.02),
+            itl: q(0.02),
+            e2e: q(2.0),
+            prompt_tokens_mean: 256.0,
+            output_tokens_mean: 128.0,
+            requests_per_second: 3.2,
+            output_tokens_per_second: 409.6,
+            per_user_tokens_per_second: 50.0,
+            goodput_requests_per_second: 3.0,
+            goodput_output_tokens_per_second: 384.0,
+            attainment: slos
+                .slos
+                .iter()
+                .enumerate()
+                .map(|(i, slo)| Attainment {
+                    slo: slo.name.clone(),
+                    objective: slo.objective,
+                    valid: 98,
+                    good: if i == 0 { good } else { 98 },
+                    attainment: if i == 0 { good as f64 / 98.0 } else { 1.0 },
+                    required: slos.decides_goodput(i),
+                })
+                .collect(),
+        }
+    }
+
+    fn report(loads: &[(Load, u64)], workload: Option<&str>) -> Report {
+        let slos = slos(SLOS);
+        let mut steps: Vec<StepResult> = loads.iter().map(|&(load, good)| step(load, good, &slos)).collect();
+        steps[0].ttfb = Quantiles::of(vec![]); // NaN, written as null
+        Report {
+            target: "http://a:8000".into(),
+            model: "m".into(),
+            endpoint: Endpoint::Responses,
+            knee: Knee::from_steps(&steps, false),
+            steps,
+            slos,
+            gpu_hour_price: Some(2.5),
+            workload: workload.map(str::to_string),
+        }
+    }
+
+    fn write(name: &str, document: &Value) -> std::path::PathBuf {
+        let path = std::env::temp_dir().join(format!("llmslo-saved-{}-{name}.json", std::process::id()));
+        std::fs::write(&path, document.to_string()).unwrap();
+        path
+    }
+
+    #[test]
+    fn a_saved_sweep_reads_back_as_the_report_it_was() {
+        let original = report(
+            &[(Load::Rate(1.0), 97), (Load::Rate(2.0), 90), (Load::Rate(4.0), 60)],
+            Some("shape: 2 classes\n"),
+        );
+        let back = report_from_json(&original.to_json(), &slos(SLOS)).unwrap();
+        assert_eq!(back.to_json(), original.to_json());
+        assert_eq!(back.knee, original.knee);
+        assert_eq!(back.knee.load, Some(Load::Rate(2.0)));
+        assert!(back.steps[0].ttfb.p99.is_nan());
+        assert_eq!(back.render(), original.render());
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_saved_sweep_is_refused_naming_the_field() {
+        let slos = slos(SLOS);
+        let good = report(&[(Load::Rate(1.0), 97), (Load::Rate(2.0), 90)], None).to_json();
+        let edited = |edit: &dyn Fn(&mut Value)| {
+            let mut document = good.clone();
+            edit(&mut document);
+            report_from_json(&document, &slos).unwrap_err()
+        };
+        type Edit = Box<dyn Fn(&mut Value)>;
+        let cases: Vec<(Edit, &str)> = vec![
+            (Box::new(|d| *d = json!([1, 2])), "expected an object"),
+            (Box::new(|d| d["verdict"] = json!({})), "a comparison's result"),
+            (
+                Box::new(|d| {
+                    d["steps"][1]
+                        .as_object_mut()
+                        .unwrap()
+                        .remove("tpot_p99_s")
+                        .map(drop)
+                        .unwrap()
+                }),
+                "`steps[1]`.tpot_p99_s: expected a number",
+            ),
+            (
+                Box::new(|d| d["steps"][0]["errors"] = json!({"oops": 1})),
+                "`oops` is not an outcome",
+            ),
+            (
+                Box::new(|d| d["steps"][0]["errors"] = json!({"timeout": 101})),
+                "more failures than requests",
+            ),
+            (
+                Box::new(|d| d["steps"][1]["concurrency"] = json!(4)),
+                "expected one of them",
+            ),
+            (
+                Box::new(|d| d["steps"][0]["attainment"]["tpot-30ms"] = json!(1.5)),
+                "from 0 to 1",
+            ),
+            (Box::new(|d| d["steps"] = json!([])), "no step was measured"),
+            (
+                Box::new(|d| d["endpoint"] = json!("embeddings")),
+                "`embeddings` is not one llmslo calls",
+            ),
+            (
+                Box::new(|d| d["slos"][0]["objective"] = json!(0.95)),
+                "judged against other SLOs",
+            ),
+            (
+                Box::new(|d| d["slos"][1]["required"] = json!(true)),
+                "judged against other SLOs",
+            ),
+            (Box::new(|d| d["knee"] = json!({})), "`knee.reached_max`"),
+            (Box::new(|d| d["model"] = json!(3)), "`model`: expected text"),
+        ];
+        for (edit, expected) in cases {
+            let error = edited(&*edit);
+            assert!(error.contains(expected), "{error:?} should say {expected:?}");
+        }
+        let long = "x".repeat(10_000);
+        let error = edited(&|d| d["endpoint"] = json!(long));
+        assert!(
+            error.len() < 400,
+            "a string from the file is shown bounded: {} bytes",
+            error.len()
+        );
+    }
+
+    #[test]
+    fn two_saved_sweeps_compare_only_at_the_same_workload_and_kind_of_load() {
+        let slos = slos(SLOS);
+        let a = report(
+            &[(Load::Rate(1.0), 97), (Load::Rate(2.0), 90), (Load::Rate(4.0), 60)],
+            None,
+        );
+        let b = report(
+            &[(Load::Rate(1.0), 97), (Load::Rate(2.0), 95), (Load::Rate(4.0), 80)],
+            None,
+        );
+        let (path_a, path_b) = (write("a", &a.to_json()), write("b", &b.to_json()));
+        let saved = SavedComparison::read(&path_a, &path_b, &slos).unwrap();
+        let shown = saved.render();
+        let (knee_a, knee_b) = (a.knee.crossing, b.knee.crossing);
+        assert!(knee_a.is_finite() && knee_b > knee_a, "{knee_a} {knee_b}");
+        assert!(
+            shown.contains(&format!("knee: A {knee_a:.2} req/s, B {knee_b:.2} req/s")),
+            "{shown}"
+        );
+        assert!(shown.contains("no verdict"), "{shown}");
+        let document = saved.to_json();
+        let difference = document["knee"]["difference"].as_f64().unwrap();
+        assert!((difference - (knee_b - knee_a)).abs() < 1e-9, "{difference}");
+        assert_eq!(document["verdict"], Value::Null);
+
+        let other = report(&[(Load::Rate(1.0), 97)], Some("replay of t.jsonl\n"));
+        let path_other = write("other", &other.to_json());
+        let error = SavedComparison::read(&path_a, &path_other, &slos)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("different workloads"), "{error}");
+        let closed = report(&[(Load::Concurrency(4), 97)], None);
+        let path_closed = write("closed", &closed.to_json());
+        let error = SavedComparison::read(&path_a, &path_closed, &slos)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("do not compare"), "{error}");
+        let error = SavedComparison::read(&path_a, Path::new("/nonexistent/b.json"), &slos)
+            .unwrap_err()
+            .to_string();
+        assert!(error.starts_with("/nonexistent/b.json: "), "{error}");
+        std::fs::write(&path_other, "{not json").unwrap();
+        let error = SavedComparison::read(&path_a, &path_other, &slos)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("not the JSON `llmslo sweep --json` writes"), "{error}");
+        for path in [path_a, path_b, path_other, path_closed] {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+}
