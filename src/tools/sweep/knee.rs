@@ -7,13 +7,56 @@ pub const TOLERANCE: f64 = 0.10;
 /// Bisection steps after the doubling, at most.
 pub const MAX_BISECTIONS: u32 = 8;
 
+/// The knee's bracket: the highest load that met the SLOs, the lowest that missed, and how
+/// many bisections between them were measured. Both searches narrow one.
+#[derive(Debug, Clone, PartialEq)]
+struct Bracket<T> {
+    passing: Option<T>,
+    failing: Option<T>,
+    bisections: u32,
+}
+
+impl<T: Copy + PartialOrd> Bracket<T> {
+    fn new() -> Self {
+        Self {
+            passing: None,
+            failing: None,
+            bisections: 0,
+        }
+    }
+
+    /// Takes the verdict of a measured load.
+    fn observe(&mut self, load: T, met_slos: bool) {
+        if self.passing.is_some() && self.failing.is_some() {
+            self.bisections += 1;
+        }
+        let (side, keep_higher) = if met_slos {
+            (&mut self.passing, true)
+        } else {
+            (&mut self.failing, false)
+        };
+        *side = Some(match *side {
+            Some(old) if (old > load) == keep_higher => old,
+            _ => load,
+        });
+    }
+
+    /// The midpoint, while the two ends are not yet `close` and bisections remain.
+    fn bisect(&self, close: bool, midpoint: T) -> Option<T> {
+        (!close && self.bisections < MAX_BISECTIONS).then_some(midpoint)
+    }
+
+    /// Every load up to `max` met the SLOs.
+    fn reached(&self, max: T) -> bool {
+        self.failing.is_none() && self.passing.is_some_and(|p| p >= max)
+    }
+}
+
 /// Where the search stands.
 #[derive(Debug, Clone, PartialEq)]
 pub struct KneeSearch {
     max: usize,
-    passing: Option<usize>,
-    failing: Option<usize>,
-    bisections: u32,
+    bracket: Bracket<usize>,
 }
 
 impl KneeSearch {
@@ -21,46 +64,37 @@ impl KneeSearch {
     pub fn new(max: usize) -> Self {
         Self {
             max: max.max(1),
-            passing: None,
-            failing: None,
-            bisections: 0,
+            bracket: Bracket::new(),
         }
     }
 
     /// The next concurrency to measure, or `None` when the search is over.
     pub fn next(&self) -> Option<usize> {
-        match (self.passing, self.failing) {
+        match (self.bracket.passing, self.bracket.failing) {
             (None, None) => Some(1),
             (None, Some(_)) => None,
             (Some(pass), None) if pass >= self.max => None,
             (Some(pass), None) => Some((pass * 2).min(self.max)),
             (Some(pass), Some(fail)) => {
                 let close = (fail - pass) as f64 <= (TOLERANCE * pass as f64).max(1.0);
-                (!close && self.bisections < MAX_BISECTIONS).then(|| pass + (fail - pass) / 2)
+                self.bracket.bisect(close, pass + (fail - pass) / 2)
             }
         }
     }
 
     /// Takes the verdict of a measured concurrency.
     pub fn observe(&mut self, concurrency: usize, met_slos: bool) {
-        if self.passing.is_some() && self.failing.is_some() {
-            self.bisections += 1;
-        }
-        if met_slos {
-            self.passing = Some(self.passing.map_or(concurrency, |p| p.max(concurrency)));
-        } else {
-            self.failing = Some(self.failing.map_or(concurrency, |f| f.min(concurrency)));
-        }
+        self.bracket.observe(concurrency, met_slos);
     }
 
     /// The highest concurrency that met the SLOs, once the search is over.
     pub fn knee(&self) -> Option<usize> {
-        self.passing
+        self.bracket.passing
     }
 
     /// The search stopped at `max` without the SLOs failing: the knee is at least that.
     pub fn reached_max(&self) -> bool {
-        self.failing.is_none() && self.passing.is_some_and(|p| p >= self.max)
+        self.bracket.reached(self.max)
     }
 }
 
@@ -72,9 +106,7 @@ pub const RATE_FLOOR: f64 = 1.0 / 64.0;
 pub struct RateSearch {
     start: f64,
     max: f64,
-    passing: Option<f64>,
-    failing: Option<f64>,
-    bisections: u32,
+    bracket: Bracket<f64>,
 }
 
 impl RateSearch {
@@ -83,41 +115,32 @@ impl RateSearch {
         Self {
             start: start.min(max),
             max,
-            passing: None,
-            failing: None,
-            bisections: 0,
+            bracket: Bracket::new(),
         }
     }
 
     /// The next rate to measure, or `None` when the search is over.
     pub fn next(&self) -> Option<f64> {
-        match (self.passing, self.failing) {
+        match (self.bracket.passing, self.bracket.failing) {
             (None, None) => Some(self.start),
             (None, Some(fail)) => (fail / 2.0 >= self.start * RATE_FLOOR).then_some(fail / 2.0),
             (Some(pass), None) if pass >= self.max => None,
             (Some(pass), None) => Some((pass * 2.0).min(self.max)),
             (Some(pass), Some(fail)) => {
                 let close = fail - pass <= TOLERANCE * pass;
-                (!close && self.bisections < MAX_BISECTIONS).then_some((pass + fail) / 2.0)
+                self.bracket.bisect(close, (pass + fail) / 2.0)
             }
         }
     }
 
     /// Takes the verdict of a measured rate.
     pub fn observe(&mut self, rate: f64, met_slos: bool) {
-        if self.passing.is_some() && self.failing.is_some() {
-            self.bisections += 1;
-        }
-        if met_slos {
-            self.passing = Some(self.passing.map_or(rate, |p| p.max(rate)));
-        } else {
-            self.failing = Some(self.failing.map_or(rate, |f| f.min(rate)));
-        }
+        self.bracket.observe(rate, met_slos);
     }
 
     /// The search stopped at `max` without the SLOs failing.
     pub fn reached_max(&self) -> bool {
-        self.failing.is_none() && self.passing.is_some_and(|p| p >= self.max)
+        self.bracket.reached(self.max)
     }
 }
 
