@@ -250,9 +250,18 @@ async fn silent_upstream_gives_504_and_timeout() {
     assert!((e2e - 2.0).abs() < 0.01, "{e2e}");
 }
 
+/// An engine serving two models: a request whose body cannot be read is `unknown` however
+/// soon the sidecar learns them (an engine's only model would name it).
+fn two_models() -> llmslo::tools::simulate::SimOptions {
+    llmslo::tools::simulate::SimOptions {
+        models: vec!["sim".into(), "sim-b".into()],
+        ..timed_engine(5, 1)
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn body_over_the_peek_limit_is_forwarded_intact_with_model_unknown() {
-    let (engine, _stop) = start_engine(timed_engine(5, 1)).await;
+    let (engine, _stop) = start_engine(two_models()).await;
     let (upstream, received) =
         scripted_upstream(Script::sse(vec![(Duration::ZERO, b"data: [DONE]\n\n".to_vec())])).await;
     for (target, expect_model) in [(engine, "unknown"), (upstream, "unknown")] {
@@ -276,7 +285,7 @@ async fn body_over_the_peek_limit_is_forwarded_intact_with_model_unknown() {
 
 #[tokio::test(start_paused = true)]
 async fn malformed_json_is_forwarded_and_the_engines_4xx_is_client_error() {
-    let (engine, _stop) = start_engine(timed_engine(5, 1)).await;
+    let (engine, _stop) = start_engine(two_models()).await;
     let sidecar = start_sidecar(engine, "").await;
     let (status, body) = post_collect(
         sidecar.proxy_addr,

@@ -54,6 +54,8 @@ pub(super) struct FileConfig {
     #[serde(default, with = "humantime_serde")]
     pub(super) stream_idle_timeout: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
+    pub(super) upstream_idle_timeout: Option<Duration>,
+    #[serde(default, with = "humantime_serde")]
     pub(super) drain_timeout: Option<Duration>,
     #[serde(default, with = "humantime_serde")]
     pub(super) final_scrape_grace: Option<Duration>,
@@ -351,6 +353,7 @@ impl Config {
             upstream_timeout: f.upstream_timeout.unwrap_or(defaults::UPSTREAM_TIMEOUT),
             stream_idle_timeout: Some(f.stream_idle_timeout.unwrap_or(defaults::STREAM_IDLE_TIMEOUT))
                 .filter(|d| !d.is_zero()),
+            upstream_idle_timeout: f.upstream_idle_timeout.unwrap_or(defaults::UPSTREAM_IDLE_TIMEOUT),
             drain_timeout: f.drain_timeout.unwrap_or(defaults::DRAIN_TIMEOUT),
             final_scrape_grace: f.final_scrape_grace.unwrap_or(defaults::FINAL_SCRAPE_GRACE),
             health_path: f.health_path.unwrap_or_else(|| defaults::HEALTH_PATH.to_string()),

@@ -178,6 +178,8 @@ pub struct Config {
     pub upstream_timeout: Duration,
     /// Longest silence of the engine within a response body (then `timeout`); `None` is off.
     pub stream_idle_timeout: Option<Duration>,
+    /// How long an engine connection is kept open between requests.
+    pub upstream_idle_timeout: Duration,
     /// How long in-flight streams may finish after SIGTERM.
     pub drain_timeout: Duration,
     /// How long `/metrics` stays up after the drain, for a scrape to read the final counts (it

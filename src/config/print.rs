@@ -80,6 +80,7 @@ impl Config {
             "max_event_bytes": self.max_event_bytes,
             "upstream_timeout": human(self.upstream_timeout),
             "stream_idle_timeout": human(self.stream_idle_timeout.unwrap_or_default()),
+            "upstream_idle_timeout": human(self.upstream_idle_timeout),
             "drain_timeout": human(self.drain_timeout),
             "final_scrape_grace": human(self.final_scrape_grace),
             "health_path": self.health_path,

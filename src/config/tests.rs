@@ -148,6 +148,7 @@ fn defaults_apply_to_a_minimal_file() {
     assert_eq!(c.max_in_flight_requests, 1024);
     assert_eq!(c.request_body_total_timeout, Duration::from_secs(300));
     assert_eq!(c.stream_idle_timeout, Some(Duration::from_secs(300)));
+    assert_eq!(c.upstream_idle_timeout, Duration::from_secs(4));
     assert_eq!(c.max_event_bytes, 1 << 20);
     assert_eq!(c.upstream_timeout, Duration::from_secs(600));
     assert_eq!(c.drain_timeout, Duration::from_secs(30));
@@ -254,6 +255,10 @@ fn bad_values_name_their_key() {
     assert_eq!(
         key_of(Config::from_yaml(&format!("{up}upstream_timeout: 0s\n"))),
         "upstream_timeout"
+    );
+    assert_eq!(
+        key_of(Config::from_yaml(&format!("{up}upstream_idle_timeout: 0s\n"))),
+        "upstream_idle_timeout"
     );
     assert_eq!(
         key_of(Config::from_yaml(&format!("{up}health_path: health\n"))),

@@ -63,6 +63,7 @@ impl Config {
         }
         for (key, value) in [
             ("upstream_timeout", self.upstream_timeout),
+            ("upstream_idle_timeout", self.upstream_idle_timeout),
             ("request_body_timeout", self.request_body_timeout),
             ("request_body_total_timeout", self.request_body_total_timeout),
             ("send_timeout", self.send_timeout),

@@ -6,10 +6,8 @@ use super::headers;
 use super::idle::IdleTimeoutBody;
 use super::UpstreamBody;
 use crate::metrics::RefusalReason;
-use crate::upstream::UpstreamClient;
-use crate::upstream::{innermost_cause, BoxError};
+use crate::upstream::{innermost_cause, BoxError, ResponseBody, UpstreamClient};
 use http::{header, HeaderValue, Request, Response, StatusCode, Version};
-use hyper::body::Incoming;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -64,7 +62,7 @@ impl Forward {
 }
 
 impl tower::Service<Request<UpstreamBody>> for Forward {
-    type Response = Response<IdleTimeoutBody<Incoming>>;
+    type Response = Response<IdleTimeoutBody<ResponseBody>>;
     type Error = BoxError;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, BoxError>> + Send>>;
 

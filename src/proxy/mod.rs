@@ -58,6 +58,9 @@ pub mod defaults {
     pub const MAX_IN_FLIGHT_REQUESTS: usize = 1024;
     /// `upstream_timeout`.
     pub const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(600);
+    /// `upstream_idle_timeout`: below the 5 s keep-alive of uvicorn (vLLM, SGLang), so the
+    /// sidecar closes an idle engine connection before the engine does.
+    pub const UPSTREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(4);
     /// `stream_idle_timeout`: engines do hang; a healthy one is never this quiet.
     pub const STREAM_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
     /// `inject_usage`: streams are asked for their usage chunk, so token counts are exact.

@@ -330,7 +330,7 @@ fn failure_outcome(error: &BoxError) -> Outcome {
     if error.is::<tower::timeout::error::Elapsed>() {
         return Outcome::Timeout;
     }
-    match error.downcast_ref::<hyper_util::client::legacy::Error>() {
+    match error.downcast_ref::<crate::upstream::SendError>() {
         Some(error) if error.is_connect() => Outcome::ConnectError,
         _ => Outcome::UpstreamError,
     }

@@ -109,7 +109,11 @@ impl Sidecar {
             );
             metrics.config_status().loaded(false);
         }
-        let client = UpstreamClient::new(&config.upstream, config.max_in_flight_requests);
+        let client = UpstreamClient::new(
+            &config.upstream,
+            config.max_in_flight_requests,
+            config.upstream_idle_timeout,
+        );
         let tokenizer = match &config.tokenizer {
             Some(path) => {
                 let counter = TokenCounter::load(path)

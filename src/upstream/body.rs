@@ -1,0 +1,71 @@
+//! The engine's response body, which drives the connection it came on from the task that
+//! reads it: every frame the engine's last read brought is ready at once, so the client's
+//! connection writes them together. At its end the connection is parked for the next request.
+
+use super::pool::{Conn, Pool};
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use std::pin::Pin;
+use std::sync::Weak;
+use std::task::{Context, Poll};
+
+/// A response body from the engine, with the connection it arrives on.
+#[derive(Debug)]
+pub struct ResponseBody {
+    incoming: Incoming,
+    /// The connection, until the body ends (parked) or it closes.
+    conn: Option<Conn>,
+    pool: Weak<Pool>,
+}
+
+impl ResponseBody {
+    /// `incoming`, arriving on `conn`, which goes back to `pool` at its end.
+    pub fn new(incoming: Incoming, conn: Conn, pool: Weak<Pool>) -> Self {
+        Self {
+            incoming,
+            conn: Some(conn),
+            pool,
+        }
+    }
+}
+
+impl Drop for ResponseBody {
+    /// A body dropped whole (one that was empty, or that ended without a last poll) leaves its
+    /// connection parked; one dropped part-way closes it, as HTTP/1.1 requires.
+    fn drop(&mut self) {
+        if !self.incoming.is_end_stream() {
+            return;
+        }
+        if let (Some(conn), Some(pool)) = (self.conn.take(), self.pool.upgrade()) {
+            pool.park(conn, &mut Context::from_waker(std::task::Waker::noop()));
+        }
+    }
+}
+
+impl Body for ResponseBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        if this.conn.as_mut().is_some_and(|conn| conn.drive(cx)) {
+            // Closed: what it read is in `incoming`, and so is its error.
+            this.conn = None;
+        }
+        let frame = std::task::ready!(Pin::new(&mut this.incoming).poll_frame(cx));
+        if frame.is_none() {
+            if let (Some(conn), Some(pool)) = (this.conn.take(), this.pool.upgrade()) {
+                pool.park(conn, cx);
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.incoming.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.incoming.size_hint()
+    }
+}

@@ -1,0 +1,290 @@
+//! The one engine the sidecar forwards to: the pooled HTTP client bound to it, the body
+//! type sent to it, and how its failures read.
+
+mod body;
+mod pool;
+
+pub use body::ResponseBody;
+pub use pool::SendError;
+
+use bytes::Bytes;
+use http::uri::Authority;
+use http::{Request, Response, StatusCode, Uri};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Empty};
+use pool::Pool;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+
+/// A boxed error, the error type of bodies that can fail in more than one way.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Body type sent to the upstream.
+pub type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// The engine sent nothing on an open response body for `stream_idle_timeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("the upstream sent nothing for {}", humantime::format_duration(*.0))]
+pub struct StreamIdle(pub Duration);
+
+/// The innermost cause of an error: "Connection refused" rather than "client error (Connect)".
+pub fn innermost_cause(error: &dyn std::error::Error) -> String {
+    let mut cause = error;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    cause.to_string()
+}
+
+/// How long connecting to the upstream may take before it counts as unreachable.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A pooled HTTP/1.1 client bound to one upstream; it can reach no other target.
+#[derive(Clone, Debug)]
+pub struct UpstreamClient {
+    pool: Arc<Pool>,
+    authority: Authority,
+    base_path: String,
+    /// Woken when a request could not connect to the engine (the readiness probe listens).
+    connect_failed: Arc<Notify>,
+}
+
+impl UpstreamClient {
+    /// A client for `upstream` (an `http://host:port[/base]` URI, validated by the config)
+    /// that keeps at most `max_idle` connections open between requests, each for at most
+    /// `idle_timeout`. Each request in flight holds one connection (HTTP/1.1), so with the
+    /// proxy's in-flight cap as `max_idle`, connections to the engine never exceed about that
+    /// cap.
+    pub fn new(upstream: &Uri, max_idle: usize, idle_timeout: Duration) -> Self {
+        let authority = upstream
+            .authority()
+            .cloned()
+            .expect("validated upstream has an authority");
+        let address = format!("{}:{}", authority.host(), authority.port_u16().unwrap_or(80));
+        Self {
+            pool: Pool::new(address, max_idle, idle_timeout, CONNECT_TIMEOUT),
+            authority,
+            base_path: upstream.path().trim_end_matches('/').to_string(),
+            connect_failed: Arc::default(),
+        }
+    }
+
+    /// The upstream's origin-form URI for a request's path and query (the configured base path
+    /// before it); the client's URI never picks the target.
+    pub fn uri_for(&self, path_and_query: &str) -> Uri {
+        Uri::builder()
+            .path_and_query(format!("{}{}", self.base_path, path_and_query))
+            .build()
+            .expect("an origin-form path makes a valid URI")
+    }
+
+    /// Sends a request whose URI came from [`Self::uri_for`]; one without a `Host` header is
+    /// sent with the upstream's.
+    pub async fn send(&self, mut request: Request<UpstreamBody>) -> Result<Response<ResponseBody>, SendError> {
+        if !request.headers().contains_key(http::header::HOST) {
+            let host =
+                http::HeaderValue::from_str(self.authority.as_str()).expect("an authority is a valid header value");
+            request.headers_mut().insert(http::header::HOST, host);
+        }
+        let sent = self.pool.send(request).await.map(|(response, conn)| {
+            let pool = Arc::downgrade(&self.pool);
+            response.map(|body| ResponseBody::new(body, conn, pool))
+        });
+        if sent.as_ref().is_err_and(SendError::is_connect) {
+            self.connect_failed.notify_one();
+        }
+        sent
+    }
+
+    /// Completes when a request has failed to connect to the engine since the last call.
+    pub async fn connect_failed(&self) {
+        self.connect_failed.notified().await
+    }
+
+    /// GETs `path` on the upstream: its status and body (bounded to 1 MiB).
+    pub async fn get(&self, path: &str) -> Result<(StatusCode, Bytes), SendError> {
+        let (status, body) = self.get_bounded(path, "*/*", 1 << 20).await?;
+        Ok((status, body.unwrap_or_default()))
+    }
+
+    /// GETs `path` on the upstream asking for `accept`: its status, and its body unless it
+    /// was longer than `limit` bytes or broke off (`None`).
+    pub async fn get_bounded(
+        &self,
+        path: &str,
+        accept: &str,
+        limit: usize,
+    ) -> Result<(StatusCode, Option<Bytes>), SendError> {
+        let request = Request::get(self.uri_for(path))
+            .header(http::header::ACCEPT, accept)
+            .body(Empty::<Bytes>::new().map_err(|never| match never {}).boxed_unsync())
+            .expect("a GET with a valid URI and a static header is a valid request");
+        let response = self.send(request).await?;
+        let status = response.status();
+        // Copied into one buffer as the frames arrive: the page is held once, not as frames
+        // and then again whole.
+        let declared = response
+            .headers()
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<usize>().ok());
+        let mut body = response.into_body();
+        let mut page = Vec::with_capacity(declared.unwrap_or(0).min(limit));
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else {
+                return Ok((status, None));
+            };
+            if let Ok(data) = frame.into_data() {
+                if page.len() + data.len() > limit {
+                    return Ok((status, None));
+                }
+                page.extend_from_slice(&data);
+            }
+        }
+        Ok((status, Some(Bytes::from(page))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::mpsc;
+
+    /// What the engine saw of a connection.
+    #[derive(Debug, PartialEq)]
+    enum Seen {
+        Accepted,
+        /// The sidecar closed it.
+        ClosedBySidecar,
+    }
+
+    /// An engine on 127.0.0.1 that answers each GET with `ok`, or with a stream that sends one
+    /// chunk and then holds (path `/stream`); it closes a connection itself after `keep_alive`
+    /// answers. Reports what it saw of its connections.
+    async fn engine(keep_alive: usize) -> (Uri, mpsc::UnboundedReceiver<Seen>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri = format!("http://{}", listener.local_addr().unwrap()).parse().unwrap();
+        let (seen, events) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                seen.send(Seen::Accepted).unwrap();
+                tokio::spawn(serve(stream, keep_alive, seen.clone()));
+            }
+        });
+        (uri, events)
+    }
+
+    async fn serve(mut stream: TcpStream, keep_alive: usize, seen: mpsc::UnboundedSender<Seen>) {
+        let mut head = Vec::new();
+        let mut answered = 0;
+        let mut buf = [0u8; 1024];
+        while answered < keep_alive {
+            let n = stream.read(&mut buf).await.unwrap_or(0);
+            if n == 0 {
+                let _ = seen.send(Seen::ClosedBySidecar);
+                return;
+            }
+            head.extend_from_slice(&buf[..n]);
+            let Some(end) = head.windows(4).position(|w| w == b"\r\n\r\n") else {
+                continue;
+            };
+            let request = String::from_utf8_lossy(&head[..end]).to_string();
+            head.drain(..end + 4);
+            answered += 1;
+            let answer: &[u8] = if request.starts_with("GET /stream") {
+                b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n"
+            } else {
+                b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+            };
+            stream.write_all(answer).await.unwrap();
+        }
+    }
+
+    async fn next(events: &mut mpsc::UnboundedReceiver<Seen>) -> Seen {
+        tokio::time::timeout(Duration::from_secs(5), events.recv())
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_connection_is_parked_between_requests_and_reused() {
+        let (uri, mut seen) = engine(usize::MAX).await;
+        let client = UpstreamClient::new(&uri, 4, Duration::from_secs(60));
+        for _ in 0..3 {
+            assert_eq!(client.get("/").await.unwrap(), (StatusCode::OK, Bytes::from("ok")));
+        }
+        assert_eq!(next(&mut seen).await, Seen::Accepted);
+        assert!(seen.try_recv().is_err(), "one connection served all three");
+        assert_eq!(client.pool.idle(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_parked_connection_the_engine_closed_is_replaced() {
+        let (uri, mut seen) = engine(1).await;
+        let client = UpstreamClient::new(&uri, 4, Duration::from_secs(60));
+        assert_eq!(client.get("/").await.unwrap().1, "ok");
+        assert_eq!(next(&mut seen).await, Seen::Accepted);
+        // The engine closes it after its one answer; the next request does not fail for it.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(client.get("/").await.unwrap().1, "ok");
+        assert_eq!(next(&mut seen).await, Seen::Accepted);
+    }
+
+    #[tokio::test]
+    async fn an_idle_connection_is_closed_after_the_idle_timeout() {
+        let (uri, mut seen) = engine(usize::MAX).await;
+        let client = UpstreamClient::new(&uri, 4, Duration::from_millis(200));
+        assert_eq!(client.get("/").await.unwrap().1, "ok");
+        assert_eq!(next(&mut seen).await, Seen::Accepted);
+        assert_eq!(next(&mut seen).await, Seen::ClosedBySidecar);
+        assert_eq!(client.pool.idle(), 0);
+        assert_eq!(client.get("/").await.unwrap().1, "ok", "a new one is opened");
+        assert_eq!(next(&mut seen).await, Seen::Accepted);
+    }
+
+    #[tokio::test]
+    async fn a_body_dropped_part_way_closes_its_connection() {
+        let (uri, mut seen) = engine(usize::MAX).await;
+        let client = UpstreamClient::new(&uri, 4, Duration::from_secs(60));
+        let request = Request::get(client.uri_for("/stream"))
+            .body(Empty::<Bytes>::new().map_err(|never| match never {}).boxed_unsync())
+            .unwrap();
+        let mut body = client.send(request).await.unwrap().into_body();
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first, "first");
+        drop(body);
+        assert_eq!(next(&mut seen).await, Seen::Accepted);
+        assert_eq!(next(&mut seen).await, Seen::ClosedBySidecar);
+        assert_eq!(client.pool.idle(), 0);
+    }
+
+    #[tokio::test]
+    async fn at_most_max_idle_connections_are_kept() {
+        let (uri, _seen) = engine(usize::MAX).await;
+        let client = UpstreamClient::new(&uri, 2, Duration::from_secs(60));
+        let mut gets = tokio::task::JoinSet::new();
+        for _ in 0..5 {
+            let client = client.clone();
+            gets.spawn(async move { client.get("/").await.unwrap().1 });
+        }
+        while let Some(got) = gets.join_next().await {
+            assert_eq!(got.unwrap(), "ok");
+        }
+        assert_eq!(client.pool.idle(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_engine_that_cannot_be_reached_is_a_connect_error() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let uri: Uri = format!("http://{}", listener.local_addr().unwrap()).parse().unwrap();
+        drop(listener);
+        let client = UpstreamClient::new(&uri, 2, Duration::from_secs(60));
+        let error = client.get("/").await.unwrap_err();
+        assert!(error.is_connect(), "{error:?}");
+        assert_eq!(innermost_cause(&error), "Connection refused (os error 111)");
+    }
+}

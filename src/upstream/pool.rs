@@ -1,0 +1,198 @@
+//! The engine's HTTP/1.1 connections. A request drives the connection it holds from its own
+//! task (the one serving the client): the engine's bytes are read, parsed and written on to
+//! the client in one wake-up, with no hand-off between tasks. Between requests a connection is
+//! parked here, unpolled, and checked for life when it is taken again.
+
+use super::UpstreamBody;
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{Builder, Connection, SendRequest};
+use hyper::Response;
+use hyper_util::rt::TokioIo;
+use std::future::{poll_fn, Future};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Waker};
+use std::time::Duration;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// A connection's driver: the future that reads and writes its socket.
+type Driver = Pin<Box<Connection<TokioIo<TcpStream>, UpstreamBody>>>;
+
+/// One connection to the engine: where requests go in, and the future that moves its bytes.
+pub struct Conn {
+    sender: SendRequest<UpstreamBody>,
+    driver: Driver,
+}
+
+impl std::fmt::Debug for Conn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Conn").finish_non_exhaustive()
+    }
+}
+
+impl Conn {
+    /// Moves the connection's bytes; `true` once it has closed (or failed).
+    pub fn drive(&mut self, cx: &mut Context<'_>) -> bool {
+        self.driver.as_mut().poll(cx).is_ready()
+    }
+
+    /// Open, and ready for its next request: polled once, it neither closed nor is busy.
+    fn alive(&mut self) -> bool {
+        !self.drive(&mut Context::from_waker(Waker::noop())) && self.sender.is_ready()
+    }
+}
+
+/// Why no response came.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// The engine could not be connected to.
+    #[error("cannot connect to the upstream")]
+    Connect(#[source] std::io::Error),
+    /// The connection failed during the exchange.
+    #[error("the upstream request failed")]
+    Request(#[source] hyper::Error),
+}
+
+impl SendError {
+    /// Whether the engine could not be connected to at all.
+    pub fn is_connect(&self) -> bool {
+        matches!(self, SendError::Connect(_))
+    }
+}
+
+/// The idle connections to one engine and how to open more.
+#[derive(Debug)]
+pub struct Pool {
+    address: String,
+    idle: Mutex<Vec<Parked>>,
+    max_idle: usize,
+    idle_timeout: Duration,
+    connect_timeout: Duration,
+}
+
+/// A connection between requests, since when.
+#[derive(Debug)]
+struct Parked {
+    conn: Conn,
+    since: Instant,
+}
+
+impl Pool {
+    /// A pool for `address` (`host:port`) that keeps at most `max_idle` connections for at
+    /// most `idle_timeout` each. Within a runtime, a task closes the expired ones.
+    pub fn new(address: String, max_idle: usize, idle_timeout: Duration, connect_timeout: Duration) -> Arc<Self> {
+        let pool = Arc::new(Self {
+            address,
+            idle: Mutex::default(),
+            max_idle,
+            idle_timeout,
+            connect_timeout,
+        });
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(close_expired(Arc::downgrade(&pool), idle_timeout));
+        }
+        pool
+    }
+
+    /// Sends `request` on a parked connection, or a new one, and drives it from this task
+    /// until the response head: the response comes with its connection, for its body to
+    /// drive on and park again at its end. A parked connection that closed before taking the
+    /// request is replaced by another.
+    pub async fn send(
+        &self,
+        mut request: hyper::Request<UpstreamBody>,
+    ) -> Result<(Response<Incoming>, Conn), SendError> {
+        loop {
+            let (mut conn, reused) = match self.take() {
+                Some(conn) => (conn, true),
+                None => (self.connect().await?, false),
+            };
+            let mut sent = std::pin::pin!(conn.sender.try_send_request(request));
+            let mut closed = false;
+            let answer = poll_fn(|cx| {
+                if !closed {
+                    closed = conn.drive(cx);
+                }
+                sent.as_mut().poll(cx)
+            })
+            .await;
+            match answer {
+                Ok(response) => return Ok((response, conn)),
+                Err(mut error) => match error.take_message() {
+                    Some(unsent) if reused => request = unsent,
+                    _ => return Err(SendError::Request(error.into_error())),
+                },
+            }
+        }
+    }
+
+    /// The most recently parked connection that is still alive; the others are closed.
+    fn take(&self) -> Option<Conn> {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        while let Some(mut parked) = idle.pop() {
+            if parked.since.elapsed() < self.idle_timeout && parked.conn.alive() {
+                return Some(parked.conn);
+            }
+        }
+        None
+    }
+
+    /// Opens a new connection.
+    async fn connect(&self) -> Result<Conn, SendError> {
+        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.address))
+            .await
+            .map_err(|_| SendError::Connect(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")))?
+            .map_err(SendError::Connect)?;
+        stream.set_nodelay(true).map_err(SendError::Connect)?;
+        let (sender, driver) = Builder::new()
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(SendError::Request)?;
+        Ok(Conn {
+            sender,
+            driver: Box::pin(driver),
+        })
+    }
+
+    /// Parks a connection whose exchange ended, when it can take another request and there
+    /// is room; else it closes.
+    pub fn park(&self, mut conn: Conn, cx: &mut Context<'_>) {
+        if conn.drive(cx) || !conn.sender.is_ready() {
+            return;
+        }
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < self.max_idle {
+            idle.push(Parked {
+                conn,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    /// Closes the connections parked longer than the idle timeout.
+    fn close_expired_now(&self) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        idle.retain(|parked| parked.since.elapsed() < self.idle_timeout);
+    }
+
+    /// How many connections are parked.
+    #[cfg(test)]
+    pub fn idle(&self) -> usize {
+        self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// Every `period`, closes the expired connections of the pool, while it exists.
+async fn close_expired(pool: Weak<Pool>, period: Duration) {
+    let mut tick = tokio::time::interval(period.max(Duration::from_millis(100)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        match pool.upgrade() {
+            Some(pool) => pool.close_expired_now(),
+            None => return,
+        }
+    }
+}
