@@ -330,8 +330,16 @@ fn failure_outcome(error: &BoxError) -> Outcome {
     if error.is::<tower::timeout::error::Elapsed>() {
         return Outcome::Timeout;
     }
-    match error.downcast_ref::<crate::upstream::SendError>() {
-        Some(error) if error.is_connect() => Outcome::ConnectError,
-        _ => Outcome::UpstreamError,
+    // The sidecar's own client, or hyper-util's in an application that uses the layer.
+    let connect = error
+        .downcast_ref::<crate::upstream::SendError>()
+        .is_some_and(|e| e.is_connect())
+        || error
+            .downcast_ref::<hyper_util::client::legacy::Error>()
+            .is_some_and(|e| e.is_connect());
+    if connect {
+        Outcome::ConnectError
+    } else {
+        Outcome::UpstreamError
     }
 }
