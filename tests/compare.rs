@@ -167,16 +167,6 @@ fn same(a: &serde_json::Value, b: &serde_json::Value) -> bool {
     }
 }
 
-/// Runs the binary without blocking the runtime.
-async fn llmslo(args: Vec<String>) -> (i32, String, String) {
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        common::llmslo_output(&args)
-    })
-    .await
-    .unwrap()
-}
-
 #[tokio::test(start_paused = true)]
 async fn two_saved_sweeps_show_on_one_report_and_plot_through_the_binary() {
     let dir = std::env::temp_dir();
@@ -203,7 +193,7 @@ async fn two_saved_sweeps_show_on_one_report_and_plot_through_the_binary() {
             .collect();
         all.extend([path(&saved[0].0), path(&saved[1].0)]);
         all.extend(extra.iter().map(|s| s.to_string()));
-        llmslo(all)
+        common::llmslo_output_async(all)
     };
     let (code, stdout, stderr) = compare(&["--json", &path(&json), "--plot", &path(&plot)]).await;
     assert_eq!(code, 0, "{stderr}");
@@ -231,7 +221,7 @@ async fn two_saved_sweeps_show_on_one_report_and_plot_through_the_binary() {
     let (code, _, stderr) = compare(&["--rate", "2"]).await;
     assert_eq!(code, 64);
     assert!(stderr.contains("--rate shapes a measurement"), "{stderr}");
-    let (code, _, stderr) = llmslo(
+    let (code, _, stderr) = common::llmslo_output_async(
         [
             "sweep",
             "--config",

@@ -301,16 +301,6 @@ async fn the_dataset_prompts_are_sent_in_turn() {
     stop.cancel();
 }
 
-/// Runs the binary without blocking the runtime that serves the engine.
-async fn sweep_cli(args: Vec<String>) -> (i32, String, String) {
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        common::llmslo_output(&args)
-    })
-    .await
-    .unwrap()
-}
-
 fn args(list: &[&str]) -> Vec<String> {
     list.iter().map(|s| s.to_string()).collect()
 }
@@ -323,7 +313,7 @@ async fn the_binary_finds_the_knee_within_ten_percent_and_writes_json_and_plot()
     let dir = std::env::temp_dir();
     let json = dir.join(format!("llmslo-sweep-{}.json", std::process::id()));
     let plot = dir.join(format!("llmslo-sweep-{}.svg", std::process::id()));
-    let (code, stdout, stderr) = sweep_cli(args(&[
+    let (code, stdout, stderr) = common::llmslo_output_async(args(&[
         "sweep",
         "--target",
         &format!("http://{engine}"),
@@ -374,7 +364,7 @@ async fn bad_input_gets_a_clear_error_and_a_non_zero_exit() {
     let run = |extra: &[&str]| {
         let mut all = args(&["sweep", "--config", config, "--duration", "1s", "--warmup", "0s"]);
         all.extend(args(extra));
-        sweep_cli(all)
+        common::llmslo_output_async(all)
     };
 
     let (code, _, stderr) = run(&["--target", &unused]).await;
@@ -403,7 +393,7 @@ async fn bad_input_gets_a_clear_error_and_a_non_zero_exit() {
         "availability",
         "slos:\n  - name: up\n    objective: 99\n    availability: true\n",
     );
-    let (code, _, stderr) = sweep_cli(args(&[
+    let (code, _, stderr) = common::llmslo_output_async(args(&[
         "sweep",
         "--target",
         &target,
@@ -550,7 +540,7 @@ async fn an_https_target_is_verified_against_the_given_ca() {
             "-",
         ]));
         all.extend(args(extra));
-        sweep_cli(all)
+        common::llmslo_output_async(all)
     };
     let (code, stdout, stderr) = run(&["--ca-cert", ca.to_str().unwrap()]).await;
     assert_eq!(code, 0, "{stderr}");

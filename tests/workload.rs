@@ -249,16 +249,6 @@ async fn the_recorded_workload_reproduces_the_trace_and_its_knee() {
     stop.cancel();
 }
 
-/// Runs the binary without blocking the runtime that serves the engine.
-async fn cli(args: Vec<String>) -> (i32, String, String) {
-    tokio::task::spawn_blocking(move || {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        common::llmslo_output(&args)
-    })
-    .await
-    .unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_traces_shapes_and_comparisons_get_a_clear_error_and_nothing_runs() {
     let config = temp("bad-slos.yaml");
@@ -287,7 +277,7 @@ async fn bad_traces_shapes_and_comparisons_get_a_clear_error_and_nothing_runs() 
             .map(|s| s.to_string())
             .collect();
         all.extend(extra);
-        cli(all)
+        common::llmslo_output_async(all)
     };
     let cases: Vec<(Vec<String>, i32, String)> = vec![
         (

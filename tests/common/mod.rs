@@ -410,6 +410,17 @@ pub fn fixture(name: &str) -> Vec<u8> {
     std::fs::read(format!("{}/tests/fixtures/{name}", env!("CARGO_MANIFEST_DIR"))).unwrap()
 }
 
+/// Runs the binary (as [`llmslo_output`]) without blocking the runtime that serves the test's
+/// engines.
+pub async fn llmslo_output_async(args: Vec<String>) -> (i32, String, String) {
+    tokio::task::spawn_blocking(move || {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        llmslo_output(&args)
+    })
+    .await
+    .unwrap()
+}
+
 /// Runs the `llmslo` binary in the crate root without the `LLMSLO_*` environment:
 /// (exit code, stdout, stderr).
 pub fn llmslo_output(args: &[&str]) -> (i32, String, String) {
