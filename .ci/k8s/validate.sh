@@ -144,6 +144,14 @@ echo "== the canary analysis examples"
 node "$here/validate-crds.mjs" examples/canary/argo-analysis-template.yaml
 CARGO_TARGET_DIR=target/ci/flagger cargo build --locked --quiet --manifest-path "$here/flagger/Cargo.toml"
 target/ci/flagger/debug/validate-flagger examples/canary/flagger-metric-template.yaml
+# and it refuses what Flagger's schema refuses: an unknown provider, no query, an unknown field.
+for bad in 's/type: prometheus/type: prom/' 's/^  query: |/  qurey: |/' 's/^    type: prometheus/    type: prometheus\n    timeout: 5s/'; do
+    sed "$bad" examples/canary/flagger-metric-template.yaml > "$out/flagger-bad.yaml"
+    if target/ci/flagger/debug/validate-flagger "$out/flagger-bad.yaml" 2>/dev/null; then
+        echo "the Flagger check accepted a MetricTemplate edited with sed '$bad'" >&2
+        exit 1
+    fi
+done
 
 echo "== promtool check rules (PrometheusRule specs)"
 promtool check rules target/ci/prometheusrules/*.json
