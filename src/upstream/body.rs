@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 #[derive(Debug)]
 pub struct ResponseBody {
     incoming: Incoming,
-    /// The connection, until the body ends (parked) or it closes.
+    /// The connection, until the body ends and it is parked.
     conn: Option<Conn>,
     pool: Weak<Pool>,
 }
@@ -29,15 +29,22 @@ impl ResponseBody {
     }
 }
 
+impl ResponseBody {
+    /// The body has ended: its connection goes back to the pool (which closes it when it cannot
+    /// take another request).
+    fn park(&mut self, cx: &mut Context<'_>) {
+        if let (Some(conn), Some(pool)) = (self.conn.take(), self.pool.upgrade()) {
+            pool.park(conn, cx);
+        }
+    }
+}
+
 impl Drop for ResponseBody {
     /// A body dropped whole (one that was empty, or that ended without a last poll) leaves its
     /// connection parked; one dropped part-way closes it, as HTTP/1.1 requires.
     fn drop(&mut self) {
-        if !self.incoming.is_end_stream() {
-            return;
-        }
-        if let (Some(conn), Some(pool)) = (self.conn.take(), self.pool.upgrade()) {
-            pool.park(conn, &mut Context::from_waker(std::task::Waker::noop()));
+        if self.incoming.is_end_stream() {
+            self.park(&mut Context::from_waker(std::task::Waker::noop()));
         }
     }
 }
@@ -48,15 +55,13 @@ impl Body for ResponseBody {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
-        if this.conn.as_mut().is_some_and(|conn| conn.drive(cx)) {
-            // Closed: what it read is in `incoming`, and so is its error.
-            this.conn = None;
+        if let Some(conn) = &mut this.conn {
+            // Once it has closed, what it read is in `incoming`, and so is its error.
+            conn.drive(cx);
         }
         let frame = std::task::ready!(Pin::new(&mut this.incoming).poll_frame(cx));
         if frame.is_none() {
-            if let (Some(conn), Some(pool)) = (this.conn.take(), this.pool.upgrade()) {
-                pool.park(conn, cx);
-            }
+            this.park(cx);
         }
         Poll::Ready(frame)
     }

@@ -8,7 +8,6 @@ pub use body::ResponseBody;
 pub use pool::SendError;
 
 use bytes::Bytes;
-use http::uri::Authority;
 use http::{Request, Response, StatusCode, Uri};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty};
@@ -43,7 +42,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone, Debug)]
 pub struct UpstreamClient {
     pool: Arc<Pool>,
-    authority: Authority,
+    /// The `Host` header for requests that bring none.
+    host: http::HeaderValue,
     base_path: String,
     /// Woken when a request could not connect to the engine (the readiness probe listens).
     connect_failed: Arc<Notify>,
@@ -63,7 +63,7 @@ impl UpstreamClient {
         let address = format!("{}:{}", authority.host(), authority.port_u16().unwrap_or(80));
         Self {
             pool: Pool::new(address, max_idle, idle_timeout, CONNECT_TIMEOUT),
-            authority,
+            host: http::HeaderValue::from_str(authority.as_str()).expect("an authority is a valid header value"),
             base_path: upstream.path().trim_end_matches('/').to_string(),
             connect_failed: Arc::default(),
         }
@@ -82,9 +82,7 @@ impl UpstreamClient {
     /// sent with the upstream's.
     pub async fn send(&self, mut request: Request<UpstreamBody>) -> Result<Response<ResponseBody>, SendError> {
         if !request.headers().contains_key(http::header::HOST) {
-            let host =
-                http::HeaderValue::from_str(self.authority.as_str()).expect("an authority is a valid header value");
-            request.headers_mut().insert(http::header::HOST, host);
+            request.headers_mut().insert(http::header::HOST, self.host.clone());
         }
         let sent = self.pool.send(request).await.map(|(response, conn)| {
             let pool = Arc::downgrade(&self.pool);
@@ -264,17 +262,24 @@ mod tests {
 
     #[tokio::test]
     async fn at_most_max_idle_connections_are_kept() {
-        let (uri, _seen) = engine(usize::MAX).await;
+        let (uri, mut seen) = engine(usize::MAX).await;
         let client = UpstreamClient::new(&uri, 2, Duration::from_secs(60));
-        let mut gets = tokio::task::JoinSet::new();
-        for _ in 0..5 {
-            let client = client.clone();
-            gets.spawn(async move { client.get("/").await.unwrap().1 });
+        // Three responses held at once hold three connections; read, they are parked.
+        let mut bodies = Vec::new();
+        for _ in 0..3 {
+            let request = Request::get(client.uri_for("/"))
+                .body(Empty::<Bytes>::new().map_err(|never| match never {}).boxed_unsync())
+                .unwrap();
+            bodies.push(client.send(request).await.unwrap().into_body());
         }
-        while let Some(got) = gets.join_next().await {
-            assert_eq!(got.unwrap(), "ok");
+        for _ in 0..3 {
+            assert_eq!(next(&mut seen).await, Seen::Accepted);
+        }
+        for body in bodies {
+            assert_eq!(body.collect().await.unwrap().to_bytes(), "ok");
         }
         assert_eq!(client.pool.idle(), 2);
+        assert_eq!(next(&mut seen).await, Seen::ClosedBySidecar, "the third is closed");
     }
 
     #[tokio::test]

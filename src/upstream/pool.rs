@@ -23,6 +23,8 @@ type Driver = Pin<Box<Connection<TokioIo<TcpStream>, UpstreamBody>>>;
 pub struct Conn {
     sender: SendRequest<UpstreamBody>,
     driver: Driver,
+    /// The driver has completed: the connection is closed, and is never polled again.
+    closed: bool,
 }
 
 impl std::fmt::Debug for Conn {
@@ -34,7 +36,10 @@ impl std::fmt::Debug for Conn {
 impl Conn {
     /// Moves the connection's bytes; `true` once it has closed (or failed).
     pub fn drive(&mut self, cx: &mut Context<'_>) -> bool {
-        self.driver.as_mut().poll(cx).is_ready()
+        if !self.closed {
+            self.closed = self.driver.as_mut().poll(cx).is_ready();
+        }
+        self.closed
     }
 
     /// Open, and ready for its next request: polled once, it neither closed nor is busy.
@@ -109,11 +114,8 @@ impl Pool {
                 None => (self.connect().await?, false),
             };
             let mut sent = std::pin::pin!(conn.sender.try_send_request(request));
-            let mut closed = false;
             let answer = poll_fn(|cx| {
-                if !closed {
-                    closed = conn.drive(cx);
-                }
+                conn.drive(cx);
                 sent.as_mut().poll(cx)
             })
             .await;
@@ -127,15 +129,15 @@ impl Pool {
         }
     }
 
-    /// The most recently parked connection that is still alive; the others are closed.
+    /// The most recently parked connection that is still alive; the others are closed. Each
+    /// is checked (a read of its socket) after the lock is let go.
     fn take(&self) -> Option<Conn> {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        while let Some(mut parked) = idle.pop() {
+        loop {
+            let mut parked = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop()?;
             if parked.since.elapsed() < self.idle_timeout && parked.conn.alive() {
                 return Some(parked.conn);
             }
         }
-        None
     }
 
     /// Opens a new connection.
@@ -152,6 +154,7 @@ impl Pool {
         Ok(Conn {
             sender,
             driver: Box::pin(driver),
+            closed: false,
         })
     }
 
