@@ -5,10 +5,10 @@
 
 use super::client::Sample;
 use super::load::Bodies;
-use super::report::{Knee, Report};
+use super::report::{number, Knee, Report};
 use super::stats::{Load, StepResult};
 use super::verdict::{self, Judging, Observation, Run, Verdict, MAX_SLOS};
-use super::{check_slos, connect, describe_workload, hold, judge_step, load_order, planned_requests, preflight};
+use super::{check_slos, connect, describe_workload, hold, judge_step, planned_requests, preflight};
 use super::{step_plan, LoadPlan, SweepError, SweepOptions};
 use crate::record::Outcome;
 use crate::slo::spec::SloSet;
@@ -57,7 +57,7 @@ pub async fn run(options: CompareOptions) -> Result<Comparison, SweepError> {
             ))
         }
     };
-    loads.sort_by(|a, b| load_order(*a).total_cmp(&load_order(*b)));
+    loads.sort_by(|a, b| a.value().total_cmp(&b.value()));
     loads.dedup();
     if options.repetitions == 0 {
         return Err(SweepError::Usage("--repetitions must be at least 1".into()));
@@ -125,7 +125,7 @@ pub async fn run(options: CompareOptions) -> Result<Comparison, SweepError> {
             .collect()
     };
     let judging = Judging {
-        loads: loads.iter().map(|l| load_order(*l)).collect(),
+        loads: loads.iter().map(|l| l.value()).collect(),
         slos: sweep
             .slos
             .slos
@@ -189,7 +189,7 @@ impl Comparison {
             "{:<24} {:>14} {:>14} {:>14} {:>32} {:>8}  verdict\n",
             "figure", "A", "B", "B − A", "interval", "p"
         ));
-        let unit = self.load_unit();
+        let unit = self.a.load_unit();
         for d in &self.verdict.differences {
             let shown = |v: f64, signed: bool| {
                 if !v.is_finite() {
@@ -226,13 +226,6 @@ impl Comparison {
         out
     }
 
-    fn load_unit(&self) -> &'static str {
-        match self.a.steps.first().map(|s| s.load) {
-            Some(Load::Concurrency(_)) => " clients",
-            _ => " req/s",
-        }
-    }
-
     /// The JSON document `--json` writes.
     pub fn to_json(&self) -> serde_json::Value {
         json!({
@@ -245,23 +238,14 @@ impl Comparison {
                 "caveat": self.verdict.caveat,
                 "differences": self.verdict.differences.iter().map(|d| json!({
                     "figure": d.figure,
-                    "a": finite(d.a),
-                    "b": finite(d.b),
-                    "difference": finite(d.difference),
-                    "interval": [finite(d.interval.0), finite(d.interval.1)],
-                    "p_value": finite(d.p_value),
+                    "a": number(d.a),
+                    "b": number(d.b),
+                    "difference": number(d.difference),
+                    "interval": [number(d.interval.0), number(d.interval.1)],
+                    "p_value": number(d.p_value),
                     "verdict": d.verdict,
                 })).collect::<Vec<_>>(),
             },
         })
-    }
-}
-
-/// A number, or null when it is not finite.
-fn finite(v: f64) -> serde_json::Value {
-    if v.is_finite() {
-        json!(v)
-    } else {
-        serde_json::Value::Null
     }
 }

@@ -147,7 +147,7 @@ pub async fn run(options: SweepOptions) -> Result<Report, SweepError> {
         search.observe(load, step.verdict() != stats::Judgement::Missed);
         steps.push(step);
     }
-    steps.sort_by(|a, b| load_order(a.load).total_cmp(&load_order(b.load)));
+    steps.sort_by(|a, b| a.load.value().total_cmp(&b.load.value()));
     let knee = Knee::from_steps(&steps, search.reached_max());
     Ok(Report {
         target: requester.base().to_string(),
@@ -427,14 +427,6 @@ fn base_url(target: &str) -> Result<String, SweepError> {
     http_uri("--target", target, "http://host:port or https://host")?;
     let trimmed = target.trim_end_matches('/');
     Ok(trimmed.strip_suffix("/v1").unwrap_or(trimmed).to_string())
-}
-
-/// Sorts steps by their load.
-fn load_order(load: Load) -> f64 {
-    match load {
-        Load::Concurrency(c) => c as f64,
-        Load::Rate(r) => r,
-    }
 }
 
 #[cfg(test)]

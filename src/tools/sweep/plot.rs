@@ -150,10 +150,7 @@ fn seesaw(area: &Area, report: &Report) -> DrawResult {
 
 /// TTFT and TPOT p99 against load, with their SLO thresholds and the knee.
 fn latency(area: &Area, report: &Report) -> DrawResult {
-    let load_of = |s: &StepResult| match s.load {
-        Load::Concurrency(c) => c as f64,
-        Load::Rate(r) => r,
-    };
+    let load_of = |s: &StepResult| s.load.value();
     let x_name = match report.steps.first().map(|s| s.load) {
         Some(Load::Rate(_)) => "request rate (req/s)",
         _ => "concurrency",
@@ -209,10 +206,7 @@ fn latency(area: &Area, report: &Report) -> DrawResult {
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(1)));
     }
     if let Some(knee) = report.knee.load {
-        let x = match knee {
-            Load::Concurrency(c) => c as f64,
-            Load::Rate(r) => r,
-        };
+        let x = knee.value();
         chart
             .draw_series(LineSeries::new([(x, 0.0), (x, y_max)], KNEE_COLOUR.stroke_width(2)))?
             .label(format!("knee: {}", load_label(knee)))
@@ -315,10 +309,7 @@ fn against_load(
     figure: fn(&StepResult) -> f64,
     target: Option<f64>,
 ) -> DrawResult {
-    let load_of = |s: &StepResult| match s.load {
-        Load::Concurrency(c) => c as f64,
-        Load::Rate(r) => r,
-    };
+    let load_of = |s: &StepResult| s.load.value();
     let x_name = match sides[0].1.steps.first().map(|s| s.load) {
         Some(Load::Rate(_)) => "offered rate (req/s)",
         _ => "concurrency",
@@ -356,10 +347,7 @@ fn against_load(
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
         chart.draw_series(points.iter().map(|p| Circle::new(*p, 3, colour.filled())))?;
         if let Some(knee) = report.knee.load {
-            let x = match knee {
-                Load::Concurrency(c) => c as f64,
-                Load::Rate(r) => r,
-            };
+            let x = knee.value();
             chart.draw_series(DashedLineSeries::new(
                 [(x, y_min), (x, y_max)],
                 6,

@@ -78,10 +78,7 @@ impl Knee {
     pub fn describe(&self) -> String {
         let line = self.describe_load();
         if self.crossing.is_finite() {
-            let unit = match self.load {
-                Some(Load::Concurrency(_)) => " clients",
-                _ => " req/s",
-            };
+            let unit = self.load.map_or(" req/s", Load::unit);
             return format!("{line}; the objective is crossed at {:.2}{unit}", self.crossing);
         }
         line
@@ -120,13 +117,7 @@ impl Knee {
 /// The load where the smallest margin of a deciding SLO (attainment − objective) first falls
 /// below zero, interpolated between the steps (sorted by load) around it.
 fn crossing(steps: &[StepResult]) -> f64 {
-    let loads: Vec<f64> = steps
-        .iter()
-        .map(|s| match s.load {
-            Load::Concurrency(c) => c as f64,
-            Load::Rate(r) => r,
-        })
-        .collect();
+    let loads: Vec<f64> = steps.iter().map(|s| s.load.value()).collect();
     let margins: Vec<f64> = steps
         .iter()
         .map(|s| {
@@ -265,6 +256,11 @@ impl Report {
         }
         out.push('\n');
         out
+    }
+
+    /// The unit of the loads, for people (` clients` or ` req/s`).
+    pub fn load_unit(&self) -> &'static str {
+        self.steps.first().map_or(" req/s", |s| s.load.unit())
     }
 
     /// The step at the knee, when there is one.
@@ -411,7 +407,7 @@ fn insert_quantiles(map: &mut Map<String, Value>, name: &str, q: Quantiles) {
 }
 
 /// A JSON number, or null for NaN (JSON has no NaN).
-fn number(x: f64) -> Value {
+pub(super) fn number(x: f64) -> Value {
     serde_json::Number::from_f64(x).map_or(Value::Null, Value::Number)
 }
 

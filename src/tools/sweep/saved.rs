@@ -4,7 +4,7 @@
 //! so their difference is shown, not tested: only a live comparison gives a verdict.
 
 use super::client::Endpoint;
-use super::report::{Knee, Report};
+use super::report::{self, Knee, Report};
 use super::stats::{Attainment, Load, Quantiles, StepResult};
 use super::SweepError;
 use crate::record::Outcome;
@@ -53,7 +53,7 @@ impl SavedComparison {
     pub fn render(&self) -> String {
         let mut out = format!("A: {}", self.a.render());
         out.push_str(&format!("\nB: {}", self.b.render()));
-        let unit = unit(&self.a);
+        let unit = self.a.load_unit();
         let (a, b) = (knee_load(&self.a.knee), knee_load(&self.b.knee));
         out.push('\n');
         if a.is_finite() && b.is_finite() {
@@ -81,9 +81,9 @@ impl SavedComparison {
             "a": self.a.to_json(),
             "b": self.b.to_json(),
             "knee": {
-                "a": finite(a),
-                "b": finite(b),
-                "difference": finite(difference),
+                "a": report::number(a),
+                "b": report::number(b),
+                "difference": report::number(difference),
             },
             "verdict": Value::Null,
         })
@@ -95,18 +95,7 @@ fn knee_load(knee: &Knee) -> f64 {
     if knee.crossing.is_finite() {
         return knee.crossing;
     }
-    match knee.load {
-        Some(Load::Concurrency(c)) => c as f64,
-        Some(Load::Rate(r)) => r,
-        None => f64::NAN,
-    }
-}
-
-fn unit(report: &Report) -> &'static str {
-    match report.steps.first().map(|s| s.load) {
-        Some(Load::Concurrency(_)) => " clients",
-        _ => " req/s",
-    }
+    knee.load.map_or(f64::NAN, Load::value)
 }
 
 fn workload(report: &Report) -> String {
@@ -115,11 +104,6 @@ fn workload(report: &Report) -> String {
         Some(workload) => format!("`{}` on {endpoint}", workload.trim().replace('\n', "; ")),
         None => format!("the fixed workload on {endpoint}"),
     }
-}
-
-/// A number, or null when it is not finite.
-fn finite(v: f64) -> Value {
-    serde_json::Number::from_f64(v).map_or(Value::Null, Value::Number)
 }
 
 /// Reads one saved sweep as the report it was, its SLOs checked against `slos`.

@@ -21,6 +21,24 @@ pub enum Load {
     Rate(f64),
 }
 
+impl Load {
+    /// The load as a number: clients, or requests per second.
+    pub fn value(self) -> f64 {
+        match self {
+            Load::Concurrency(c) => c as f64,
+            Load::Rate(r) => r,
+        }
+    }
+
+    /// The unit that follows such a number, for people.
+    pub fn unit(self) -> &'static str {
+        match self {
+            Load::Concurrency(_) => " clients",
+            Load::Rate(_) => " req/s",
+        }
+    }
+}
+
 impl std::fmt::Display for Load {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
