@@ -5,21 +5,15 @@ mod body;
 mod pool;
 
 pub use body::ResponseBody;
-pub use pool::SendError;
+pub use pool::{BoxError, SendError, UpstreamBody};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode, Uri};
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Empty};
 use pool::Pool;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
-
-/// A boxed error, the error type of bodies that can fail in more than one way.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
-/// Body type sent to the upstream.
-pub type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// The engine sent nothing on an open response body for `stream_idle_timeout`.
 #[derive(Debug, thiserror::Error)]

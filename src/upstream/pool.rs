@@ -3,7 +3,8 @@
 //! the client in one wake-up, with no hand-off between tasks. Between requests a connection is
 //! parked here, unpolled, and checked for life when it is taken again.
 
-use super::UpstreamBody;
+use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{Builder, Connection, SendRequest};
 use hyper::Response;
@@ -15,6 +16,11 @@ use std::task::{Context, Waker};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+
+/// A boxed error, the error type of bodies that can fail in more than one way.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// Body type sent to the upstream.
+pub type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
 
 /// A connection's driver: the future that reads and writes its socket.
 type Driver = Pin<Box<Connection<TokioIo<TcpStream>, UpstreamBody>>>;
