@@ -25,6 +25,7 @@ pub mod k8s;
 pub mod metrics;
 pub mod observe;
 pub mod otel;
+pub mod own_wake;
 pub mod proto;
 pub mod provider;
 pub mod proxy;

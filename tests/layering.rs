@@ -21,7 +21,7 @@ const FLOORS: &[&[&str]] = &[
         "metrics", "slo", "capacity", "cost", "otel", "engine", "gpu", "workload",
     ],
     &[
-        "record", "proto", "upstream", "provider", "quantile", "flags", "tenant", "window",
+        "record", "proto", "upstream", "provider", "quantile", "flags", "tenant", "window", "own_wake",
     ],
 ];
 

@@ -1,7 +1,8 @@
 //! Idle timeouts for bodies in flight: a request body the client stops sending, a response
-//! stream the engine stops sending. The timer is re-armed lazily, so a busy stream costs one
-//! timestamp per frame and no timer-wheel update.
+//! stream the engine stops sending. The timer is re-armed lazily, and looked at only when it
+//! fires, so a busy stream costs one timestamp per frame and no timer-wheel update.
 
+use crate::own_wake::OnOwnWake;
 use crate::upstream::{BoxError, StreamIdle};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
@@ -16,7 +17,7 @@ use tokio::time::{sleep_until, Instant, Sleep};
 pub struct IdleTimer {
     limit: Option<Duration>,
     last: Instant,
-    sleep: Option<Pin<Box<Sleep>>>,
+    sleep: Option<OnOwnWake<Sleep>>,
 }
 
 impl IdleTimer {
@@ -42,15 +43,17 @@ impl IdleTimer {
             return Poll::Pending;
         };
         let last = self.last;
-        let sleep = self.sleep.get_or_insert_with(|| Box::pin(sleep_until(last + limit)));
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| OnOwnWake::new(sleep_until(last + limit)));
         loop {
-            ready!(sleep.as_mut().poll(cx));
+            ready!(Pin::new(&mut *sleep).poll(cx));
             // The timer was armed from an older activity: re-arm from the latest one.
             let deadline = self.last + limit;
             if Instant::now() >= deadline {
                 return Poll::Ready(());
             }
-            sleep.as_mut().reset(deadline);
+            sleep.change().reset(deadline);
         }
     }
 }

@@ -9,6 +9,7 @@ pub mod send_deadline;
 
 use crate::metrics::limits::LimitCounters;
 use crate::metrics::{ClientTimeout, RefusalReason};
+use crate::own_wake::OnOwnWake;
 use activity::{Activity, Done};
 use hyper::body::{Body, Incoming};
 use hyper::server::conn::{http1, http2};
@@ -261,8 +262,9 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
                 None => Box::pin(until(builders.sniffing.serve_connection(io, service), stop)),
             };
             let served = tokio::select! {
+                biased;
                 served = connection => served,
-                _ = no_request_by(deadline, &requested) => {
+                _ = OnOwnWake::new(no_request_by(deadline, &requested)) => {
                     debug!(%peer, "connection closed: no complete request within the head timeout");
                     return;
                 }
@@ -303,8 +305,9 @@ where
 {
     tokio::pin!(connection);
     let grace = tokio::select! {
+        biased;
         served = connection.as_mut() => return served.map_err(Into::into),
-        grace = stop => grace,
+        grace = OnOwnWake::new(stop) => grace,
     };
     connection.as_mut().graceful_shutdown();
     match tokio::time::timeout(grace, connection).await {
