@@ -133,6 +133,11 @@ struct BenchArgs {
     /// Leave nginx out.
     #[arg(long)]
     without_nginx: bool,
+    /// A hop without measurement to measure beside llmslo, run as `PROGRAM UPSTREAM_URI
+    /// LISTEN_ADDRESS`: the `plain_hop` example is llmslo's own hop, and tells what the hop
+    /// costs from what the measurement adds.
+    #[arg(long, value_name = "PROGRAM")]
+    hop: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -594,6 +599,10 @@ impl Cli {
                     }
                     (false, None) => find_nginx(),
                 };
+                if let Some(hop) = args.hop.as_ref().filter(|hop| !hop.is_file()) {
+                    eprintln!("llmslo bench: --hop {}: no such file", hop.display());
+                    return ExitCode::from(EXIT_CONFIG);
+                }
                 if nginx.is_none() && !args.without_nginx {
                     println!("nginx not found (apt-get install nginx, or --nginx PATH): measuring without it\n");
                 }
@@ -603,6 +612,7 @@ impl Cli {
                     duration: args.duration,
                     engine: args.engine,
                     nginx,
+                    hop: args.hop,
                 };
                 match bench::run(&options).await {
                     Ok(rows) => {

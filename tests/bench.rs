@@ -92,10 +92,31 @@ fn without_nginx_only_the_baseline_and_llmslo_run() {
 }
 
 #[test]
+fn the_plain_hop_example_is_measured_beside_llmslo() {
+    // `cargo test` builds the examples beside the binary.
+    let hop = std::path::Path::new(env!("CARGO_BIN_EXE_llmslo"))
+        .with_file_name("examples")
+        .join("plain_hop");
+    assert!(hop.is_file(), "{} is built by cargo test", hop.display());
+    let (code, out, err) = bench(&["--without-nginx", "--hop", hop.to_str().unwrap()]);
+    assert_eq!(code, 0, "{err}");
+    let rows = rows(&out);
+    let targets: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+    assert_eq!(targets, ["direct", "llmslo", "hop", "direct", "llmslo", "hop"], "{out}");
+    for (streams, target, requests, failed, _, rss) in rows.iter().filter(|r| r.1 == "hop") {
+        assert!(*requests >= *streams && *failed == 0, "{target} at {streams}: {out}");
+        assert!(rss.ends_with("KiB"), "{out}");
+    }
+}
+
+#[test]
 fn bad_flags_are_clear_errors() {
     let (code, _, err) = bench(&["--nginx", "/nonexistent/nginx"]);
     assert_eq!(code, 64);
     assert!(err.contains("--nginx /nonexistent/nginx: no such file"), "{err}");
+    let (code, _, err) = bench(&["--without-nginx", "--hop", "/nonexistent/hop"]);
+    assert_eq!(code, 64);
+    assert!(err.contains("--hop /nonexistent/hop: no such file"), "{err}");
     for (flag, value) in [("--streams", "0"), ("--tokens", "1"), ("--duration", "soon")] {
         let (code, _, err) = llmslo_output(&["bench", flag, value]);
         assert_eq!(code, 2, "{flag} {value}");

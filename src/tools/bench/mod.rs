@@ -1,7 +1,9 @@
 //! `llmslo bench`: the proxy's overhead, side by side in one run. The built-in
 //! engine streams with fixed timing; clients stream through no proxy (the baseline), through
 //! an `llmslo run` process with SLOs configured, and through nginx (`proxy_buffering off`)
-//! when it is installed. Per target and concurrency it reports client-side TTFT and
+//! when it is installed, and through a hop without measurement when one is given (the
+//! `plain_hop` example: llmslo's own hop, which tells the hop's cost from the measurement's).
+//! Per target and concurrency it reports client-side TTFT and
 //! inter-chunk p99 and what the proxy added to them, the proxy's CPU seconds per 1000 output
 //! tokens and its resident memory per concurrent stream.
 
@@ -35,6 +37,8 @@ pub struct BenchOptions {
     pub engine: EngineTiming,
     /// The nginx binary, or `None` to leave nginx out.
     pub nginx: Option<PathBuf>,
+    /// A hop to measure too, run as `PROGRAM UPSTREAM_URI LISTEN_ADDRESS`.
+    pub hop: Option<PathBuf>,
 }
 
 /// The built-in engine's fixed timing, for the bench and the soak.
@@ -56,7 +60,7 @@ pub struct EngineTiming {
 pub struct Row {
     /// Concurrent streams.
     pub streams: usize,
-    /// `direct`, `llmslo` or `nginx`.
+    /// `direct`, `llmslo`, `nginx` or `hop`.
     pub target: &'static str,
     /// What the clients saw.
     pub samples: Samples,
@@ -149,6 +153,12 @@ async fn measure(options: &BenchOptions, engine: SocketAddr, dir: PathBuf) -> Re
             )
             .await?,
         );
+    }
+
+    if let Some(hop) = &options.hop {
+        let port = free_port()?;
+        let args = [format!("http://{engine}").into(), format!("127.0.0.1:{port}").into()];
+        proxies.push(Proxy::start("hop", hop.as_os_str(), &args, port).await?);
     }
 
     let mut rows = Vec::new();

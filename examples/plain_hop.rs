@@ -1,0 +1,52 @@
+//! The hop without the measurement: hyper's HTTP/1.1 server and llmslo's engine connections,
+//! assembled as `llmslo run` assembles them (one task per stream, the engine's connection
+//! driven by the body that reads it), with every byte passed through unobserved. Run beside
+//! `llmslo run` and nginx, it splits what llmslo costs into what the hop costs and what the
+//! measurement adds.
+//!
+//! ```sh
+//! cargo run --release --example plain_hop -- http://127.0.0.1:8000 127.0.0.1:8080
+//! ```
+
+use http::Request;
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use llmslo::upstream::{BoxError, UpstreamClient};
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+/// The allocator `llmslo run` has, so that the two differ only in the measurement.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+#[tokio::main]
+async fn main() -> Result<(), BoxError> {
+    let mut args = std::env::args().skip(1);
+    let usage = "usage: plain_hop UPSTREAM_URI LISTEN_ADDRESS";
+    let upstream: http::Uri = args.next().ok_or(usage)?.parse()?;
+    let listen = args.next().ok_or(usage)?;
+    let client = UpstreamClient::new(&upstream, 4096, Duration::from_secs(4));
+    let listener = TcpListener::bind(&listen).await?;
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        let client = client.clone();
+        tokio::spawn(async move {
+            let forward = service_fn(move |request: Request<Incoming>| {
+                let client = client.clone();
+                async move {
+                    let (mut parts, body) = request.into_parts();
+                    parts.uri = client.uri_for(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
+                    let body = body.map_err(BoxError::from).boxed_unsync();
+                    client.send(Request::from_parts(parts, body)).await
+                }
+            });
+            let _ = http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), forward)
+                .await;
+        });
+    }
+}
