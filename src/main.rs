@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-/// mimalloc gives freed memory back to the system: after a burst of connections, glibc's
+/// jemalloc gives freed memory back to the system: after a burst of connections, glibc's
 /// per-thread arenas kept RSS at its peak (12 → 101 MiB for 6,000 half-open connections, and
 /// there it stayed), which a container's memory limit counts.
 #[global_allocator]
