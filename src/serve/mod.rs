@@ -297,7 +297,8 @@ async fn finished(activity: &Activity, timeout: Option<Duration>) -> Done {
 
 /// Serves `connection` until it ends or `stop` gives a grace: then it is asked to close
 /// gracefully (HTTP/2: GOAWAY; HTTP/1.1: after the response in flight), and dropped when the
-/// grace passes first.
+/// grace passes first. `stop` is looked at when its own signal or timer fires, not at each of
+/// the connection's wake-ups.
 async fn until<C>(connection: C, stop: impl Future<Output = Duration>) -> Result<(), BoxError>
 where
     C: GracefulConnection,
