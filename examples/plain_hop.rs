@@ -14,8 +14,8 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use llmslo::proxy::defaults::{MAX_IN_FLIGHT_REQUESTS, UPSTREAM_IDLE_TIMEOUT};
 use llmslo::upstream::{BoxError, UpstreamClient};
-use std::time::Duration;
 use tokio::net::TcpListener;
 
 /// The allocator `llmslo run` has, so that the two differ only in the measurement.
@@ -28,7 +28,8 @@ async fn main() -> Result<(), BoxError> {
     let usage = "usage: plain_hop UPSTREAM_URI LISTEN_ADDRESS";
     let upstream: http::Uri = args.next().ok_or(usage)?.parse()?;
     let listen = args.next().ok_or(usage)?;
-    let client = UpstreamClient::new(&upstream, 4096, Duration::from_secs(4));
+    // Pooled as `llmslo run` pools with its default limits.
+    let client = UpstreamClient::new(&upstream, MAX_IN_FLIGHT_REQUESTS, UPSTREAM_IDLE_TIMEOUT);
     let listener = TcpListener::bind(&listen).await?;
     loop {
         let (stream, _) = listener.accept().await?;
