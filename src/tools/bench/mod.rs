@@ -172,10 +172,10 @@ async fn measure(options: &BenchOptions, engine: SocketAddr, dir: PathBuf) -> Re
             rss_per_stream: None,
         });
         for proxy in &mut proxies {
-            let idle_rss = proxy.rss_bytes();
+            let idle_rss = proxy.anon_rss_bytes();
             let cpu_before = proxy.cpu_seconds();
             let (samples, peak_rss) = proxy
-                .while_sampling_rss(run_streams(
+                .while_sampling_anon_rss(run_streams(
                     proxy.addr,
                     streams,
                     options.warmup,

@@ -83,7 +83,14 @@ impl Proxy {
 
     /// Resident memory now, bytes.
     pub fn rss_bytes(&self) -> u64 {
-        self.pids().into_iter().map(rss_of).sum()
+        self.pids().into_iter().map(|pid| status_bytes(pid, "VmRSS:")).sum()
+    }
+
+    /// Resident anonymous memory now (heap and stacks), bytes: resident memory without the pages
+    /// mapped from files, such as the program's own code, which are shared and paged in once, not
+    /// per stream.
+    pub fn anon_rss_bytes(&self) -> u64 {
+        self.pids().into_iter().map(|pid| status_bytes(pid, "RssAnon:")).sum()
     }
 
     /// Open file descriptors of the process itself.
@@ -91,15 +98,16 @@ impl Proxy {
         std::fs::read_dir(format!("/proc/{}/fd", self.child.id())).map_or(0, |dir| dir.count())
     }
 
-    /// Runs `work` while sampling resident memory every 50 ms; returns its output and the peak.
-    pub async fn while_sampling_rss<T>(&self, work: impl Future<Output = T>) -> (T, u64) {
+    /// Runs `work` while sampling resident anonymous memory every 50 ms; returns its output and
+    /// the peak.
+    pub async fn while_sampling_anon_rss<T>(&self, work: impl Future<Output = T>) -> (T, u64) {
         tokio::pin!(work);
-        let mut peak = self.rss_bytes();
+        let mut peak = self.anon_rss_bytes();
         let mut ticker = tokio::time::interval(Duration::from_millis(50));
         loop {
             tokio::select! {
-                output = &mut work => return (output, peak.max(self.rss_bytes())),
-                _ = ticker.tick() => peak = peak.max(self.rss_bytes()),
+                output = &mut work => return (output, peak.max(self.anon_rss_bytes())),
+                _ = ticker.tick() => peak = peak.max(self.anon_rss_bytes()),
             }
         }
     }
@@ -128,11 +136,13 @@ fn stat_fields(pid: u32) -> Option<Vec<String>> {
     Some(rest.split_whitespace().map(str::to_string).collect())
 }
 
-fn rss_of(pid: u32) -> u64 {
+/// A memory figure of /proc/<pid>/status (`field` with its colon, e.g. `VmRSS:`), bytes; 0 when
+/// the process is gone.
+fn status_bytes(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     status
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
         .map_or(0, |kib| kib * 1024)
 }
@@ -162,7 +172,8 @@ mod tests {
         let own = std::process::id();
         let fields = stat_fields(own).unwrap();
         assert!(fields[11].parse::<u64>().is_ok() && fields[12].parse::<u64>().is_ok());
-        assert!(rss_of(own) > 1024 * 1024);
+        let (rss, anon) = (status_bytes(own, "VmRSS:"), status_bytes(own, "RssAnon:"));
+        assert!(rss > 1024 * 1024 && anon > 0 && anon < rss, "{anon} of {rss}");
     }
 
     #[test]
