@@ -1,8 +1,9 @@
 //! Throughput of the SSE parser and of parser + OpenAI interpreter on real vLLM captures,
 //! next to a plain newline scan over the same bytes as the same-run baseline; and the cost
-//! per event of each wire protocol's interpreter on one 32-token answer from each API.
+//! per event of each wire protocol's interpreter on one 32-token answer from each API, alone and
+//! among a thousand streams.
 
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use llmslo::observe::repeat::RepeatSummariser;
 use llmslo::observe::sse::SseParser;
 use llmslo::observe::stream::StreamObserver;
@@ -121,6 +122,80 @@ fn per_event(c: &mut Criterion) {
     group.finish();
 }
 
+/// Concurrent streams in [`per_event_among_streams`].
+const STREAMS: usize = 1000;
+
+/// What a proxy holds per stream besides the observer (hyper's buffers: about 32 KiB), so that
+/// a thousand streams, like a proxy's, do not fit in the cache.
+const HELD_PER_STREAM: usize = 32 << 10;
+
+/// The chat answer's events as a proxy sees them with a thousand streams open: each event lands
+/// in its own stream's read buffer and is fed to that stream's observer, one stream after the
+/// other, so that every stream's state has left the cache by its next event. Beside it, the
+/// same copies without the observer, as the same-run baseline.
+fn per_event_among_streams(c: &mut Criterion) {
+    let now = Instant::now();
+    let bytes = std::fs::read(format!(
+        "{}/tests/fixtures/vllm-chat-raw32.sse",
+        env!("CARGO_MANIFEST_DIR")
+    ))
+    .unwrap();
+    let events: Vec<&[u8]> = bytes
+        .split_inclusive(|b| *b == b'\n')
+        .collect::<Vec<_>>()
+        .chunk_by(|line, _| *line != b"\n")
+        .map(|lines| {
+            let start = lines[0].as_ptr() as usize - bytes.as_ptr() as usize;
+            &bytes[start..start + lines.iter().map(|l| l.len()).sum::<usize>()]
+        })
+        .collect();
+    let mut group = c.benchmark_group("per_event_among_1000_streams");
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(5))
+        .throughput(Throughput::Elements((STREAMS * events.len()) as u64));
+    let mut held: Vec<Vec<u8>> = (0..STREAMS).map(|_| vec![1u8; HELD_PER_STREAM]).collect();
+    // Each event is written at the next place in its stream's buffer, as a read buffer fills.
+    let place = |buffer: &mut [u8], round: usize, event: &[u8]| {
+        let at = (round * 512) % (buffer.len() - event.len());
+        buffer[at..at + event.len()].copy_from_slice(event);
+        at..at + event.len()
+    };
+    group.bench_function("baseline_copy_only", |b| {
+        b.iter(|| {
+            let mut sum = 0u64;
+            for (round, event) in events.iter().enumerate() {
+                for buffer in held.iter_mut() {
+                    let span = place(buffer, round, event);
+                    sum += u64::from(black_box(&buffer[span])[0]);
+                }
+            }
+            black_box(sum)
+        })
+    });
+    group.bench_function("observer", |b| {
+        b.iter_batched_ref(
+            || {
+                (0..STREAMS)
+                    .map(|_| StreamObserver::new(Protocol::OpenAi, 1 << 20, false))
+                    .collect::<Vec<_>>()
+            },
+            |observers| {
+                for (round, event) in events.iter().enumerate() {
+                    for (observer, buffer) in observers.iter_mut().zip(held.iter_mut()) {
+                        let span = place(buffer, round, event);
+                        observer.feed(&buffer[span], now, |_| {});
+                    }
+                }
+                black_box(observers[0].summary().output_tokens)
+            },
+            BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+}
+
 /// The interpreters alone, on events already framed: what each protocol costs per event.
 fn interpreter(c: &mut Criterion) {
     let mut group = c.benchmark_group("interpreter");
@@ -146,5 +221,5 @@ fn interpreter(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench, per_event, interpreter);
+criterion_group!(benches, bench, per_event, per_event_among_streams, interpreter);
 criterion_main!(benches);

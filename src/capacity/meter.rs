@@ -239,11 +239,6 @@ impl InFlight {
         }
     }
 
-    /// Whether the first token has been marked.
-    pub fn has_first_token(&self) -> bool {
-        self.first_token.is_some()
-    }
-
     /// The load the request ran under, as it ends at `now` (it still counts itself).
     pub fn load(&self, now: Instant) -> RequestLoad {
         let end = self.meter.read(now);

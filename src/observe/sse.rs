@@ -104,6 +104,10 @@ impl SseParser {
                 self.boundary = self.boundary.max(self.pos_if_blank());
             }
         }
+        // The one data line of an event that lies in these bytes, dispatched from them uncopied
+        // (the common case: an engine writes each event whole); copied only when the event
+        // goes on past them or has more data lines.
+        let mut in_place = None;
         while let Some(end) = memchr::memchr2(b'\n', b'\r', bytes) {
             let terminator = bytes[end];
             let tail = &bytes[..end];
@@ -119,16 +123,21 @@ impl SseParser {
             if self.skipping {
                 self.skip_line(!tail.is_empty());
             } else if self.line.is_empty() {
-                self.process_line(tail, &mut on_event);
+                self.process_line(tail, &mut in_place, &mut on_event);
             } else {
+                self.keep_data(in_place.take());
                 let mut line = std::mem::take(&mut self.line);
                 line.extend_from_slice(tail);
-                self.process_line(&line, &mut on_event);
+                // A line that came in pieces is kept whole already: its data is copied.
+                let mut joined = None;
+                self.process_line(&line, &mut joined, &mut on_event);
+                self.keep_data(joined);
                 line.clear();
                 self.line = line;
             }
             bytes = &bytes[consumed..];
         }
+        self.keep_data(in_place);
         self.pos += bytes.len() as u64;
         if self.skipping {
             self.skipped_line_has_bytes |= !bytes.is_empty();
@@ -179,10 +188,19 @@ impl SseParser {
         Some(&bytes[take..])
     }
 
-    fn process_line(&mut self, line: &[u8], on_event: &mut impl FnMut(SseEvent<'_>)) {
+    /// Handles one complete line; `in_place` holds the event's data line while it is the only
+    /// one, uncopied.
+    fn process_line<'b>(
+        &mut self,
+        line: &'b [u8],
+        in_place: &mut Option<&'b [u8]>,
+        on_event: &mut impl FnMut(SseEvent<'_>),
+    ) {
         // The same bound as for a line still arriving, so that where frames split never
         // decides whether the parser gives up.
-        if line.len() + self.data.len() > self.max_event_bytes {
+        let data_len = self.data.len() + in_place.map_or(0, |value| value.len() + 1);
+        if line.len() + data_len > self.max_event_bytes {
+            *in_place = None;
             self.give_up();
             // The line that crossed the limit is over: the event's next line decides.
             self.skipped_line_has_bytes = false;
@@ -192,7 +210,7 @@ impl SseParser {
             return;
         }
         if line.is_empty() {
-            self.dispatch(on_event);
+            self.dispatch(in_place.take(), on_event);
             self.boundary = self.pos;
             return;
         }
@@ -207,9 +225,10 @@ impl SseParser {
             None => (line, &b""[..]),
         };
         match field {
+            b"data" if self.data.is_empty() && in_place.is_none() => *in_place = Some(value),
             b"data" => {
-                self.data.extend_from_slice(value);
-                self.data.push(b'\n');
+                self.keep_data(in_place.take());
+                self.keep_data(Some(value));
                 self.check_bound();
             }
             b"event" => {
@@ -220,9 +239,18 @@ impl SseParser {
         }
     }
 
-    fn dispatch(&mut self, on_event: &mut impl FnMut(SseEvent<'_>)) {
-        if !self.data.is_empty() {
-            let data = &self.data[..self.data.len() - 1];
+    /// Appends a data line, and the newline that follows each, to the event's kept data.
+    fn keep_data(&mut self, value: Option<&[u8]>) {
+        if let Some(value) = value {
+            self.data.extend_from_slice(value);
+            self.data.push(b'\n');
+        }
+    }
+
+    /// The event is complete: hands it over, its data `in_place` or as kept.
+    fn dispatch(&mut self, in_place: Option<&[u8]>, on_event: &mut impl FnMut(SseEvent<'_>)) {
+        let data = in_place.or_else(|| self.data.split_last().map(|(_newline, data)| data));
+        if let Some(data) = data {
             on_event(SseEvent {
                 event_type: &self.event_type,
                 data,
@@ -308,6 +336,21 @@ mod tests {
             assert_eq!(data_of(&[&stream[..cut], &stream[cut..]]), whole, "cut at {cut}");
         }
         assert_eq!(whole, ["{\"a\":\"héllo ✓\"}", "[DONE]"]);
+    }
+
+    #[test]
+    fn an_event_within_one_frame_is_handed_over_from_it_and_one_across_frames_is_kept() {
+        let frame = b"data: {\"a\":1}\n\ndata: {\"b\"";
+        let mut parser = SseParser::new(1 << 20);
+        let mut seen = Vec::new();
+        parser.feed(frame, |e| {
+            seen.push(e.data.to_vec());
+            assert!(frame.as_ptr_range().contains(&e.data.as_ptr()), "not copied");
+        });
+        assert!(parser.data.capacity() == 0, "nothing kept for it");
+        parser.feed(b":2}\n", |e| seen.push(e.data.to_vec()));
+        parser.feed(b"data: 3\n\n", |e| seen.push(e.data.to_vec()));
+        assert_eq!(seen, [&b"{\"a\":1}"[..], b"{\"b\":2}\n3"]);
     }
 
     #[test]

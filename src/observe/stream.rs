@@ -433,6 +433,9 @@ impl Facts {
             return;
         }
         if self.choices.len() <= index {
+            // Exactly as many as seen: most streams have one choice, and a growing Vec would
+            // hold four.
+            self.choices.reserve_exact(index + 1 - self.choices.len());
             self.choices.resize(index + 1, ChoiceFacts::default());
         }
         if summary.visible {

@@ -278,9 +278,12 @@ impl RequestTracker {
         let decoded = match &mut self.response {
             ResponseKind::Stream(decoder, stripper) => {
                 decoder.sink_mut().now = now;
+                let had_first_token = decoder.sink().observer.first_token_event().is_some();
                 let decoded = decoder.write(frame);
-                if let Some(load) = self.handles.load.as_mut() {
-                    if !load.has_first_token() && decoder.sink().observer.first_token_event().is_some() {
+                // The load is told once, and looked at only then: per chunk, the tracker reads
+                // no more of its own state than the observer it feeds.
+                if !had_first_token && decoder.sink().observer.first_token_event().is_some() {
+                    if let Some(load) = self.handles.load.as_mut() {
                         load.first_token(now);
                     }
                 }
