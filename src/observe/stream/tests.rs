@@ -29,6 +29,7 @@ async fn ttft_tpot_and_gaps_from_timed_events() {
     assert_eq!(s.tpot_per_choice, [Duration::from_millis(20)]);
     assert_eq!(gaps, vec![Duration::from_millis(20); 3]);
     assert!(s.saw_done && s.error.is_none());
+    assert_eq!(obs.facts.choices.capacity(), 1, "one choice seen, one kept");
 }
 
 #[tokio::test(start_paused = true)]
@@ -140,6 +141,7 @@ async fn choices_are_timed_separately() {
     );
     assert_eq!(gaps.len(), 4);
     assert_eq!(s.output_tokens, Some(6));
+    assert_eq!(obs.facts.choices.capacity(), 2, "two choices seen, two kept");
 }
 
 #[tokio::test(start_paused = true)]
