@@ -91,6 +91,19 @@ const PER_API: [(&str, Protocol, &str); 3] = [
     ("messages", Protocol::Messages, "apis/messages-stream.sse"),
 ];
 
+/// A capture's events, each with the blank line that ends it: one network frame each.
+fn events_of(bytes: &[u8]) -> Vec<&[u8]> {
+    bytes
+        .split_inclusive(|b| *b == b'\n')
+        .collect::<Vec<_>>()
+        .chunk_by(|line, _| *line != b"\n")
+        .map(|lines| {
+            let start = lines[0].as_ptr() as usize - bytes.as_ptr() as usize;
+            &bytes[start..start + lines.iter().map(|l| l.len()).sum::<usize>()]
+        })
+        .collect()
+}
+
 fn per_event(c: &mut Criterion) {
     let now = Instant::now();
     let mut group = c.benchmark_group("per_event");
@@ -99,15 +112,7 @@ fn per_event(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(3));
     for (api, protocol, capture) in PER_API {
         let bytes = std::fs::read(format!("{}/tests/fixtures/{capture}", env!("CARGO_MANIFEST_DIR"))).unwrap();
-        let events: Vec<&[u8]> = bytes
-            .split_inclusive(|b| *b == b'\n')
-            .collect::<Vec<_>>()
-            .chunk_by(|line, _| *line != b"\n")
-            .map(|lines| {
-                let start = lines[0].as_ptr() as usize - bytes.as_ptr() as usize;
-                &bytes[start..start + lines.iter().map(|l| l.len()).sum::<usize>()]
-            })
-            .collect();
+        let events = events_of(&bytes);
         group.throughput(Throughput::Elements(events.len() as u64));
         group.bench_function(api, |b| {
             b.iter(|| {
@@ -140,15 +145,7 @@ fn per_event_among_streams(c: &mut Criterion) {
         env!("CARGO_MANIFEST_DIR")
     ))
     .unwrap();
-    let events: Vec<&[u8]> = bytes
-        .split_inclusive(|b| *b == b'\n')
-        .collect::<Vec<_>>()
-        .chunk_by(|line, _| *line != b"\n")
-        .map(|lines| {
-            let start = lines[0].as_ptr() as usize - bytes.as_ptr() as usize;
-            &bytes[start..start + lines.iter().map(|l| l.len()).sum::<usize>()]
-        })
-        .collect();
+    let events = events_of(&bytes);
     let mut group = c.benchmark_group("per_event_among_1000_streams");
     group
         .sample_size(20)
