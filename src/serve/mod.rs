@@ -6,6 +6,7 @@
 
 mod activity;
 pub mod send_deadline;
+mod until;
 
 use crate::metrics::limits::LimitCounters;
 use crate::metrics::{ClientTimeout, RefusalReason};
@@ -17,7 +18,6 @@ use hyper::service::service_fn;
 use hyper::{Request, Response};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulConnection;
 use send_deadline::{SendDeadlineBody, Watchdog};
 use std::convert::Infallible;
 use std::future::Future;
@@ -31,6 +31,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
+use until::{until, BoxError};
 
 /// Defaults of the accept loop's settings (the config keys of the same names).
 pub mod defaults {
@@ -294,30 +295,6 @@ async fn finished(activity: &Activity, timeout: Option<Duration>) -> Done {
     const NEVER: Duration = Duration::from_secs(100 * 365 * 24 * 3600);
     activity.done(timeout.unwrap_or(NEVER)).await
 }
-
-/// Serves `connection` until it ends or `stop` gives a grace: then it is asked to close
-/// gracefully (HTTP/2: GOAWAY; HTTP/1.1: after the response in flight), and dropped when the
-/// grace passes first. `stop` is looked at when its own signal or timer fires, not at each of
-/// the connection's wake-ups.
-async fn until<C>(connection: C, stop: impl Future<Output = Duration>) -> Result<(), BoxError>
-where
-    C: GracefulConnection,
-    C::Error: Into<BoxError>,
-{
-    tokio::pin!(connection);
-    let grace = tokio::select! {
-        biased;
-        served = connection.as_mut() => return served.map_err(Into::into),
-        grace = OnOwnWake::new(stop) => grace,
-    };
-    connection.as_mut().graceful_shutdown();
-    match tokio::time::timeout(grace, connection).await {
-        Ok(served) => served.map_err(Into::into),
-        Err(_) => Ok(()),
-    }
-}
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// How each connection is served, once its first bytes tell the protocol or do not.
 #[derive(Clone)]
