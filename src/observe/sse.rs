@@ -125,7 +125,8 @@ impl SseParser {
             } else if self.line.is_empty() {
                 self.process_line(tail, &mut in_place, &mut on_event);
             } else {
-                self.keep_data(in_place.take());
+                // Only the first line of these bytes can continue one kept from earlier bytes,
+                // so no data line is in place yet.
                 let mut line = std::mem::take(&mut self.line);
                 line.extend_from_slice(tail);
                 // A line that came in pieces is kept whole already: its data is copied.

@@ -22,21 +22,25 @@ where
     S: Future<Output = Duration>,
 {
     Until {
-        connection: Box::pin(connection),
+        connection,
         stop: Some(OnOwnWake::new(stop)),
         grace: None,
     }
 }
 
-/// What [`until`] returns. Written out rather than as an `async fn`, which would keep the
-/// connection twice (as its argument and as the pinned value it is moved into): a kilobyte per
-/// open connection.
-pub(super) struct Until<C, S> {
-    connection: Pin<Box<C>>,
-    /// Until it gives a grace.
-    stop: Option<OnOwnWake<S>>,
-    /// Once `stop` gave one: when the connection is dropped.
-    grace: Option<Pin<Box<Sleep>>>,
+pin_project_lite::pin_project! {
+    /// What [`until`] returns. Written out rather than as an `async fn`, which would keep the
+    /// connection twice (as its argument and as the pinned value it is moved into): a kilobyte
+    /// per open connection.
+    pub(super) struct Until<C, S> {
+        #[pin]
+        connection: C,
+        // Until it gives a grace.
+        stop: Option<OnOwnWake<S>>,
+        // Once `stop` gave one: when the connection is dropped.
+        #[pin]
+        grace: Option<Sleep>,
+    }
 }
 
 impl<C, S> Future for Until<C, S>
@@ -47,23 +51,23 @@ where
 {
     type Output = Result<(), BoxError>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = &mut *self;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
         if let Poll::Ready(served) = this.connection.as_mut().poll(cx) {
             return Poll::Ready(served.map_err(Into::into));
         }
         if let Some(stop) = this.stop.as_mut() {
             if let Poll::Ready(grace) = Pin::new(stop).poll(cx) {
-                this.stop = None;
+                *this.stop = None;
                 this.connection.as_mut().graceful_shutdown();
-                this.grace = Some(Box::pin(tokio::time::sleep(grace)));
+                this.grace.set(Some(tokio::time::sleep(grace)));
                 // A close the connection can finish at once ends it now.
                 if let Poll::Ready(served) = this.connection.as_mut().poll(cx) {
                     return Poll::Ready(served.map_err(Into::into));
                 }
             }
         }
-        match this.grace.as_mut().map(|grace| grace.as_mut().poll(cx)) {
+        match this.grace.as_pin_mut().map(|grace| grace.poll(cx)) {
             Some(Poll::Ready(())) => Poll::Ready(Ok(())),
             _ => Poll::Pending,
         }
