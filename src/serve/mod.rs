@@ -11,6 +11,7 @@ mod until;
 use crate::metrics::limits::LimitCounters;
 use crate::metrics::{ClientTimeout, RefusalReason};
 use crate::own_wake::OnOwnWake;
+use crate::upstream::BoxError;
 use activity::{Activity, Done};
 use hyper::body::{Body, Incoming};
 use hyper::server::conn::{http1, http2};
@@ -31,7 +32,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{debug, warn};
-use until::{until, BoxError};
+use until::until;
 
 /// Defaults of the accept loop's settings (the config keys of the same names).
 pub mod defaults {
@@ -135,7 +136,7 @@ pub async fn serve<F, Fut, B>(
     Fut: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
     B: Body + Unpin + Send + 'static,
     B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B::Error: Into<BoxError>,
 {
     serve_with(
         listener,
@@ -169,7 +170,7 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
     Fut: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
     B: Body + Unpin + Send + 'static,
     B::Data: Send,
-    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B::Error: Into<BoxError>,
 {
     let builders = Builders::new(limits.max_streams_per_connection, limits.keep_alive);
     let connections = TaskTracker::new();

@@ -9,6 +9,7 @@
 use super::activity::OpenRequest;
 use crate::metrics::limits::LimitCounters;
 use crate::metrics::ClientTimeout;
+use crate::upstream::BoxError;
 use hyper::body::{Body, Frame, SizeHint};
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -18,8 +19,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::debug;
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The client took no frame of a response for the send timeout.
 #[derive(Debug, thiserror::Error)]

@@ -1,15 +1,13 @@
 //! A connection served until it ends or a stop gives it a grace to close in.
 
 use crate::own_wake::OnOwnWake;
+use crate::upstream::BoxError;
 use hyper_util::server::graceful::GracefulConnection;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::time::Sleep;
-
-/// An error of any kind, as the connection gives it.
-pub(super) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Serves `connection` until it ends or `stop` gives a grace: then it is asked to close
 /// gracefully (HTTP/2: GOAWAY; HTTP/1.1: after the response in flight), and dropped when the
