@@ -55,11 +55,13 @@ impl Body for ResponseBody {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
-        if let Some(conn) = &mut this.conn {
+        let incoming = &mut this.incoming;
+        let frame = std::task::ready!(match &mut this.conn {
             // Once it has closed, what it read is in `incoming`, and so is its error.
-            conn.drive(cx);
-        }
-        let frame = std::task::ready!(Pin::new(&mut this.incoming).poll_frame(cx));
+            Some(conn) => conn.poll_driven(cx, |cx| Pin::new(incoming).poll_frame(cx)),
+            // Parked at the body's end.
+            None => Pin::new(incoming).poll_frame(cx),
+        });
         if frame.is_none() {
             this.park(cx);
         }

@@ -3,6 +3,7 @@
 
 mod body;
 mod pool;
+mod wake;
 
 pub use body::ResponseBody;
 pub use pool::{BoxError, SendError, UpstreamBody};
@@ -140,6 +141,8 @@ impl UpstreamClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use hyper::body::Body;
+    use std::pin::Pin;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
     use tokio::sync::mpsc;
@@ -152,9 +155,13 @@ mod tests {
         ClosedBySidecar,
     }
 
+    /// How many chunks the engine's `/chunks` stream sends, 20 ms apart.
+    const CHUNKS: usize = 10;
+
     /// An engine on 127.0.0.1 that answers each GET with `ok`, or with a stream that sends one
-    /// chunk and then holds (path `/stream`); it closes a connection itself after `keep_alive`
-    /// answers. Reports what it saw of its connections.
+    /// chunk and then holds (path `/stream`), or with [`CHUNKS`] chunks (path `/chunks`); it
+    /// closes a connection itself after `keep_alive` answers. Reports what it saw of its
+    /// connections.
     async fn engine(keep_alive: usize) -> (Uri, mpsc::UnboundedReceiver<Seen>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let uri = format!("http://{}", listener.local_addr().unwrap()).parse().unwrap();
@@ -186,6 +193,18 @@ mod tests {
             let request = String::from_utf8_lossy(&head[..end]).to_string();
             head.drain(..end + 4);
             answered += 1;
+            if request.starts_with("GET /chunks") {
+                stream
+                    .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                    .await
+                    .unwrap();
+                for _ in 0..CHUNKS {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    stream.write_all(b"5\r\nchunk\r\n").await.unwrap();
+                }
+                stream.write_all(b"0\r\n\r\n").await.unwrap();
+                continue;
+            }
             let answer: &[u8] = if request.starts_with("GET /stream") {
                 b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n"
             } else {
@@ -252,6 +271,35 @@ mod tests {
         assert_eq!(next(&mut seen).await, Seen::Accepted);
         assert_eq!(next(&mut seen).await, Seen::ClosedBySidecar);
         assert_eq!(client.pool.idle(), 0);
+    }
+
+    #[tokio::test]
+    async fn each_chunk_of_a_stream_wakes_the_reading_task_once() {
+        let (uri, _seen) = engine(usize::MAX).await;
+        let client = UpstreamClient::new(&uri, 4, Duration::from_secs(60));
+        let request = Request::get(client.uri_for("/chunks"))
+            .body(Empty::<Bytes>::new().map_err(|never| match never {}).boxed_unsync())
+            .unwrap();
+        let mut body = client.send(request).await.unwrap().into_body();
+        let (mut polls, mut chunks) = (0, 0);
+        std::future::poll_fn(|cx| {
+            polls += 1;
+            loop {
+                match std::task::ready!(Pin::new(&mut body).poll_frame(cx)) {
+                    Some(frame) => {
+                        assert_eq!(frame.unwrap().into_data().unwrap(), "chunk");
+                        chunks += 1;
+                    }
+                    None => return std::task::Poll::Ready(()),
+                }
+            }
+        })
+        .await;
+        assert_eq!(chunks, CHUNKS);
+        // The connection hands each chunk to the body, which takes it: passed on to the task,
+        // their wake-ups of each other would have it polled twice per chunk.
+        assert!(polls <= CHUNKS + 2, "{polls} polls for {CHUNKS} chunks");
+        assert_eq!(client.pool.idle(), 1, "parked at the end");
     }
 
     #[tokio::test]

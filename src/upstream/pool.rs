@@ -3,6 +3,7 @@
 //! the client in one wake-up, with no hand-off between tasks. Between requests a connection is
 //! parked here, unpolled, and checked for life when it is taken again.
 
+use super::wake::ConnWaker;
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
@@ -12,7 +13,7 @@ use hyper_util::rt::TokioIo;
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Waker};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
@@ -31,6 +32,8 @@ pub struct Conn {
     driver: Driver,
     /// The driver has completed: the connection is closed, and is never polled again.
     closed: bool,
+    /// What the driver, and what waits on it, are polled with.
+    waker: ConnWaker,
 }
 
 impl std::fmt::Debug for Conn {
@@ -41,11 +44,28 @@ impl std::fmt::Debug for Conn {
 
 impl Conn {
     /// Moves the connection's bytes; `true` once it has closed (or failed).
-    pub fn drive(&mut self, cx: &mut Context<'_>) -> bool {
+    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
         if !self.closed {
             self.closed = self.driver.as_mut().poll(cx).is_ready();
         }
         self.closed
+    }
+
+    /// Moves the connection's bytes and polls `waiting` (a response, its body) after them, both
+    /// with the connection's own waker: the wake-ups they give each other during the poll do
+    /// not have the task polled again (see [`ConnWaker`]).
+    pub fn poll_driven<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        waiting: impl FnOnce(&mut Context<'_>) -> Poll<T>,
+    ) -> Poll<T> {
+        let mut own = Context::from_waker(self.waker.enter(cx.waker()));
+        if !self.closed {
+            self.closed = self.driver.as_mut().poll(&mut own).is_ready();
+        }
+        let polled = waiting(&mut own);
+        self.waker.leave(polled.is_pending());
+        polled
     }
 
     /// Open, and ready for its next request: polled once, it neither closed nor is busy.
@@ -120,11 +140,7 @@ impl Pool {
                 None => (self.connect().await?, false),
             };
             let mut sent = std::pin::pin!(conn.sender.try_send_request(request));
-            let answer = poll_fn(|cx| {
-                conn.drive(cx);
-                sent.as_mut().poll(cx)
-            })
-            .await;
+            let answer = poll_fn(|cx| conn.poll_driven(cx, |cx| sent.as_mut().poll(cx))).await;
             match answer {
                 Ok(response) => return Ok((response, conn)),
                 Err(mut error) => match error.take_message() {
@@ -161,6 +177,7 @@ impl Pool {
             sender,
             driver: Box::pin(driver),
             closed: false,
+            waker: ConnWaker::new(),
         })
     }
 
