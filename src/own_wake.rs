@@ -2,7 +2,8 @@
 //! waits on wakes it. A connection's task wakes for every chunk it moves; the futures that
 //! watch for the connection's end (shutdown, idleness, the first request's deadline) need a
 //! look only when their own signal or timer fires. Polled on every chunk, they cost a lock on
-//! the shutdown signal that every connection shares.
+//! the shutdown signal that every connection shares. The task's waker such a future passes its
+//! wake-ups on to is a [`TaskWaker`], which the engine connection's own waker uses too.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -16,8 +17,7 @@ pub struct OnOwnWake<F> {
     signal: Arc<Signal>,
     /// `signal` as a waker: what `future` is polled with.
     waker: Waker,
-    /// The task's waker that `signal` passes wake-ups to, kept here too so that a poll notices
-    /// a new one without taking the lock.
+    /// The task's waker that `signal` passes wake-ups to, kept here too (see [`TaskWaker`]).
     task: Option<Waker>,
 }
 
@@ -32,7 +32,7 @@ impl<F> std::fmt::Debug for OnOwnWake<F> {
 /// Notes the future's wake-ups and passes them on to its task.
 struct Signal {
     woken: AtomicBool,
-    task: Mutex<Option<Waker>>,
+    task: TaskWaker,
 }
 
 impl Wake for Signal {
@@ -42,8 +42,29 @@ impl Wake for Signal {
 
     fn wake_by_ref(self: &Arc<Self>) {
         self.woken.store(true, Ordering::Release);
-        if let Some(task) = self.task.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
+        self.task.wake();
+    }
+}
+
+/// The waker of the task that polls a future, where the future's own waker, woken from any
+/// thread, can pass a wake-up on. Its owner keeps a copy beside it, so that a poll notices a
+/// new task without the lock.
+#[derive(Debug, Default)]
+pub struct TaskWaker(Mutex<Option<Waker>>);
+
+impl TaskWaker {
+    /// Wakes the task, once one has polled.
+    pub fn wake(&self) {
+        if let Some(task) = self.0.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
             task.wake_by_ref();
+        }
+    }
+
+    /// Keeps `task` for wake-ups to come, unless `kept` (the owner's copy) already wakes it.
+    pub fn keep(&self, kept: &mut Option<Waker>, task: &Waker) {
+        if !kept.as_ref().is_some_and(|kept| kept.will_wake(task)) {
+            *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(task.clone());
+            *kept = Some(task.clone());
         }
     }
 }
@@ -53,7 +74,7 @@ impl<F: Future> OnOwnWake<F> {
     pub fn new(future: F) -> Self {
         let signal = Arc::new(Signal {
             woken: AtomicBool::new(true),
-            task: Mutex::new(None),
+            task: TaskWaker::default(),
         });
         Self {
             future: Box::pin(future),
@@ -75,11 +96,7 @@ impl<F: Future> Future for OnOwnWake<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.get_mut();
-        if !this.task.as_ref().is_some_and(|task| task.will_wake(cx.waker())) {
-            let task = cx.waker().clone();
-            *this.signal.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task.clone());
-            this.task = Some(task);
-        }
+        this.signal.task.keep(&mut this.task, cx.waker());
         // A wake-up after this swap finds the flag clear and sets it again: none is lost.
         if !this.signal.woken.load(Ordering::Acquire) || !this.signal.woken.swap(false, Ordering::AcqRel) {
             return Poll::Pending;

@@ -4,8 +4,9 @@
 //! task polled a second time, through every layer, for nothing. Wake-ups that come while the
 //! task is polling them are kept back instead, and passed on only if that poll ends pending.
 
+use crate::own_wake::TaskWaker;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::task::{Wake, Waker};
 
 /// The task is polling the connection or its body.
@@ -19,7 +20,7 @@ pub struct ConnWaker {
     signal: Arc<Signal>,
     /// `signal` as a waker: what the connection and its body are polled with.
     waker: Waker,
-    /// The task's waker, kept here too so that a poll notices a new one without the lock.
+    /// The task's waker that `signal` passes wake-ups to, kept here too (see [`TaskWaker`]).
     task: Option<Waker>,
 }
 
@@ -27,7 +28,7 @@ pub struct ConnWaker {
 #[derive(Debug)]
 struct Signal {
     state: AtomicU8,
-    task: Mutex<Option<Waker>>,
+    task: TaskWaker,
 }
 
 impl Wake for Signal {
@@ -37,9 +38,7 @@ impl Wake for Signal {
 
     fn wake_by_ref(self: &Arc<Self>) {
         if self.state.fetch_or(WOKEN, Ordering::AcqRel) & POLLING == 0 {
-            if let Some(task) = self.task.lock().unwrap_or_else(PoisonError::into_inner).as_ref() {
-                task.wake_by_ref();
-            }
+            self.task.wake();
         }
     }
 }
@@ -49,7 +48,7 @@ impl ConnWaker {
     pub fn new() -> Self {
         let signal = Arc::new(Signal {
             state: AtomicU8::new(0),
-            task: Mutex::new(None),
+            task: TaskWaker::default(),
         });
         Self {
             waker: Waker::from(signal.clone()),
@@ -60,10 +59,7 @@ impl ConnWaker {
 
     /// A poll by the task that `task` wakes begins: returns the waker to poll with.
     pub fn enter(&mut self, task: &Waker) -> &Waker {
-        if !self.task.as_ref().is_some_and(|kept| kept.will_wake(task)) {
-            *self.signal.task.lock().unwrap_or_else(PoisonError::into_inner) = Some(task.clone());
-            self.task = Some(task.clone());
-        }
+        self.signal.task.keep(&mut self.task, task);
         self.signal.state.store(POLLING, Ordering::Release);
         &self.waker
     }
