@@ -23,15 +23,27 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Body type sent to the upstream.
 pub type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
 
-/// A connection's driver: the future that reads and writes its socket.
-type Driver = Pin<Box<Connection<TokioIo<TcpStream>, UpstreamBody>>>;
+/// A connection's driver: the future that reads and writes its socket, until it completes.
+struct Driver {
+    future: Pin<Box<Connection<TokioIo<TcpStream>, UpstreamBody>>>,
+    /// The future has completed: the connection is closed, and is never polled again.
+    closed: bool,
+}
+
+impl Driver {
+    /// Moves the connection's bytes; `true` once it has closed (or failed).
+    fn poll(&mut self, cx: &mut Context<'_>) -> bool {
+        if !self.closed {
+            self.closed = self.future.as_mut().poll(cx).is_ready();
+        }
+        self.closed
+    }
+}
 
 /// One connection to the engine: where requests go in, and the future that moves its bytes.
 pub struct Conn {
     sender: SendRequest<UpstreamBody>,
     driver: Driver,
-    /// The driver has completed: the connection is closed, and is never polled again.
-    closed: bool,
     /// What the driver, and what waits on it, are polled with.
     waker: ConnWaker,
 }
@@ -43,14 +55,6 @@ impl std::fmt::Debug for Conn {
 }
 
 impl Conn {
-    /// Moves the connection's bytes; `true` once it has closed (or failed).
-    fn drive(&mut self, cx: &mut Context<'_>) -> bool {
-        if !self.closed {
-            self.closed = self.driver.as_mut().poll(cx).is_ready();
-        }
-        self.closed
-    }
-
     /// Moves the connection's bytes and polls `waiting` (a response, its body) after them, both
     /// with the connection's own waker: the wake-ups they give each other during the poll do
     /// not have the task polled again (see [`ConnWaker`]).
@@ -60,9 +64,7 @@ impl Conn {
         waiting: impl FnOnce(&mut Context<'_>) -> Poll<T>,
     ) -> Poll<T> {
         let mut own = Context::from_waker(self.waker.enter(cx.waker()));
-        if !self.closed {
-            self.closed = self.driver.as_mut().poll(&mut own).is_ready();
-        }
+        self.driver.poll(&mut own);
         let polled = waiting(&mut own);
         self.waker.leave(polled.is_pending());
         polled
@@ -70,7 +72,7 @@ impl Conn {
 
     /// Open, and ready for its next request: polled once, it neither closed nor is busy.
     fn alive(&mut self) -> bool {
-        !self.drive(&mut Context::from_waker(Waker::noop())) && self.sender.is_ready()
+        !self.driver.poll(&mut Context::from_waker(Waker::noop())) && self.sender.is_ready()
     }
 }
 
@@ -175,8 +177,10 @@ impl Pool {
             .map_err(SendError::Request)?;
         Ok(Conn {
             sender,
-            driver: Box::pin(driver),
-            closed: false,
+            driver: Driver {
+                future: Box::pin(driver),
+                closed: false,
+            },
             waker: ConnWaker::new(),
         })
     }
@@ -184,7 +188,7 @@ impl Pool {
     /// Parks a connection whose exchange ended, when it can take another request and there
     /// is room; else it closes.
     pub fn park(&self, mut conn: Conn, cx: &mut Context<'_>) {
-        if conn.drive(cx) || !conn.sender.is_ready() {
+        if conn.driver.poll(cx) || !conn.sender.is_ready() {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
