@@ -17,7 +17,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::time::Instant;
 use tracing::debug;
 
 /// The client took no frame of a response for the send timeout.
@@ -38,27 +37,30 @@ pub struct SendDeadlineBody<B> {
 struct Shared<B> {
     /// The body and the request it keeps open; `None` once ended, dropped or stalled.
     body: Mutex<Option<(B, OpenRequest)>>,
-    born: Instant,
-    /// Since when (nanoseconds after `born`, plus one) a frame has been ready and the client
-    /// has not asked for the next; 0 while the body itself waits (for the engine).
-    waiting_since: AtomicU64,
+    /// The watchdog's looks done when a frame became ready and the client had still to ask for
+    /// the next, plus one; 0 while the body itself waits (for the engine). Counting looks
+    /// rather than reading the clock keeps a frame's cost to one store.
+    client_turn: AtomicU64,
 }
 
 impl<B> Shared<B> {
+    fn new(body: B, open: OpenRequest, client_turn: u64) -> Self {
+        Self {
+            body: Mutex::new(Some((body, open))),
+            client_turn: AtomicU64::new(client_turn),
+        }
+    }
+
     fn body(&self) -> MutexGuard<'_, Option<(B, OpenRequest)>> {
         self.body.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn client_turn_from_now(&self) {
-        let since = Instant::now().saturating_duration_since(self.born).as_nanos() as u64;
-        self.waiting_since.store(since + 1, Ordering::Relaxed);
-    }
-
-    /// How long the client has left a frame untaken at `now`.
-    fn stalled_for(&self, now: Instant) -> Duration {
-        match self.waiting_since.load(Ordering::Relaxed) {
-            0 => Duration::ZERO,
-            since => now.saturating_duration_since(self.born + Duration::from_nanos(since - 1)),
+    /// Whether the client has left a frame untaken for the whole send timeout, seen at look
+    /// number `look`: its turn began before the look `LOOKS_PER_TIMEOUT` looks earlier.
+    fn stalled_at(&self, look: u64) -> bool {
+        match self.client_turn.load(Ordering::Relaxed) {
+            0 => false,
+            began => look >= began + LOOKS_PER_TIMEOUT,
         }
     }
 
@@ -69,6 +71,9 @@ impl<B> Shared<B> {
     }
 }
 
+/// How many times the watchdog looks per send timeout.
+const LOOKS_PER_TIMEOUT: u64 = 4;
+
 /// One server's responses under the send deadline, looked at together by one task every
 /// quarter of the timeout: a stall is let go between one and one and a quarter send timeouts
 /// after the client stopped taking frames. One task for all, rather than a timer each.
@@ -76,6 +81,8 @@ pub struct Watchdog<B> {
     timeout: Duration,
     counters: Option<LimitCounters>,
     bodies: Mutex<Watched<B>>,
+    /// The looks done so far: the clock the responses' turns are told by.
+    looks: AtomicU64,
 }
 
 /// The responses being watched, by a number of their own.
@@ -95,19 +102,19 @@ impl<B: Body + Unpin + Send + 'static> Watchdog<B> {
                 next: 0,
                 bodies: HashMap::new(),
             }),
+            looks: AtomicU64::new(0),
         });
-        tokio::spawn(look_every(Arc::downgrade(&watchdog), timeout / 4));
+        tokio::spawn(look_every(
+            Arc::downgrade(&watchdog),
+            timeout / LOOKS_PER_TIMEOUT as u32,
+        ));
         watchdog
     }
 
     /// `body` of the request `open`, under the send deadline.
     pub fn watch(self: &Arc<Self>, body: B, open: OpenRequest) -> SendDeadlineBody<B> {
-        let shared = Arc::new(Shared {
-            body: Mutex::new(Some((body, open))),
-            born: Instant::now(),
-            // The head is sent: the client's turn to take the first frame.
-            waiting_since: AtomicU64::new(1),
-        });
+        // The head is sent: the client's turn to take the first frame.
+        let shared = Arc::new(Shared::new(body, open, self.client_turn()));
         let id = {
             let mut watched = self.watched();
             let id = watched.next;
@@ -129,12 +136,17 @@ impl<B> Watchdog<B> {
         self.bodies.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// What a response whose client's turn begins now records.
+    fn client_turn(&self) -> u64 {
+        self.looks.load(Ordering::Relaxed) + 1
+    }
+
     /// Lets go of every response whose client has left a frame untaken for the timeout.
     fn look(&self) {
-        let now = Instant::now();
+        let look = self.looks.fetch_add(1, Ordering::Relaxed) + 1;
         let mut stalled = Vec::new();
         self.watched().bodies.retain(|_, shared| {
-            let late = shared.stalled_for(now) >= self.timeout;
+            let late = shared.stalled_at(look);
             if late {
                 stalled.push(shared.clone());
             }
@@ -166,11 +178,7 @@ impl<B: Body + Unpin + Send + 'static> SendDeadlineBody<B> {
     /// `body` of the request `open`, with no send deadline.
     pub fn unwatched(body: B, open: OpenRequest) -> Self {
         Self {
-            shared: Arc::new(Shared {
-                body: Mutex::new(Some((body, open))),
-                born: Instant::now(),
-                waiting_since: AtomicU64::new(0),
-            }),
+            shared: Arc::new(Shared::new(body, open, 0)),
             watched: None,
             timeout: Duration::ZERO,
             ended: false,
@@ -210,10 +218,16 @@ where
             this.ended = true;
             return Poll::Ready(Some(Err(Box::new(SendStalled(this.timeout)))));
         };
-        shared.waiting_since.store(0, Ordering::Relaxed);
+        if this.watched.is_some() {
+            shared.client_turn.store(0, Ordering::Relaxed);
+        }
         let polled = Pin::new(body).poll_frame(cx);
         match &polled {
-            Poll::Ready(Some(Ok(_))) => shared.client_turn_from_now(),
+            Poll::Ready(Some(Ok(_))) => {
+                if let Some((watchdog, _)) = &this.watched {
+                    shared.client_turn.store(watchdog.client_turn(), Ordering::Relaxed);
+                }
+            }
             Poll::Ready(_) => {
                 let ended = slot.take();
                 drop(slot);
@@ -262,6 +276,7 @@ mod tests {
     use bytes::Bytes;
     use http_body_util::BodyExt;
     use tokio::sync::mpsc;
+    use tokio::time::Instant;
 
     /// A body fed through a channel: pending while the sender is quiet, ended when it is
     /// dropped; the `Arc` counts whether it is still alive.
@@ -298,6 +313,24 @@ mod tests {
         assert_eq!(Arc::strong_count(&alive), 1, "released with its request");
         let error = body.frame().await.unwrap().unwrap_err();
         assert!(error.is::<SendStalled>(), "{error}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_is_let_go_between_one_and_one_and_a_quarter_timeouts_after_it_began() {
+        let activity = Activity::new();
+        let (tx, alive, mut body) = fed(&activity, Duration::from_secs(10));
+        let start = Instant::now();
+        tx.send(Bytes::from_static(b"one")).await.unwrap();
+        assert!(body.frame().await.unwrap().unwrap().is_data());
+        // The next frame is taken between two looks (at 2.5 s and 5 s): the client's turn then
+        // begins at 1.3 s, and it takes nothing more.
+        tokio::time::sleep(Duration::from_millis(1300)).await;
+        tx.send(Bytes::from_static(b"two")).await.unwrap();
+        assert!(body.frame().await.unwrap().unwrap().is_data());
+        tokio::time::sleep_until(start + Duration::from_millis(11_290)).await;
+        assert_eq!(Arc::strong_count(&alive), 2, "held for the whole timeout");
+        tokio::time::sleep_until(start + Duration::from_millis(1300 + 12_500)).await;
+        assert_eq!(Arc::strong_count(&alive), 1, "let go within a quarter timeout more");
     }
 
     #[tokio::test(start_paused = true)]
