@@ -44,7 +44,12 @@ impl RepeatSummariser {
 
     /// The summary the protocol's interpreter gives for the event `event_type` with `data`.
     pub fn summarise(&mut self, event_type: &[u8], data: &[u8]) -> EventSummary {
-        if let Some(summary) = self.template.as_ref().and_then(|t| t.summary_of(event_type, data)) {
+        let protocol = self.protocol;
+        if let Some(summary) = self
+            .template
+            .as_mut()
+            .and_then(|t| t.summary_of(protocol, event_type, data))
+        {
             self.misses = 0;
             #[cfg(test)]
             {
@@ -55,7 +60,7 @@ impl RepeatSummariser {
         let summary = interpret(self.protocol, event_type, data);
         self.misses = self.misses.saturating_add(1);
         if summary.visible && (self.template.is_none() || self.misses >= REBUILD_AFTER) {
-            if let Some(template) = Template::of(self.protocol, event_type, data) {
+            if let Some(template) = Template::of(self.protocol, event_type, data, summary) {
                 self.template = Some(template);
                 self.misses = 0;
             }
@@ -74,8 +79,8 @@ fn interpret(protocol: Protocol, event_type: &[u8], data: &[u8]) -> EventSummary
     }
 }
 
-/// One event's type and bytes around a string's text, with the summaries for empty and
-/// non-empty text.
+/// One event's type and bytes around a string's text, with the summaries for non-empty and
+/// empty text.
 #[derive(Debug)]
 struct Template {
     /// The event type, then everything up to and including the string's opening quote, then
@@ -86,14 +91,16 @@ struct Template {
     /// Where the prefix and the suffix start in `bytes`.
     prefix_at: usize,
     suffix_at: usize,
-    empty: EventSummary,
+    /// The summary with one character of text.
     filled: EventSummary,
+    /// The summary with empty text, once an event has shown it (many streams never do).
+    empty: Option<EventSummary>,
 }
 
 impl Template {
     /// The template of the event `event_type` with `data` around the first generated text it
-    /// holds as a string.
-    fn of(protocol: Protocol, event_type: &[u8], data: &[u8]) -> Option<Template> {
+    /// holds as a string; `summary` is the interpreter's summary of that event.
+    fn of(protocol: Protocol, event_type: &[u8], data: &[u8], summary: EventSummary) -> Option<Template> {
         // Where the protocol's events hold their generated text; the Responses API numbers its
         // events and TGI's differ in their token ids, so theirs never repeat: no template.
         let first_span = |paths: &[&JsonPointer]| paths.iter().find_map(|path| string_span(data, path));
@@ -112,19 +119,32 @@ impl Template {
             Protocol::Responses | Protocol::Tgi => None,
         }?;
         let (prefix, suffix) = (&data[..=start], &data[end - 1..]);
-        let with_text = |text: &[u8]| interpret(protocol, event_type, &[prefix, text, suffix].concat());
+        // The event's own summary is the filled one, its character count aside, when its text
+        // is plain and not empty; otherwise the interpreter is asked for one character.
+        let filled = match plain_string_chars(&data[start + 1..end - 1]) {
+            Some(chars) if chars > 0 => EventSummary {
+                text_chars: if summary.text_chars as usize == chars {
+                    1
+                } else {
+                    summary.text_chars
+                },
+                ..summary
+            },
+            _ => interpret(protocol, event_type, &[prefix, b"x", suffix].concat()),
+        };
         Some(Template {
             bytes: [event_type, prefix, suffix].concat().into(),
             prefix_at: event_type.len(),
             suffix_at: event_type.len() + prefix.len(),
-            empty: with_text(b""),
-            filled: with_text(b"x"),
+            filled,
+            empty: None,
         })
     }
 
     /// The summary of the event `event_type` with `data`, if it is this template with other
-    /// plain text in the string.
-    fn summary_of(&self, event_type: &[u8], data: &[u8]) -> Option<EventSummary> {
+    /// plain text in the string. The first with empty text is the template's empty event
+    /// itself: its interpreter's summary is kept for the next.
+    fn summary_of(&mut self, protocol: Protocol, event_type: &[u8], data: &[u8]) -> Option<EventSummary> {
         let (own_type, rest) = self.bytes.split_at(self.prefix_at);
         let (prefix, suffix) = rest.split_at(self.suffix_at - self.prefix_at);
         let text_end = data.len().checked_sub(suffix.len())?;
@@ -134,7 +154,7 @@ impl Template {
         }
         let chars = plain_string_chars(text)?;
         Some(match (chars, self.filled.text_chars) {
-            (0, _) => self.empty,
+            (0, _) => *self.empty.get_or_insert_with(|| interpret(protocol, event_type, data)),
             // The protocol counts the text's characters: the stored one-character text's
             // summary with this text's count.
             (n, 1) => EventSummary {
@@ -270,6 +290,37 @@ mod tests {
             interpret(Protocol::Messages, b"error", other_type.as_bytes()),
             "another event type"
         );
+    }
+
+    #[test]
+    fn a_template_made_from_any_first_text_summarises_as_its_interpreter_does() {
+        let messages = |text: &str| {
+            format!(r#"{{"type":"content_block_delta","index":0,"delta":{{"type":"text_delta","text":"{text}"}}}}"#)
+        };
+        let chat = |text: &str| String::from_utf8(delta(text)).unwrap();
+        // The first text makes the template: several characters, non-ASCII, escaped, or a
+        // `\u` escape (not plain: the interpreter is asked for the one-character summary).
+        for first in ["été", "many words", r"tab\there", r"\u00e9", "a"] {
+            for (protocol, event_type, event) in [
+                (
+                    Protocol::Messages,
+                    &b"content_block_delta"[..],
+                    &messages as &dyn Fn(&str) -> String,
+                ),
+                (Protocol::OpenAi, &b""[..], &chat),
+            ] {
+                let mut repeat = RepeatSummariser::new(protocol);
+                for text in [first, "b", "ünï", "", "", "two words", "é"] {
+                    let data = event(text);
+                    assert_eq!(
+                        repeat.summarise(event_type, data.as_bytes()),
+                        interpret(protocol, event_type, data.as_bytes()),
+                        "{protocol:?}: {first} then {text}"
+                    );
+                }
+                assert_eq!(repeat.reused, 6, "{protocol:?}: every event after {first}");
+            }
+        }
     }
 
     #[test]
