@@ -180,6 +180,13 @@ fn string_span(data: &[u8], path: &JsonPointer) -> Option<(usize, usize)> {
 /// valid UTF-8, no quote or control character, and only one-character escapes (a `\u`
 /// escape could be a lone surrogate, which a JSON reader may refuse).
 fn plain_string_chars(text: &[u8]) -> Option<usize> {
+    // Most deltas are a few ASCII letters and spaces: one pass over the bytes tells.
+    if text
+        .iter()
+        .all(|&b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\')
+    {
+        return Some(text.len());
+    }
     let mut bytes = text.iter();
     let mut escapes = 0;
     while let Some(&b) = bytes.next() {
@@ -365,6 +372,24 @@ mod tests {
         ];
         let reused = agrees_with_full_parse(&events);
         assert_eq!(reused, 3, "the empty, escaped-plain and last deltas are reused");
+    }
+
+    #[test]
+    fn plain_text_is_counted_in_characters_and_the_rest_is_refused() {
+        for (text, chars) in [
+            (&b""[..], Some(0)),
+            (b" the words", Some(10)),
+            (b"del\x7f", Some(4)),
+            ("été".as_bytes(), Some(3)),
+            (br#"say \"hi\"\n"#, Some(9)),
+            (br#"a"b"#, None),
+            (b"tab\tinside", None),
+            (br"\u00e9", None),
+            (br"trailing\", None),
+            (b"\xff\xfe", None),
+        ] {
+            assert_eq!(plain_string_chars(text), chars, "{}", String::from_utf8_lossy(text));
+        }
     }
 
     #[test]
