@@ -172,7 +172,8 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    let builders = Builders::new(limits.max_streams_per_connection, limits.keep_alive);
+    // Shared, not cloned: a connection's task holds one pointer to them, not 472 bytes.
+    let builders = Arc::new(Builders::new(limits.max_streams_per_connection, limits.keep_alive));
     let connections = TaskTracker::new();
     // One task watches every response's send deadline.
     let watchdog = limits
@@ -298,7 +299,6 @@ async fn finished(activity: &Activity, timeout: Option<Duration>) -> Done {
 }
 
 /// How each connection is served, once its first bytes tell the protocol or do not.
-#[derive(Clone)]
 struct Builders {
     http1: http1::Builder,
     h2c: http2::Builder<TokioExecutor>,
