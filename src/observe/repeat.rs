@@ -93,8 +93,9 @@ struct Template {
     suffix_at: usize,
     /// The summary with one character of text.
     filled: EventSummary,
-    /// The summary with empty text, once an event has shown it (many streams never do).
-    empty: Option<EventSummary>,
+    /// The summary with empty text, once an event has shown it (many streams never do); boxed,
+    /// as a summary takes 160 bytes.
+    empty: Option<Box<EventSummary>>,
 }
 
 impl Template {
@@ -154,7 +155,9 @@ impl Template {
         }
         let chars = plain_string_chars(text)?;
         Some(match (chars, self.filled.text_chars) {
-            (0, _) => *self.empty.get_or_insert_with(|| interpret(protocol, event_type, data)),
+            (0, _) => **self
+                .empty
+                .get_or_insert_with(|| Box::new(interpret(protocol, event_type, data))),
             // The protocol counts the text's characters: the stored one-character text's
             // summary with this text's count.
             (n, 1) => EventSummary {
