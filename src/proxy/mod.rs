@@ -35,6 +35,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use observe::{Observe, ObserveLayer, ObserveSettings};
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -126,13 +127,14 @@ impl Proxy {
         Self { stack }
     }
 
-    /// Forwards one client request from `peer` and returns the (observed) response.
-    pub async fn handle(
+    /// Forwards one client request from `peer`: the future of the (observed) response. A plain
+    /// function, so that the future holds the request once, inside the layers' own future.
+    pub fn handle(
         &self,
         mut request: Request<Incoming>,
         peer: SocketAddr,
-    ) -> Result<Response<ProxyBody>, Infallible> {
+    ) -> impl Future<Output = Result<Response<ProxyBody>, Infallible>> + Send + 'static {
         request.extensions_mut().insert(ClientAddr(peer));
-        self.stack.clone().oneshot(request).await
+        self.stack.clone().oneshot(request)
     }
 }

@@ -13,6 +13,7 @@ use crate::metrics::{ClientTimeout, RefusalReason};
 use crate::own_wake::OnOwnWake;
 use crate::upstream::BoxError;
 use activity::{Activity, Done};
+use futures_util::FutureExt;
 use hyper::body::{Body, Incoming};
 use hyper::server::conn::{http1, http2};
 use hyper::service::service_fn;
@@ -224,15 +225,15 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
                 service_fn(move |request| {
                     first.notify_one();
                     let open = activity.open();
-                    let answer = handler(request, peer);
                     let watchdog = watchdog.clone();
-                    async move {
-                        let response = answer.await?;
-                        Ok::<_, Infallible>(response.map(|body| match &watchdog {
+                    // Mapped, not awaited in an async block, which would hold the handler's
+                    // future twice (hyper keeps room for it for the connection's life).
+                    handler(request, peer).map(move |answered| {
+                        Ok::<_, Infallible>(answered?.map(|body| match &watchdog {
                             Some(watchdog) => watchdog.watch(body, open),
                             None => SendDeadlineBody::unwatched(body, open),
                         }))
-                    }
+                    })
                 })
             };
             // A client that stops reading fails the next write after the send timeout: the

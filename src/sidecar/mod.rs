@@ -155,10 +155,7 @@ impl Sidecar {
         let mut tasks = JoinSet::new();
         let proxy_task = tokio::spawn(serve(
             proxy_listener,
-            move |request, peer| {
-                let proxy = proxy.clone();
-                async move { proxy.handle(request, peer).await }
-            },
+            move |request, peer| proxy.handle(request, peer),
             stop_proxy.clone(),
             config.drain_timeout,
             ConnectionLimits {
