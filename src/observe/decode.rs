@@ -212,6 +212,13 @@ mod tests {
     }
 
     #[test]
+    fn an_identity_decoder_is_the_size_of_its_sink_not_of_a_decompressor() {
+        // Every stream's observer is kept in one: a decompressor inline would size them all.
+        let sink = std::mem::size_of::<Counter>();
+        assert!(std::mem::size_of::<Decoder<Counter>>() <= sink + 16);
+    }
+
+    #[test]
     fn a_compression_bomb_stops_being_decoded() {
         let mut bomb = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
         bomb.write_all(&vec![0u8; 32 << 20]).unwrap();
