@@ -14,6 +14,7 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
+use llmslo::own_wake::OnOwnWakeBody;
 use llmslo::proxy::defaults::{MAX_IN_FLIGHT_REQUESTS, UPSTREAM_IDLE_TIMEOUT};
 use llmslo::upstream::{BoxError, UpstreamClient};
 use tokio::net::TcpListener;
@@ -42,7 +43,9 @@ async fn main() -> Result<(), BoxError> {
                     let (mut parts, body) = request.into_parts();
                     parts.uri = client.uri_for(parts.uri.path_and_query().map_or("/", |p| p.as_str()));
                     let body = body.map_err(BoxError::from).boxed_unsync();
-                    client.send(Request::from_parts(parts, body)).await
+                    let response = client.send(Request::from_parts(parts, body)).await;
+                    // As `llmslo run` serves it: hyper's second ask per wake-up goes no further.
+                    response.map(|response| response.map(OnOwnWakeBody::new))
                 }
             });
             let _ = http1::Builder::new()

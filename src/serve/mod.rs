@@ -10,7 +10,7 @@ mod until;
 
 use crate::metrics::limits::LimitCounters;
 use crate::metrics::{ClientTimeout, RefusalReason};
-use crate::own_wake::OnOwnWake;
+use crate::own_wake::{OnOwnWake, OnOwnWakeBody};
 use crate::upstream::BoxError;
 use activity::{Activity, Done};
 use futures_util::FutureExt;
@@ -229,9 +229,14 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
                     // Mapped, not awaited in an async block, which would hold the handler's
                     // future twice (hyper keeps room for it for the connection's life).
                     handler(request, peer).map(move |answered| {
-                        Ok::<_, Infallible>(answered?.map(|body| match &watchdog {
-                            Some(watchdog) => watchdog.watch(body, open),
-                            None => SendDeadlineBody::unwatched(body, open),
+                        Ok::<_, Infallible>(answered?.map(|body| {
+                            // hyper asks a waiting body twice per wake-up; one ask goes through.
+                            // The watchdog lets a body go only after it gave a frame, when the
+                            // next ask goes through anyway.
+                            OnOwnWakeBody::new(match &watchdog {
+                                Some(watchdog) => watchdog.watch(body, open),
+                                None => SendDeadlineBody::unwatched(body, open),
+                            })
                         }))
                     })
                 })
