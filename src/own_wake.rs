@@ -69,7 +69,7 @@ impl OwnWaker {
         self.signal.woken.load(Ordering::Acquire) && self.signal.woken.swap(false, Ordering::AcqRel)
     }
 
-    /// Has the next look find it woken, with no wake-up of the task.
+    /// Makes the next look find it woken, with no wake-up of the task.
     fn set_woken(&self) {
         self.signal.woken.store(true, Ordering::Release);
     }
