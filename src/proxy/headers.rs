@@ -5,16 +5,19 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use std::net::IpAddr;
 
 /// Headers that describe one connection, never forwarded.
-const HOP_BY_HOP: [&str; 8] = [
-    "connection",
-    "proxy-connection",
-    "keep-alive",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "http2-settings",
+static HOP_BY_HOP: [HeaderName; 8] = [
+    header::CONNECTION,
+    HeaderName::from_static("proxy-connection"),
+    HeaderName::from_static("keep-alive"),
+    header::TE,
+    header::TRAILER,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+    HeaderName::from_static("http2-settings"),
 ];
+
+/// The header that carries the chain of client addresses a request came through.
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// Removes the hop-by-hop headers, including every header the `Connection` header names.
 /// A message framed by Transfer-Encoding also loses its Content-Length (RFC 9112 §6.3): the
@@ -33,22 +36,27 @@ pub fn remove_hop_by_hop(headers: &mut HeaderMap) {
     for name in named {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
+    for name in &HOP_BY_HOP {
         headers.remove(name);
     }
 }
 
 /// Appends `client` to `x-forwarded-for`, joining any values the client already sent.
 pub fn append_forwarded_for(headers: &mut HeaderMap, client: IpAddr) {
-    let mut chain: Vec<String> = headers
-        .get_all("x-forwarded-for")
+    let client = client.to_string();
+    let mut chain: Vec<&str> = headers
+        .get_all(&X_FORWARDED_FOR)
         .iter()
         .filter_map(|v| v.to_str().ok())
-        .map(str::to_string)
         .collect();
-    chain.push(client.to_string());
-    if let Ok(value) = HeaderValue::from_str(&chain.join(", ")) {
-        headers.insert("x-forwarded-for", value);
+    let value = if chain.is_empty() {
+        HeaderValue::from_str(&client)
+    } else {
+        chain.push(&client);
+        HeaderValue::from_str(&chain.join(", "))
+    };
+    if let Ok(value) = value {
+        headers.insert(&X_FORWARDED_FOR, value);
     }
 }
 
@@ -78,6 +86,9 @@ mod tests {
         h.insert("transfer-encoding", HeaderValue::from_static("chunked"));
         h.insert("te", HeaderValue::from_static("trailers"));
         h.insert("upgrade", HeaderValue::from_static("websocket"));
+        h.insert("proxy-connection", HeaderValue::from_static("keep-alive"));
+        h.insert("trailer", HeaderValue::from_static("x-checksum"));
+        h.insert("http2-settings", HeaderValue::from_static("AAMAAABkAAQAAP__"));
         h.insert("authorization", HeaderValue::from_static("Bearer x"));
         h.insert("content-type", HeaderValue::from_static("application/json"));
         remove_hop_by_hop(&mut h);
