@@ -16,8 +16,8 @@ fn bench(extra: &[&str]) -> (i32, String, String) {
     llmslo_output(&args)
 }
 
-/// The table's rows as (streams, target, requests, failed, CPU column, RSS column).
-fn rows(table: &str) -> Vec<(u64, String, u64, u64, String, String)> {
+/// The table's rows as (streams, target, requests, failed, CPU column, user column, RSS column).
+fn rows(table: &str) -> Vec<(u64, String, u64, u64, String, String, String)> {
     table
         .lines()
         .skip_while(|l| !l.trim_start().starts_with("streams"))
@@ -32,6 +32,7 @@ fn rows(table: &str) -> Vec<(u64, String, u64, u64, String, String)> {
                 f[1].to_string(),
                 f[2].parse().unwrap(),
                 f[3].parse().unwrap(),
+                f[f.len() - rss_words - 2].to_string(),
                 f[f.len() - rss_words - 1].to_string(),
                 rss,
             )
@@ -69,15 +70,20 @@ fn every_target_gets_a_complete_row_at_every_concurrency() {
         ],
         "{out}"
     );
-    for (streams, target, requests, failed, cpu, rss) in &rows {
+    for (streams, target, requests, failed, cpu, user, rss) in &rows {
         assert!(*requests >= *streams, "{target} at {streams}: {out}");
         assert_eq!(*failed, 0, "{target} at {streams}: {out}");
         if target == "direct" {
-            assert_eq!((cpu.as_str(), rss.as_str()), ("-", "-"));
+            assert_eq!((cpu.as_str(), user.as_str(), rss.as_str()), ("-", "-", "-"));
         } else {
             let cpu: f64 = cpu.parse().unwrap();
             // 8 streams for 0.8 s are thousands of chunks: tens of ms, several /proc ticks.
             assert!(cpu > 0.0 || (*streams, target.as_str()) != (8, "llmslo"), "{out}");
+            // The user-space share of that CPU time, when there was any to share.
+            if cpu > 0.0 {
+                let share: f64 = user.strip_suffix('%').expect("a percentage").parse().unwrap();
+                assert!((0.0..=100.0).contains(&share), "{out}");
+            }
             assert!(rss.ends_with("KiB"), "{out}");
         }
     }
@@ -103,7 +109,7 @@ fn the_plain_hop_example_is_measured_beside_llmslo() {
     let rows = rows(&out);
     let targets: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
     assert_eq!(targets, ["direct", "llmslo", "hop", "direct", "llmslo", "hop"], "{out}");
-    for (streams, target, requests, failed, _, rss) in rows.iter().filter(|r| r.1 == "hop") {
+    for (streams, target, requests, failed, _, _, rss) in rows.iter().filter(|r| r.1 == "hop") {
         assert!(*requests >= *streams && *failed == 0, "{target} at {streams}: {out}");
         assert!(rss.ends_with("KiB"), "{out}");
     }

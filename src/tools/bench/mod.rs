@@ -5,7 +5,8 @@
 //! `plain_hop` example: llmslo's own hop, which tells the hop's cost from the measurement's).
 //! Per target and concurrency it reports client-side TTFT and
 //! inter-chunk p99 and what the proxy added to them, the proxy's CPU seconds per 1000 output
-//! tokens and its resident memory per concurrent stream.
+//! tokens (and the part of them spent in user space) and its resident memory per concurrent
+//! stream.
 
 pub mod attacks;
 mod client;
@@ -66,6 +67,9 @@ pub struct Row {
     pub samples: Samples,
     /// Proxy CPU seconds per 1000 output tokens (none for `direct`).
     pub cpu_per_1k_tokens: Option<f64>,
+    /// The part of that CPU time spent in user space, 0 to 1; the rest is the kernel's (none for
+    /// `direct`).
+    pub user_share: Option<f64>,
     /// Proxy resident memory added per concurrent stream, bytes (none for `direct`).
     pub rss_per_stream: Option<f64>,
 }
@@ -169,11 +173,12 @@ async fn measure(options: &BenchOptions, engine: SocketAddr, dir: PathBuf) -> Re
             target: "direct",
             samples,
             cpu_per_1k_tokens: None,
+            user_share: None,
             rss_per_stream: None,
         });
         for proxy in &mut proxies {
             let idle_rss = proxy.anon_rss_bytes();
-            let cpu_before = proxy.cpu_seconds();
+            let cpu_before = proxy.cpu_time();
             let (samples, peak_rss) = proxy
                 .while_sampling_anon_rss(run_streams(
                     proxy.addr,
@@ -183,12 +188,13 @@ async fn measure(options: &BenchOptions, engine: SocketAddr, dir: PathBuf) -> Re
                     tokens,
                 ))
                 .await;
-            let cpu = proxy.cpu_seconds() - cpu_before;
+            let cpu = proxy.cpu_time().since(cpu_before);
             let tokens = (samples.output_tokens + samples.warmup_output_tokens) as f64;
             rows.push(Row {
                 streams,
                 target: proxy.name,
-                cpu_per_1k_tokens: (tokens > 0.0).then(|| cpu / tokens * 1000.0),
+                cpu_per_1k_tokens: (tokens > 0.0).then(|| cpu.total() / tokens * 1000.0),
+                user_share: (cpu.total() > 0.0).then(|| cpu.user / cpu.total()),
                 rss_per_stream: Some(peak_rss.saturating_sub(idle_rss) as f64 / streams as f64),
                 samples,
             });
@@ -205,7 +211,7 @@ pub fn render(rows: &[Row]) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "{:>7}  {:<7} {:>8} {:>6} {:>10} {:>10} {:>10} {:>10} {:>13} {:>11}",
+        "{:>7}  {:<7} {:>8} {:>6} {:>10} {:>10} {:>10} {:>10} {:>13} {:>5} {:>11}",
         "streams",
         "target",
         "requests",
@@ -215,6 +221,7 @@ pub fn render(rows: &[Row]) -> String {
         "gap p99",
         "+gap p99",
         "CPU s/1k tok",
+        "user",
         "RSS/stream"
     );
     let ms = |s: f64| format!("{:.2}ms", s * 1000.0);
@@ -233,7 +240,7 @@ pub fn render(rows: &[Row]) -> String {
         let s = &row.samples;
         let _ = writeln!(
             out,
-            "{:>7}  {:<7} {:>8} {:>6} {:>10} {:>10} {:>10} {:>10} {:>13} {:>11}",
+            "{:>7}  {:<7} {:>8} {:>6} {:>10} {:>10} {:>10} {:>10} {:>13} {:>5} {:>11}",
             row.streams,
             row.target,
             s.requests,
@@ -243,6 +250,7 @@ pub fn render(rows: &[Row]) -> String {
             ms(s.gap_p99()),
             added(s.gap_p99(), base.samples.gap_p99()),
             row.cpu_per_1k_tokens.map_or("-".into(), |c| format!("{c:.4}")),
+            row.user_share.map_or("-".into(), |u| format!("{:.0}%", u * 100.0)),
             row.rss_per_stream
                 .map_or("-".into(), |b| format!("{:.1} KiB", b / 1024.0)),
         );

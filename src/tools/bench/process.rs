@@ -11,6 +11,30 @@ use std::time::Duration;
 /// Clock ticks per second in /proc/<pid>/stat (USER_HZ, 100 on Linux).
 const USER_HZ: f64 = 100.0;
 
+/// CPU seconds a process and its children used, by where they ran.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuTime {
+    /// In user space: the proxy's own work.
+    pub user: f64,
+    /// In the kernel: system calls, the network stack, page faults.
+    pub system: f64,
+}
+
+impl CpuTime {
+    /// User and system together.
+    pub fn total(self) -> f64 {
+        self.user + self.system
+    }
+
+    /// What was used since `before`.
+    pub fn since(self, before: CpuTime) -> CpuTime {
+        CpuTime {
+            user: self.user - before.user,
+            system: self.system - before.system,
+        }
+    }
+}
+
 /// A proxy process listening on 127.0.0.1.
 #[derive(Debug)]
 pub struct Proxy {
@@ -70,15 +94,16 @@ impl Proxy {
         pids
     }
 
-    /// User plus system CPU seconds used so far.
-    pub fn cpu_seconds(&self) -> f64 {
-        let ticks: u64 = self
-            .pids()
+    /// CPU time used so far, in user space and in the kernel.
+    pub fn cpu_time(&self) -> CpuTime {
+        let ticks = |f: &[String], i: usize| f[i].parse::<u64>().unwrap_or(0) as f64 / USER_HZ;
+        self.pids()
             .into_iter()
             .filter_map(stat_fields)
-            .map(|f| f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0))
-            .sum();
-        ticks as f64 / USER_HZ
+            .fold(CpuTime::default(), |sum, f| CpuTime {
+                user: sum.user + ticks(&f, 11),
+                system: sum.system + ticks(&f, 12),
+            })
     }
 
     /// Resident memory now, bytes.
