@@ -12,7 +12,7 @@ use std::time::Duration;
 const USER_HZ: f64 = 100.0;
 
 /// CPU seconds a process and its children used, by where they ran.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct CpuTime {
     /// In user space: the proxy's own work.
     pub user: f64,
@@ -96,14 +96,7 @@ impl Proxy {
 
     /// CPU time used so far, in user space and in the kernel.
     pub fn cpu_time(&self) -> CpuTime {
-        let ticks = |f: &[String], i: usize| f[i].parse::<u64>().unwrap_or(0) as f64 / USER_HZ;
-        self.pids()
-            .into_iter()
-            .filter_map(stat_fields)
-            .fold(CpuTime::default(), |sum, f| CpuTime {
-                user: sum.user + ticks(&f, 11),
-                system: sum.system + ticks(&f, 12),
-            })
+        cpu_time_of(self.pids())
     }
 
     /// Resident memory now, bytes.
@@ -155,6 +148,17 @@ impl Proxy {
 
 /// /proc/<pid>/stat after the command name: field 0 is the state, 1 the parent, 11 and 12
 /// utime and stime.
+/// The CPU time `pids` used so far, together (/proc's `utime` and `stime`).
+fn cpu_time_of(pids: Vec<u32>) -> CpuTime {
+    let ticks = |f: &[String], i: usize| f[i].parse::<u64>().unwrap_or(0) as f64 / USER_HZ;
+    pids.into_iter()
+        .filter_map(stat_fields)
+        .fold(CpuTime::default(), |sum, f| CpuTime {
+            user: sum.user + ticks(&f, 11),
+            system: sum.system + ticks(&f, 12),
+        })
+}
+
 fn stat_fields(pid: u32) -> Option<Vec<String>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, rest) = stat.rsplit_once(')')?;
@@ -191,6 +195,23 @@ pub fn nginx_config(engine: SocketAddr, port: u16, dir: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn computing_counts_as_user_time() {
+        // This thread's own times (/proc/<tid>/stat), untouched by the tests beside it.
+        let link = std::fs::read_link("/proc/thread-self").unwrap();
+        let tid: u32 = link.file_name().unwrap().to_str().unwrap().parse().unwrap();
+        let own = || cpu_time_of(vec![tid]);
+        let before = own();
+        let start = std::time::Instant::now();
+        let mut x = 1u64;
+        while start.elapsed() < Duration::from_millis(400) {
+            x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1));
+        }
+        let used = own().since(before);
+        assert!(used.user >= 0.1 && used.system < used.user, "{used:?}");
+        assert!((used.total() - used.user - used.system).abs() < 1e-9);
+    }
 
     #[test]
     fn this_process_has_cpu_time_and_memory() {
