@@ -18,6 +18,7 @@ pub mod cli;
 pub mod config;
 pub mod cost;
 pub mod engine;
+pub mod fingerprint;
 pub mod flags;
 pub mod gpu;
 pub mod health;

@@ -21,7 +21,16 @@ const FLOORS: &[&[&str]] = &[
         "metrics", "slo", "capacity", "cost", "otel", "engine", "gpu", "workload",
     ],
     &[
-        "record", "proto", "upstream", "provider", "quantile", "flags", "tenant", "window", "own_wake",
+        "record",
+        "proto",
+        "upstream",
+        "provider",
+        "quantile",
+        "flags",
+        "tenant",
+        "fingerprint",
+        "window",
+        "own_wake",
     ],
 ];
 

@@ -1,5 +1,6 @@
 //! The label sets of the Prometheus families.
 
+use crate::fingerprint::hash_as_fingerprint;
 use crate::record::CountSource;
 use crate::record::Operation;
 use crate::record::Outcome;
@@ -7,6 +8,14 @@ use crate::record::{TraceRef, UnmeasuredReason};
 use crate::tenant::TenantLabel;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use std::fmt::Write;
+
+// The label sets a request's record is counted under hash as their fingerprint: one word.
+hash_as_fingerprint!(RequestLabels: model, operation, provider);
+hash_as_fingerprint!(TenantRequestLabels: request, tenant);
+hash_as_fingerprint!(TenantOutcomeLabels: outcome, tenant);
+hash_as_fingerprint!(OutcomeLabels: model, operation, provider, outcome);
+hash_as_fingerprint!(TokenLabels: model, operation, provider, token_type);
+hash_as_fingerprint!(InFlightLabels: model, operation);
 
 impl EncodeLabelValue for Operation {
     fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
@@ -21,18 +30,18 @@ impl EncodeLabelValue for Outcome {
 }
 
 /// `model`, `operation`, `provider`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+#[derive(Debug, Clone, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     /// Normalised model.
     pub model: String,
     /// Route-derived operation.
     pub operation: Operation,
     /// Engine kind.
-    pub provider: String,
+    pub provider: &'static str,
 }
 
 /// `model`, `operation`, `provider` and, with tenants, `tenant`: the token counters.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+#[derive(Debug, Clone, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantRequestLabels {
     /// The request's labels.
     #[prometheus(flatten)]
@@ -44,7 +53,7 @@ pub struct TenantRequestLabels {
 
 /// `model`, `operation`, `provider`, `outcome` and, with tenants, `tenant`: the request
 /// counter.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+#[derive(Debug, Clone, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantOutcomeLabels {
     /// The request's labels and outcome.
     #[prometheus(flatten)]
@@ -80,14 +89,14 @@ impl From<TraceRef> for ExemplarLabels {
 }
 
 /// `model`, `operation`, `provider`, `outcome`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+#[derive(Debug, Clone, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     /// Normalised model.
     pub model: String,
     /// Route-derived operation.
     pub operation: Operation,
     /// Engine kind.
-    pub provider: String,
+    pub provider: &'static str,
     /// How the request ended.
     pub outcome: Outcome,
 }
@@ -220,20 +229,20 @@ pub struct RefusalLabels {
 }
 
 /// `model`, `operation`, `provider`, `token_type`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+#[derive(Debug, Clone, PartialEq, Eq, EncodeLabelSet)]
 pub struct TokenLabels {
     /// Normalised model.
     pub model: String,
     /// Route-derived operation.
     pub operation: Operation,
     /// Engine kind.
-    pub provider: String,
+    pub provider: &'static str,
     /// `input` or `output`.
     pub token_type: &'static str,
 }
 
 /// `model`, `operation`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+#[derive(Debug, Clone, PartialEq, Eq, EncodeLabelSet)]
 pub struct InFlightLabels {
     /// Normalised model.
     pub model: String,
@@ -246,4 +255,67 @@ pub struct InFlightLabels {
 pub struct BuildLabels {
     /// The crate version.
     pub version: &'static str,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::hash::{BuildHasher, Hash, Hasher, RandomState};
+
+    /// Counts the words and byte runs it is fed.
+    #[derive(Default)]
+    struct Writes(usize);
+
+    impl Hasher for Writes {
+        fn finish(&self) -> u64 {
+            0
+        }
+        fn write(&mut self, _: &[u8]) {
+            self.0 += 1;
+        }
+    }
+
+    fn labels(model: &str, operation: Operation, provider: &'static str) -> RequestLabels {
+        RequestLabels {
+            model: model.into(),
+            operation,
+            provider,
+        }
+    }
+
+    #[test]
+    fn a_label_set_hands_its_family_one_word() {
+        let mut writes = Writes::default();
+        labels("llama", Operation::Chat, "vllm").hash(&mut writes);
+        assert_eq!(writes.0, 1);
+        let mut writes = Writes::default();
+        let outcome = OutcomeLabels {
+            model: "llama".into(),
+            operation: Operation::Chat,
+            provider: "vllm",
+            outcome: Outcome::Success,
+        };
+        TenantOutcomeLabels {
+            outcome,
+            tenant: TenantLabel(Some("team-a".into())),
+        }
+        .hash(&mut writes);
+        assert_eq!(writes.0, 1);
+    }
+
+    #[test]
+    fn equal_label_sets_hash_alike_and_any_field_tells_them_apart() {
+        let sip = RandomState::new();
+        let base = labels("llama", Operation::Chat, "vllm");
+        assert_eq!(sip.hash_one(&base), sip.hash_one(base.clone()));
+        for other in [
+            labels("llama2", Operation::Chat, "vllm"),
+            labels("llama", Operation::TextCompletion, "vllm"),
+            labels("llama", Operation::Chat, "sglang"),
+            // The values' boundaries count: not one string run together.
+            labels("llamav", Operation::Chat, "llm"),
+        ] {
+            assert_ne!(sip.hash_one(&base), sip.hash_one(&other), "{other:?}");
+        }
+    }
 }

@@ -306,7 +306,7 @@ impl RequestFamilies {
         RequestLabels {
             model: model.to_string(),
             operation,
-            provider: Engine::label(provider).to_string(),
+            provider: Engine::label(provider),
         }
     }
 }
@@ -315,7 +315,7 @@ fn outcome_labels(labels: &RequestLabels, outcome: Outcome) -> OutcomeLabels {
     OutcomeLabels {
         model: labels.model.clone(),
         operation: labels.operation,
-        provider: labels.provider.clone(),
+        provider: labels.provider,
         outcome,
     }
 }
@@ -331,7 +331,7 @@ fn token_labels(labels: &RequestLabels, token_type: &'static str) -> TokenLabels
     TokenLabels {
         model: labels.model.clone(),
         operation: labels.operation,
-        provider: labels.provider.clone(),
+        provider: labels.provider,
         token_type,
     }
 }

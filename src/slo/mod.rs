@@ -9,6 +9,7 @@ mod judge;
 pub mod rules;
 pub mod spec;
 
+use crate::fingerprint::hash_as_fingerprint;
 use crate::record::{Engine, Outcome, Reader, RequestRecord};
 use crate::tenant::TenantLabel;
 use crate::window::Windows;
@@ -27,7 +28,7 @@ use tokio::time::Instant;
 /// `slo_service`, `slo`, `model`: the SLO file's service keeps two teams' SLOs of the same
 /// name apart in fleet rules. (Not `service`: a ServiceMonitor attaches that target label,
 /// the Kubernetes Service's name, and Prometheus would rename ours `exported_service`.)
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct SloLabels {
     /// The SLO file's `service`.
     pub slo_service: String,
@@ -42,7 +43,7 @@ pub struct SloLabels {
 
 /// `slo_service`, `model` (and `tenant`, with tenants): goodput is defined by an SLO file's
 /// `goodput.require`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct ServiceModelLabels {
     /// The SLO file's `service`.
     pub slo_service: String,
@@ -55,7 +56,7 @@ pub struct ServiceModelLabels {
 
 /// `slo_service`, `slo`, `model`, `cause`, `evidence`: a bad event's cause and what it was
 /// decided from.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+#[derive(Debug, Clone, PartialEq, Eq, EncodeLabelSet)]
 pub struct CauseLabels {
     /// The SLO file's `service`.
     pub slo_service: String,
@@ -68,6 +69,11 @@ pub struct CauseLabels {
     /// What the cause was decided from.
     pub evidence: &'static str,
 }
+
+// Looked up at every request's end: hashed as their fingerprint, one word.
+hash_as_fingerprint!(SloLabels: slo_service, slo, model, tenant);
+hash_as_fingerprint!(ServiceModelLabels: slo_service, model, tenant);
+hash_as_fingerprint!(CauseLabels: slo_service, slo, model, cause, evidence);
 
 /// Per service and model: requests judged for goodput, goodput requests, goodput output tokens.
 type GoodputWindows = Windows<3>;
