@@ -11,11 +11,23 @@ use crate::provider::Provider;
 use crate::record::{
     Engine, EngineMoment, Ongoing, Operation, Reader, Readers, RequestRecord, RequestTargets, Started, TenantSource,
 };
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 use tracing::info;
+
+/// The headers a request states its own TTFT target in, milliseconds: llm-d's, then ours.
+static TTFT_TARGET: [HeaderName; 2] = [
+    HeaderName::from_static("x-llm-d-slo-ttft-ms"),
+    HeaderName::from_static("x-slo-ttft-ms"),
+];
+
+/// The headers a request states its own TPOT target in, milliseconds.
+static TPOT_TARGET: [HeaderName; 2] = [
+    HeaderName::from_static("x-llm-d-slo-tpot-ms"),
+    HeaderName::from_static("x-slo-tpot-ms"),
+];
 
 /// How the recorder labels requests.
 #[derive(Debug, Clone)]
@@ -115,15 +127,15 @@ impl Recorder {
         if !self.per_request_slos {
             return RequestTargets::default();
         }
-        let ms = |names: [&str; 2]| {
+        let ms = |names: &[HeaderName; 2]| {
             names.iter().find_map(|name| {
-                let value: f64 = headers.get(*name)?.to_str().ok()?.trim().parse().ok()?;
+                let value: f64 = headers.get(name)?.to_str().ok()?.trim().parse().ok()?;
                 (value.is_finite() && value > 0.0 && value < 1e9).then(|| Duration::from_secs_f64(value / 1e3))
             })
         };
         RequestTargets {
-            ttft: ms(["x-llm-d-slo-ttft-ms", "x-slo-ttft-ms"]),
-            tpot: ms(["x-llm-d-slo-tpot-ms", "x-slo-tpot-ms"]),
+            ttft: ms(&TTFT_TARGET),
+            tpot: ms(&TPOT_TARGET),
         }
     }
 

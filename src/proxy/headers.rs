@@ -62,10 +62,12 @@ pub fn append_forwarded_for(headers: &mut HeaderMap, client: IpAddr) {
 
 /// Whether the body is a multipart form (an audio upload): no JSON in it names the model.
 pub fn is_multipart(headers: &HeaderMap) -> bool {
+    const MULTIPART: &str = "multipart/";
     headers
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with("multipart/"))
+        .and_then(|v| v.trim_start().get(..MULTIPART.len()))
+        .is_some_and(|kind| kind.eq_ignore_ascii_case(MULTIPART))
 }
 
 /// The declared Content-Length, when it is a valid one.
@@ -118,5 +120,20 @@ mod tests {
         h.append("x-forwarded-for", HeaderValue::from_static("192.0.2.9"));
         append_forwarded_for(&mut h, "127.0.0.1".parse().unwrap());
         assert_eq!(h["x-forwarded-for"], "10.0.0.1, 192.0.2.9, 127.0.0.1");
+    }
+
+    #[test]
+    fn multipart_is_told_by_its_content_type_in_any_case() {
+        let with = |value: &str| {
+            let mut h = HeaderMap::new();
+            h.insert(http::header::CONTENT_TYPE, HeaderValue::from_str(value).unwrap());
+            is_multipart(&h)
+        };
+        assert!(with("multipart/form-data; boundary=x"));
+        assert!(with("  Multipart/Mixed"));
+        assert!(!with("application/json"));
+        assert!(!with("multipart"));
+        assert!(!with("multipart-form"));
+        assert!(!is_multipart(&HeaderMap::new()));
     }
 }
