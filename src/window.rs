@@ -25,6 +25,8 @@ pub struct Ring<const N: usize> {
     /// Index of the bucket that `head_start` opens.
     head: usize,
     head_start: Instant,
+    /// Where the head bucket ends: until then, an event needs no rotation and no arithmetic.
+    head_end: Instant,
 }
 
 impl<const N: usize> Ring<N> {
@@ -35,11 +37,15 @@ impl<const N: usize> Ring<N> {
             buckets: vec![[0; N]; BUCKETS as usize],
             head: 0,
             head_start: now,
+            head_end: now + window / BUCKETS,
         }
     }
 
     /// Moves the head to the bucket holding `now`, clearing the buckets that expired.
     fn rotate(&mut self, now: Instant) {
+        if now < self.head_end {
+            return;
+        }
         let elapsed = now.saturating_duration_since(self.head_start);
         let steps = (elapsed.as_nanos() / self.width.as_nanos().max(1)) as u64;
         if steps == 0 {
@@ -51,6 +57,7 @@ impl<const N: usize> Ring<N> {
             self.buckets[self.head] = [0; N];
         }
         self.head_start += self.width * steps as u32;
+        self.head_end = self.head_start + self.width;
     }
 
     /// Adds `counts` at `now`.
