@@ -14,12 +14,14 @@ pub fn fingerprint(values: impl Hash) -> u64 {
     SEED.hash_one(values)
 }
 
-/// Hashes a label set as the fingerprint of the fields named (all those its equality compares).
+/// Hashes a label set as the fingerprint of its fields, which must all be named: a field added
+/// later and left out of the list does not compile.
 macro_rules! hash_as_fingerprint {
-    ($set:ty: $($field:ident),+) => {
+    ($set:ident: $($field:ident),+) => {
         impl std::hash::Hash for $set {
             fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-                state.write_u64($crate::fingerprint::fingerprint(($(&self.$field,)+)));
+                let $set { $($field),+ } = self;
+                state.write_u64($crate::fingerprint::fingerprint(($($field,)+)));
             }
         }
     };
