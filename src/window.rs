@@ -22,9 +22,8 @@ pub const WINDOWS: [(&str, Duration); 7] = [
 pub struct Ring<const N: usize> {
     width: Duration,
     buckets: Vec<[u64; N]>,
-    /// Index of the bucket that `head_start` opens.
+    /// Index of the head bucket: the one that holds the latest counts.
     head: usize,
-    head_start: Instant,
     /// Where the head bucket ends: until then, an event needs no rotation and no arithmetic.
     head_end: Instant,
 }
@@ -36,7 +35,6 @@ impl<const N: usize> Ring<N> {
             width: window / BUCKETS,
             buckets: vec![[0; N]; BUCKETS as usize],
             head: 0,
-            head_start: now,
             head_end: now + window / BUCKETS,
         }
     }
@@ -46,18 +44,15 @@ impl<const N: usize> Ring<N> {
         if now < self.head_end {
             return;
         }
-        let elapsed = now.saturating_duration_since(self.head_start);
-        let steps = (elapsed.as_nanos() / self.width.as_nanos().max(1)) as u64;
-        if steps == 0 {
-            return;
-        }
+        // The head bucket has ended: one step, and one more for each whole width past its end.
+        let past = now.saturating_duration_since(self.head_end);
+        let steps = 1 + (past.as_nanos() / self.width.as_nanos().max(1)) as u64;
         let len = self.buckets.len() as u64;
         for _ in 0..steps.min(len) {
             self.head = (self.head + 1) % self.buckets.len();
             self.buckets[self.head] = [0; N];
         }
-        self.head_start += self.width * steps as u32;
-        self.head_end = self.head_start + self.width;
+        self.head_end += self.width * steps as u32;
     }
 
     /// Adds `counts` at `now`.
@@ -130,6 +125,24 @@ mod tests {
         assert_eq!(ring.sum(Instant::now()), [5, 5], "the first counts are 300 s old: gone");
         tokio::time::advance(Duration::from_secs(100)).await;
         assert_eq!(ring.sum(Instant::now()), [0, 0]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_bucket_ends_exactly_one_width_after_it_began() {
+        // 60 s in 60 buckets of 1 s: counts at 0 s and 0.999 s share the first bucket.
+        let start = Instant::now();
+        let mut ring = Ring::<1>::new(Duration::from_secs(60), start);
+        ring.add(start, [1]);
+        ring.add(start + Duration::from_millis(999), [1]);
+        assert_eq!(ring.sum(start + Duration::from_millis(59_999)), [2]);
+        ring.add(start + Duration::from_millis(59_999), [4]);
+        assert_eq!(
+            ring.sum(start + Duration::from_secs(60)),
+            [4],
+            "the first bucket is 60 s old"
+        );
+        assert_eq!(ring.sum(start + Duration::from_millis(60_999)), [4]);
+        assert_eq!(ring.sum(start + Duration::from_secs(120)), [0]);
     }
 
     #[tokio::test(start_paused = true)]

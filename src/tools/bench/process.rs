@@ -146,8 +146,6 @@ impl Proxy {
     }
 }
 
-/// /proc/<pid>/stat after the command name: field 0 is the state, 1 the parent, 11 and 12
-/// utime and stime.
 /// The CPU time `pids` used so far, together (/proc's `utime` and `stime`).
 fn cpu_time_of(pids: Vec<u32>) -> CpuTime {
     let ticks = |f: &[String], i: usize| f[i].parse::<u64>().unwrap_or(0) as f64 / USER_HZ;
@@ -159,6 +157,8 @@ fn cpu_time_of(pids: Vec<u32>) -> CpuTime {
         })
 }
 
+/// /proc/<pid>/stat after the command name: field 0 is the state, 1 the parent, 11 and 12
+/// utime and stime.
 fn stat_fields(pid: u32) -> Option<Vec<String>> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, rest) = stat.rsplit_once(')')?;
