@@ -23,6 +23,10 @@ use tokio::net::TcpListener;
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
+/// And its settings (see `src/main.rs`).
+#[export_name = "_rjem_malloc_conf"]
+static JEMALLOC_CONF: &[u8; 20] = b"dirty_decay_ms:1000\0";
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let mut args = std::env::args().skip(1);

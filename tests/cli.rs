@@ -555,3 +555,31 @@ fn a_reader_that_goes_away_is_not_a_panic() {
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
 }
+
+/// jemalloc's option as the binary runs with it, from its statistics at exit.
+fn jemalloc_option(conf: &str, option: &str) -> String {
+    let output = llmslo()
+        .arg("--version")
+        .env("_RJEM_MALLOC_CONF", conf)
+        .output()
+        .unwrap();
+    assert!(output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    let line = stderr
+        .lines()
+        .find(|line| line.trim_start().starts_with(&format!("opt.{option}:")))
+        .unwrap_or_else(|| panic!("no opt.{option} in jemalloc's statistics:\n{stderr}"));
+    line.trim().to_string()
+}
+
+#[test]
+fn freed_pages_go_back_after_a_second_unless_the_operator_says_otherwise() {
+    assert_eq!(
+        jemalloc_option("stats_print:true", "dirty_decay_ms"),
+        "opt.dirty_decay_ms: 1000 (arenas.dirty_decay_ms: 1000)"
+    );
+    assert_eq!(
+        jemalloc_option("stats_print:true,dirty_decay_ms:10000", "dirty_decay_ms"),
+        "opt.dirty_decay_ms: 10000 (arenas.dirty_decay_ms: 10000)"
+    );
+}
