@@ -35,7 +35,7 @@ fn busy_metrics() -> Metrics {
             for i in 0..200u64 {
                 let spread = 1.0 + (i % 20) as f64 / 2.0;
                 measurement.recorder.finish(&RequestRecord {
-                    model: model.clone(),
+                    model: model.as_str().into(),
                     operation,
                     outcome: if i % 50 == 0 {
                         Outcome::UpstreamError

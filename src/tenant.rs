@@ -2,11 +2,12 @@
 //! cost): present only when tenants are configured, so that without them every series is
 //! exactly as it was.
 
+use crate::record::LabelText;
 use prometheus_client::encoding::{EncodeLabelSet, LabelSetEncoder};
 
 /// A series' tenant, or no `tenant` label at all.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct TenantLabel(pub Option<String>);
+pub struct TenantLabel(pub Option<LabelText>);
 
 impl EncodeLabelSet for TenantLabel {
     fn encode(&self, encoder: &mut LabelSetEncoder) -> Result<(), std::fmt::Error> {

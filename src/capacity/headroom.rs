@@ -183,7 +183,7 @@ fn unknown(set: &SloSet) -> Capacities {
             .iter()
             .filter(|slo| Latency::of(slo).is_some())
             .map(|slo| SloCapacity {
-                slo: slo.name.clone(),
+                slo: slo.name.to_string(),
                 requests_per_second: f64::NAN,
                 concurrency: f64::NAN,
             })
@@ -221,7 +221,7 @@ fn solve_all<'a>(
             Headroom::Unknown => (f64::NAN, f64::NAN),
         };
         slos.push(SloCapacity {
-            slo: slo.name.clone(),
+            slo: slo.name.to_string(),
             requests_per_second,
             concurrency,
         });

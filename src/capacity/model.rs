@@ -289,7 +289,7 @@ pub fn bands<'a>(
             };
             let centre = c as f64 * std::f64::consts::SQRT_2;
             bands.push(Band {
-                slo: slo.name.clone(),
+                slo: slo.name.to_string(),
                 concurrency: c,
                 attainment,
                 observed_ratio,

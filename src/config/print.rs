@@ -18,7 +18,7 @@ impl Config {
             .iter()
             .map(|slo| {
                 let mut entry = serde_yaml::Mapping::new();
-                entry.insert("name".into(), slo.name.clone().into());
+                entry.insert("name".into(), slo.name.to_string().into());
                 entry.insert("objective".into(), slo.objective_percent().into());
                 let (key, value): (&str, serde_yaml::Value) = match slo.kind {
                     SloKind::Ttft(d) => ("ttft", human(d).into()),
@@ -47,7 +47,7 @@ impl Config {
             .slos
             .goodput_require
             .iter()
-            .map(|&i| self.slos.slos[i].name.clone().into())
+            .map(|&i| self.slos.slos[i].name.to_string().into())
             .collect();
         let engine = match self.engine.fixed() {
             Some(engine) => engine.as_str(),

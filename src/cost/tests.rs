@@ -1,6 +1,7 @@
 //! The cost meter's tests: exact figures under paused time, and shares that add up.
 
 use super::*;
+use crate::record::LabelText;
 use crate::record::Operation;
 
 fn meter(settings: CostSettings) -> Arc<CostMeter> {
@@ -16,7 +17,7 @@ fn tokens(tenant: Option<&str>, input: u64, output: u64) -> RequestRecord {
     RequestRecord {
         input_tokens: Some(input),
         output_tokens: Some(output),
-        tenant: tenant.map(str::to_string),
+        tenant: tenant.map(LabelText::from),
         ..RequestRecord::new("m".into(), Operation::Chat, Duration::from_secs(1))
     }
 }

@@ -2,6 +2,7 @@
 
 use crate::fingerprint::hash_as_fingerprint;
 use crate::record::CountSource;
+use crate::record::LabelText;
 use crate::record::Operation;
 use crate::record::Outcome;
 use crate::record::{TraceRef, UnmeasuredReason};
@@ -33,7 +34,7 @@ impl EncodeLabelValue for Outcome {
 #[derive(Debug, Clone, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
     /// Normalised model.
-    pub model: String,
+    pub model: LabelText,
     /// Route-derived operation.
     pub operation: Operation,
     /// Engine kind.
@@ -92,7 +93,7 @@ impl From<TraceRef> for ExemplarLabels {
 #[derive(Debug, Clone, PartialEq, Eq, EncodeLabelSet)]
 pub struct OutcomeLabels {
     /// Normalised model.
-    pub model: String,
+    pub model: LabelText,
     /// Route-derived operation.
     pub operation: Operation,
     /// Engine kind.
@@ -232,7 +233,7 @@ pub struct RefusalLabels {
 #[derive(Debug, Clone, PartialEq, Eq, EncodeLabelSet)]
 pub struct TokenLabels {
     /// Normalised model.
-    pub model: String,
+    pub model: LabelText,
     /// Route-derived operation.
     pub operation: Operation,
     /// Engine kind.
@@ -245,7 +246,7 @@ pub struct TokenLabels {
 #[derive(Debug, Clone, PartialEq, Eq, EncodeLabelSet)]
 pub struct InFlightLabels {
     /// Normalised model.
-    pub model: String,
+    pub model: LabelText,
     /// Route-derived operation.
     pub operation: Operation,
 }

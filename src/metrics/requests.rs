@@ -12,6 +12,7 @@ use super::labels::{
 use super::limits::{GaugeGuard, LimitCounters};
 use super::native::{ClassicAndNative, ExemplarHistograms};
 use super::{phases, ClientTimeout, RefusalReason, Registry};
+use crate::record::LabelText;
 use crate::record::{
     CountSource, Engine, Ongoing, Operation, Outcome, Reader, RequestRecord, Started, TenantSource, UnmeasuredReason,
 };
@@ -158,7 +159,7 @@ impl RequestFamilies {
             count_sources: Family::default(),
             unmeasured: Family::default(),
             tenants: match &tenants {
-                Some(known) => known.iter().map(|t| TenantLabel(Some(t.clone()))).collect(),
+                Some(known) => known.iter().map(|t| TenantLabel(Some(t.into()))).collect(),
                 None => vec![TenantLabel(None)],
             },
             tenant_sources: Family::default(),
@@ -302,9 +303,9 @@ impl RequestFamilies {
         );
     }
 
-    fn request_labels(&self, model: &str, operation: Operation, provider: Option<Engine>) -> RequestLabels {
+    fn request_labels(&self, model: &LabelText, operation: Operation, provider: Option<Engine>) -> RequestLabels {
         RequestLabels {
-            model: model.to_string(),
+            model: model.clone(),
             operation,
             provider: Engine::label(provider),
         }
@@ -343,8 +344,9 @@ impl Reader for RequestFamilies {
         let Some(engine) = provider else {
             return;
         };
+        let model = LabelText::from(model);
         for &operation in served_generation(engine) {
-            let labels = self.request_labels(model, operation, provider);
+            let labels = self.request_labels(&model, operation, provider);
             for family in [&self.ttft, &self.answer_ttft, &self.tpot] {
                 family.create(&labels);
             }
@@ -361,7 +363,7 @@ impl Reader for RequestFamilies {
                 drop(self.token_usage.get_or_create(&token_labels(&labels, token_type)));
             }
             drop(self.in_flight.get_or_create(&InFlightLabels {
-                model: model.to_string(),
+                model: model.clone(),
                 operation,
             }));
             for outcome in Outcome::ALL {
@@ -381,7 +383,7 @@ impl Reader for RequestFamilies {
         let gauge = self
             .in_flight
             .get_or_create(&InFlightLabels {
-                model: request.model.to_string(),
+                model: request.model.clone(),
                 operation: request.operation,
             })
             .clone();
@@ -509,7 +511,7 @@ mod tests {
     fn a_record_lands_in_every_family() {
         let (families, m) = metrics(&[]);
         let started = Started {
-            model: "llama",
+            model: &"llama".into(),
             operation: Operation::Chat,
             provider: Some(Engine::Vllm),
         };

@@ -8,6 +8,7 @@ use crate::capacity::meter::{InFlight, LoadMeter};
 use crate::engine::EngineView;
 use crate::metrics::limits::LimitCounters;
 use crate::provider::Provider;
+use crate::record::LabelText;
 use crate::record::{
     Engine, EngineMoment, Ongoing, Operation, Reader, Readers, RequestRecord, RequestTargets, Started, TenantSource,
 };
@@ -74,7 +75,7 @@ pub struct Recorder {
 #[derive(Debug)]
 pub struct RequestHandles {
     /// The request's normalised model.
-    pub model: String,
+    pub model: LabelText,
     /// A model name the request named that is not known yet: learned on a successful answer.
     pub candidate: Option<String>,
     /// The request's operation.
@@ -118,7 +119,7 @@ impl Recorder {
     }
 
     /// The request's tenant label and the source that named it, when tenants are configured.
-    pub fn tenant(&self, headers: &HeaderMap, body: BodyIds<'_>) -> Option<(String, Option<TenantSource>)> {
+    pub fn tenant(&self, headers: &HeaderMap, body: BodyIds<'_>) -> Option<(LabelText, Option<TenantSource>)> {
         self.tenants.as_ref().map(|tenants| tenants.label(headers, body))
     }
 
@@ -213,7 +214,7 @@ impl Recorder {
         }
     }
 
-    fn started(&self, model: &str, operation: Operation) -> Option<Arc<dyn Ongoing>> {
+    fn started(&self, model: &LabelText, operation: Operation) -> Option<Arc<dyn Ongoing>> {
         self.readers.started(&Started {
             model,
             operation,

@@ -4,6 +4,7 @@
 //! is matched on a keyed hash held in memory: the key itself is never kept, logged or
 //! exported.
 
+use crate::record::LabelText;
 use crate::record::TenantSource;
 use http::HeaderMap;
 use std::collections::{HashMap, HashSet};
@@ -109,7 +110,7 @@ pub struct BodyIds<'a> {
 enum Source {
     Header(http::HeaderName),
     /// Keyed hash of a key → its tenant.
-    ApiKeys(HashMap<u64, String>),
+    ApiKeys(HashMap<u64, LabelText>),
     Body(BodyField),
 }
 
@@ -118,9 +119,11 @@ pub struct Tenants {
     sources: Vec<Source>,
     /// Hashes API keys; its keys are random, made when the sidecar starts.
     hasher: RandomState,
-    pinned: Vec<String>,
-    learned: RwLock<HashSet<String>>,
+    pinned: Vec<LabelText>,
+    learned: RwLock<HashSet<LabelText>>,
     max_learned: usize,
+    unknown: LabelText,
+    other: LabelText,
 }
 
 impl std::fmt::Debug for Tenants {
@@ -154,7 +157,10 @@ impl Tenants {
                             if !pinned.contains(tenant) {
                                 pinned.push(tenant.clone());
                             }
-                            keys.iter().map(|key| (hasher.hash_one(key.as_bytes()), tenant.clone()))
+                            let tenant = LabelText::from(tenant);
+                            let hasher = &hasher;
+                            keys.iter()
+                                .map(move |key| (hasher.hash_one(key.as_bytes()), tenant.clone()))
                         })
                         .collect(),
                 ),
@@ -166,41 +172,48 @@ impl Tenants {
         Some(Self {
             sources,
             hasher,
-            pinned,
+            pinned: pinned.into_iter().map(LabelText::from).collect(),
             learned: RwLock::new(HashSet::new()),
             max_learned: settings.max_tenants,
+            unknown: LabelText::from(UNKNOWN_TENANT),
+            other: LabelText::from(OTHER_TENANT),
         })
     }
 
     /// The tenants whose series exist from the start: the pinned ones, and `unknown`.
     pub fn known(&self) -> Vec<String> {
-        let mut known = self.pinned.clone();
+        let mut known: Vec<String> = self.pinned.iter().map(LabelText::to_string).collect();
         known.push(UNKNOWN_TENANT.to_string());
         known
     }
 
     /// The request's tenant label and the source that named it (`None` when none did: the
     /// label is `unknown`).
-    pub fn label(&self, headers: &HeaderMap, body: BodyIds<'_>) -> (String, Option<TenantSource>) {
+    pub fn label(&self, headers: &HeaderMap, body: BodyIds<'_>) -> (LabelText, Option<TenantSource>) {
         let Some((raw, source)) = self.sources.iter().find_map(|source| self.read(source, headers, body)) else {
-            return (UNKNOWN_TENANT.to_string(), None);
+            return (self.unknown.clone(), None);
         };
-        (self.bounded(&raw), Some(source))
+        (self.bounded(raw), Some(source))
     }
 
-    fn read(&self, source: &Source, headers: &HeaderMap, body: BodyIds<'_>) -> Option<(String, TenantSource)> {
+    fn read<'a>(
+        &'a self,
+        source: &'a Source,
+        headers: &'a HeaderMap,
+        body: BodyIds<'a>,
+    ) -> Option<(&'a str, TenantSource)> {
         match source {
             Source::Header(name) => headers
                 .get(name)
                 .and_then(|v| v.to_str().ok())
                 .map(str::trim)
                 .filter(|v| !v.is_empty())
-                .map(|v| (v.to_string(), TenantSource::Header)),
+                .map(|v| (v, TenantSource::Header)),
             Source::ApiKeys(table) => {
                 let key = api_key(headers)?;
                 table
                     .get(&self.hasher.hash_one(key.as_bytes()))
-                    .map(|tenant| (tenant.clone(), TenantSource::ApiKey))
+                    .map(|tenant| (tenant.as_str(), TenantSource::ApiKey))
             }
             Source::Body(field) => match field {
                 BodyField::SafetyIdentifier => body.safety_identifier,
@@ -208,27 +221,31 @@ impl Tenants {
                 BodyField::MetadataUserId => body.metadata_user_id,
             }
             .filter(|v| !v.is_empty())
-            .map(|v| (v.to_string(), TenantSource::Body)),
+            .map(|v| (v, TenantSource::Body)),
         }
     }
 
-    /// `raw` as a label: itself when pinned or learned (within the bound), else `other`.
-    fn bounded(&self, raw: &str) -> String {
-        if self.pinned.iter().any(|p| p == raw) {
-            return raw.to_string();
+    /// `raw` as a label: itself when pinned or learned (within the bound), else `other`; each
+    /// label is made once and shared.
+    fn bounded(&self, raw: &str) -> LabelText {
+        if let Some(pinned) = self.pinned.iter().find(|p| *p == raw) {
+            return pinned.clone();
         }
         if !is_plausible(raw) {
-            return OTHER_TENANT.to_string();
+            return self.other.clone();
         }
-        if self.learned.read().expect("tenant set lock").contains(raw) {
-            return raw.to_string();
+        if let Some(known) = self.learned.read().expect("tenant set lock").get(raw) {
+            return known.clone();
         }
         let mut learned = self.learned.write().expect("tenant set lock");
-        if learned.contains(raw) || learned.len() < self.max_learned {
-            learned.insert(raw.to_string());
-            raw.to_string()
+        if let Some(known) = learned.get(raw) {
+            known.clone()
+        } else if learned.len() < self.max_learned {
+            let label = LabelText::from(raw);
+            learned.insert(label.clone());
+            label
         } else {
-            OTHER_TENANT.to_string()
+            self.other.clone()
         }
     }
 }
@@ -333,6 +350,12 @@ mod tests {
             assert_eq!(label(bad), OTHER_TENANT, "{bad:?}");
         }
         assert_eq!(t.known(), ["vip", UNKNOWN_TENANT]);
+        for same in ["a", "vip", "c", "has space"] {
+            assert!(
+                std::ptr::eq(label(same).as_str(), label(same).as_str()),
+                "{same}: shared, never copied"
+            );
+        }
     }
 
     #[test]

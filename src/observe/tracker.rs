@@ -9,6 +9,7 @@ use super::strip::UsageStripper;
 use super::tokens::TokenCounter;
 use super::{messages, openai, responses, tgi};
 use crate::otel::spans::RequestSpan;
+use crate::record::LabelText;
 use crate::record::{
     CountSource, Engine, EngineContext, EngineMoment, Ongoing, Operation, Outcome, Protocol, RequestRecord,
     RequestTargets, TenantSource, TraceRef, UnmeasuredReason,
@@ -53,7 +54,7 @@ pub struct RequestTracker {
     /// The trace its observations point to.
     trace: Trace,
     /// Its tenant and where it was read from, when tenants are configured.
-    tenant: Option<(String, Option<TenantSource>)>,
+    tenant: Option<(LabelText, Option<TenantSource>)>,
     /// The latency targets it states itself.
     targets: RequestTargets,
 }
@@ -164,7 +165,7 @@ impl RequestTracker {
     }
 
     /// Labels the request with its tenant, and the targets it states (from its head and body).
-    pub fn serving(&mut self, tenant: Option<(String, Option<TenantSource>)>, targets: RequestTargets) {
+    pub fn serving(&mut self, tenant: Option<(LabelText, Option<TenantSource>)>, targets: RequestTargets) {
         self.tenant = tenant;
         self.targets = targets;
     }

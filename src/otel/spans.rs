@@ -58,7 +58,7 @@ impl RequestSpan {
     pub fn finish(mut self, record: &RequestRecord) {
         self.span.update_name(span_name(record.operation, &record.model));
         let mut attributes = vec![
-            KeyValue::new("gen_ai.request.model", record.model.clone()),
+            KeyValue::new("gen_ai.request.model", record.model.to_string()),
             KeyValue::new("gen_ai.provider.name", Engine::label(record.provider)),
             KeyValue::new("llmslo.outcome", record.outcome.as_str()),
         ];

@@ -1,17 +1,19 @@
 //! The request record: what one finished request measured, and the words every reader of it
-//! shares (its operation, outcome, engine, token count source, the engine's own timing, the
-//! load it ran under, its trace). The observer produces records; the Prometheus families, the
+//! shares (its model's and tenant's label values, its operation, outcome, engine, token count
+//! source, the engine's own timing, the load it ran under, its trace). The observer produces records; the Prometheus families, the
 //! SLOs, the capacity model, the OTLP exporter and any other [`Reader`] read them.
 //!
 //! This module is the ground floor: it imports nothing else of the crate.
 
 mod engine;
+mod label_text;
 mod load;
 mod operation;
 mod reader;
 mod trace;
 
 pub use engine::{Engine, EngineContext, EngineMoment, EngineTiming, Fault};
+pub use label_text::LabelText;
 pub use load::RequestLoad;
 pub use operation::{Operation, Protocol};
 pub use reader::{Ongoing, Reader, Readers, Started};
@@ -80,7 +82,7 @@ impl Outcome {
 #[derive(Debug, Clone, PartialEq)]
 pub struct RequestRecord {
     /// Normalised model label.
-    pub model: String,
+    pub model: LabelText,
     /// Route-derived operation.
     pub operation: Operation,
     /// How it ended.
@@ -117,7 +119,7 @@ pub struct RequestRecord {
     /// Why its successful response could not be read, when it could not.
     pub unmeasured: Option<UnmeasuredReason>,
     /// Its tenant's label, when tenants are configured (`unknown` when no source named one).
-    pub tenant: Option<String>,
+    pub tenant: Option<LabelText>,
     /// Where its tenant was read from, when a source named one.
     pub tenant_source: Option<TenantSource>,
     /// The latency targets the request carried itself (`x-llm-d-slo-ttft-ms` and the like),
@@ -127,7 +129,7 @@ pub struct RequestRecord {
 
 impl RequestRecord {
     /// A record of `operation` on `model` that took `e2e`, before anything else is known.
-    pub fn new(model: String, operation: Operation, e2e: Duration) -> Self {
+    pub fn new(model: LabelText, operation: Operation, e2e: Duration) -> Self {
         Self {
             model,
             operation,

@@ -2,6 +2,7 @@
 //! record and, where it needs them, the requests in flight. The sidecar's assembly gives the
 //! observer one [`Readers`] fan-out of them all; none of them knows of the others.
 
+use super::LabelText;
 use super::{Engine, Operation, RequestRecord};
 use std::sync::Arc;
 
@@ -9,7 +10,7 @@ use std::sync::Arc;
 #[derive(Debug, Clone, Copy)]
 pub struct Started<'a> {
     /// Its normalised model label.
-    pub model: &'a str,
+    pub model: &'a LabelText,
     /// Its operation.
     pub operation: Operation,
     /// The engine behind the sidecar, when known by now.
@@ -132,7 +133,7 @@ mod tests {
         readers.model_known("llama", Some(Engine::Vllm));
         let ongoing = readers
             .started(&Started {
-                model: "llama",
+                model: &"llama".into(),
                 operation: Operation::Chat,
                 provider: None,
             })
@@ -155,7 +156,7 @@ mod tests {
     fn no_reader_follows_a_request_unless_one_asks() {
         assert!(Readers::default()
             .started(&Started {
-                model: "m",
+                model: &"m".into(),
                 operation: Operation::Embeddings,
                 provider: Some(Engine::Tgi),
             })

@@ -3,6 +3,7 @@
 //! window the sidecar has seen.
 
 use super::{ServiceModelLabels, SloEngine, SloLabels};
+use crate::record::LabelText;
 use crate::tenant::TenantLabel;
 use crate::window::WINDOWS;
 use prometheus_client::collector::Collector;
@@ -15,9 +16,9 @@ use tokio::time::Instant;
 
 #[derive(Debug, EncodeLabelSet)]
 struct SloWindowLabels {
-    slo_service: String,
-    slo: String,
-    model: String,
+    slo_service: LabelText,
+    slo: LabelText,
+    model: LabelText,
     #[prometheus(flatten)]
     tenant: TenantLabel,
     window: &'static str,
@@ -25,8 +26,8 @@ struct SloWindowLabels {
 
 #[derive(Debug, EncodeLabelSet)]
 struct ServiceModelWindowLabels {
-    slo_service: String,
-    model: String,
+    slo_service: LabelText,
+    model: LabelText,
     #[prometheus(flatten)]
     tenant: TenantLabel,
     window: &'static str,

@@ -10,6 +10,7 @@ pub mod rules;
 pub mod spec;
 
 use crate::fingerprint::hash_as_fingerprint;
+use crate::record::LabelText;
 use crate::record::{Engine, Outcome, Reader, RequestRecord};
 use crate::tenant::TenantLabel;
 use crate::window::Windows;
@@ -31,11 +32,11 @@ use tokio::time::Instant;
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct SloLabels {
     /// The SLO file's `service`.
-    pub slo_service: String,
+    pub slo_service: LabelText,
     /// The SLO's name.
-    pub slo: String,
+    pub slo: LabelText,
     /// Normalised model.
-    pub model: String,
+    pub model: LabelText,
     /// The tenant, with tenants.
     #[prometheus(flatten)]
     pub tenant: TenantLabel,
@@ -46,9 +47,9 @@ pub struct SloLabels {
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
 pub struct ServiceModelLabels {
     /// The SLO file's `service`.
-    pub slo_service: String,
+    pub slo_service: LabelText,
     /// Normalised model.
-    pub model: String,
+    pub model: LabelText,
     /// The tenant, with tenants.
     #[prometheus(flatten)]
     pub tenant: TenantLabel,
@@ -59,11 +60,11 @@ pub struct ServiceModelLabels {
 #[derive(Debug, Clone, PartialEq, Eq, EncodeLabelSet)]
 pub struct CauseLabels {
     /// The SLO file's `service`.
-    pub slo_service: String,
+    pub slo_service: LabelText,
     /// The SLO's name.
-    pub slo: String,
+    pub slo: LabelText,
     /// Normalised model.
-    pub model: String,
+    pub model: LabelText,
     /// Why it was bad.
     pub cause: &'static str,
     /// What the cause was decided from.
@@ -126,7 +127,7 @@ impl SloEngine {
             goodput_tokens: Family::default(),
             decode_fit: Mutex::new(None),
             tenants: match tenants {
-                Some(known) => known.into_iter().map(|t| TenantLabel(Some(t))).collect(),
+                Some(known) => known.into_iter().map(|t| TenantLabel(Some(t.into()))).collect(),
                 None => vec![TenantLabel(None)],
             },
         });
@@ -190,13 +191,14 @@ impl SloEngine {
     pub fn create_series(&self, model: &str) {
         let set = self.set();
         let now = Instant::now();
+        let model = LabelText::from(model);
         let mut state = self.state.lock().expect("slo state lock");
         for tenant in &self.tenants {
             for slo in &set.slos {
                 let labels = SloLabels {
                     slo_service: set.service.clone(),
                     slo: slo.name.clone(),
-                    model: model.to_string(),
+                    model: model.clone(),
                     tenant: tenant.clone(),
                 };
                 drop(self.events.get_or_create(&labels));
@@ -208,7 +210,7 @@ impl SloEngine {
             }
             let label = ServiceModelLabels {
                 slo_service: set.service.clone(),
-                model: model.to_string(),
+                model: model.clone(),
                 tenant: tenant.clone(),
             };
             if set.judges_goodput() {

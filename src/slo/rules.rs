@@ -219,8 +219,8 @@ fn compare_group(set: &SloSet, compare: &CompareBy) -> Group {
                 counter(set, slo, "llmslo_slo_events_total")
             ),
             labels: BTreeMap::from([
-                ("slo_service".into(), set.service.clone()),
-                ("slo".into(), slo.name.clone()),
+                ("slo_service".into(), set.service.to_string()),
+                ("slo".into(), slo.name.to_string()),
             ]),
             ..Rule::default()
         })
@@ -233,13 +233,13 @@ fn compare_group(set: &SloSet, compare: &CompareBy) -> Group {
     rules.push(Rule {
         record: Some(format!("llmslo:compare_goodput_attainment:ratio_rate{window}")),
         expr: format!("sum by ({by}) (rate({goodput}[{window}]))\n  / sum by ({by}) (rate({judged}[{window}]))"),
-        labels: BTreeMap::from([("slo_service".into(), set.service.clone())]),
+        labels: BTreeMap::from([("slo_service".into(), set.service.to_string())]),
         ..Rule::default()
     });
     rules.push(Rule {
         record: Some(format!("llmslo:compare_goodput_requests_per_pod:rate{window}")),
         expr: format!("avg by ({by}) (sum by ({by}, instance) (rate({goodput}[{window}])))"),
-        labels: BTreeMap::from([("slo_service".into(), set.service.clone())]),
+        labels: BTreeMap::from([("slo_service".into(), set.service.to_string())]),
         ..Rule::default()
     });
     for (figure, histogram) in [
@@ -293,7 +293,10 @@ fn cost_group(set: &SloSet) -> Group {
             alert: Some("LLMSLOCostOverTarget".into()),
             expr: format!("{}\nand\n{}", over(COST_WINDOWS[0]), over(COST_WINDOWS[1])),
             for_: Some("15m".into()),
-            labels: BTreeMap::from([("severity".into(), "ticket".into()), ("slo".into(), slo.name.clone())]),
+            labels: BTreeMap::from([
+                ("severity".into(), "ticket".into()),
+                ("slo".into(), slo.name.to_string()),
+            ]),
             annotations: BTreeMap::from([
                 (
                     "summary".into(),
@@ -334,8 +337,8 @@ pub fn prometheus_duration(d: Duration) -> String {
 fn sloth_labels(set: &SloSet, slo: &Slo) -> BTreeMap<String, String> {
     BTreeMap::from([
         ("sloth_id".into(), sloth_id(set, slo)),
-        ("sloth_service".into(), set.service.clone()),
-        ("sloth_slo".into(), slo.name.clone()),
+        ("sloth_service".into(), set.service.to_string()),
+        ("sloth_slo".into(), slo.name.to_string()),
     ])
 }
 
@@ -562,7 +565,7 @@ fn alert_group(set: &SloSet, slo: &Slo) -> Group {
                         set.min_events
                     ),
                 ),
-                ("slo".into(), slo.name.clone()),
+                ("slo".into(), slo.name.to_string()),
             ])
             .into_iter()
             .chain(runbook(slo))
@@ -597,7 +600,7 @@ fn alert_group(set: &SloSet, slo: &Slo) -> Group {
                 threshold.as_secs_f64()
             ),
             for_: Some("10m".into()),
-            labels: BTreeMap::from([("severity".into(), "ticket".into()), ("slo".into(), slo.name.clone())]),
+            labels: BTreeMap::from([("severity".into(), "ticket".into()), ("slo".into(), slo.name.to_string())]),
             annotations: BTreeMap::from([
                 ("summary".into(), format!("p99 TPOT of {{{{ $labels.model }}}} is above {} ms", threshold.as_secs_f64() * 1e3)),
                 (
@@ -606,7 +609,7 @@ fn alert_group(set: &SloSet, slo: &Slo) -> Group {
                      threshold is an exact classic bucket edge), but prefer the burn-rate alerts for paging."
                         .into(),
                 ),
-                ("slo".into(), slo.name.clone()),
+                ("slo".into(), slo.name.to_string()),
             ])
             .into_iter()
             .chain(runbook(slo))

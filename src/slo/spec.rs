@@ -2,6 +2,7 @@
 //! It lives in the same YAML file as the rest of the configuration.
 
 use crate::cost::{CostSlo, DEFAULT_INPUT_TOKEN_WEIGHT};
+use crate::record::LabelText;
 use serde::Deserialize;
 use std::time::Duration;
 
@@ -115,7 +116,7 @@ pub enum SloKind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Slo {
     /// Its name, the `slo` label.
-    pub name: String,
+    pub name: LabelText,
     /// Target fraction of good events (0.99 for `objective: 99`).
     pub objective: f64,
     /// What it judges.
@@ -173,7 +174,7 @@ impl Slo {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SloSet {
     /// `service`, for the rules' `sloth_service` label.
-    pub service: String,
+    pub service: LabelText,
     /// The SLO period (budget window).
     pub period: Duration,
     /// Below this many events in a window, ratios and burn rates are NaN.
@@ -208,7 +209,7 @@ impl SloSet {
 impl Default for SloSet {
     fn default() -> Self {
         Self {
-            service: "llm".to_string(),
+            service: "llm".into(),
             period: DEFAULT_PERIOD,
             min_events: DEFAULT_MIN_EVENTS,
             slos: Vec::new(),
@@ -321,7 +322,7 @@ impl SloSet {
                 return invalid(key("max_prompt_tokens"), "must be at least 1");
             }
             slos.push(Slo {
-                name: entry.name,
+                name: entry.name.into(),
                 objective: tidy(entry.objective / 100.0),
                 kind,
                 prompt,
@@ -337,7 +338,7 @@ impl SloSet {
             }
         }
         Ok(Self {
-            service,
+            service: service.into(),
             period,
             min_events: min_events.unwrap_or(DEFAULT_MIN_EVENTS),
             slos,

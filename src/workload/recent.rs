@@ -4,9 +4,10 @@
 //! Mooncake-style trace on the metrics port's `/workload`.
 
 use super::trace::{Trace, TraceRow};
+use crate::record::LabelText;
 use crate::record::{Operation, Reader, RequestRecord};
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use tokio::time::Instant;
 
 /// Most requests the record may be asked to keep.
@@ -23,7 +24,8 @@ struct Kept {
     output: u32,
     reasoning: Option<u32>,
     api: &'static str,
-    model: Arc<str>,
+    /// The record's own label value, shared with every other request of the model.
+    model: LabelText,
     stream: bool,
 }
 
@@ -32,14 +34,7 @@ struct Kept {
 pub struct RecentRequests {
     began: Instant,
     capacity: usize,
-    kept: Mutex<Recent>,
-}
-
-#[derive(Debug, Default)]
-struct Recent {
-    rows: VecDeque<Kept>,
-    /// Model names seen, shared by the rows (bounded by the sidecar's model limit).
-    models: Vec<Arc<str>>,
+    kept: Mutex<VecDeque<Kept>>,
 }
 
 impl RecentRequests {
@@ -49,10 +44,7 @@ impl RecentRequests {
         Self {
             began: Instant::now(),
             capacity,
-            kept: Mutex::new(Recent {
-                rows: VecDeque::with_capacity(capacity.min(4096)),
-                models: Vec::new(),
-            }),
+            kept: Mutex::new(VecDeque::with_capacity(capacity.min(4096))),
         }
     }
 
@@ -61,7 +53,7 @@ impl RecentRequests {
     pub fn trace(&self) -> Trace {
         let mut rows: Vec<Kept> = {
             let recent = self.kept.lock().expect("recent requests lock");
-            recent.rows.iter().cloned().collect()
+            recent.iter().cloned().collect()
         };
         rows.sort_by_key(|k| k.arrival_us);
         let first = rows.first().map_or(0, |k| k.arrival_us);
@@ -96,24 +88,16 @@ impl Reader for RecentRequests {
         let arrival_us = arrival.saturating_duration_since(self.began).as_micros() as u64;
         let clamp = |n: u64| n.min(u64::from(super::trace::MAX_LENGTH)) as u32;
         let mut recent = self.kept.lock().expect("recent requests lock");
-        let model = match recent.models.iter().find(|m| ***m == *record.model) {
-            Some(model) => model.clone(),
-            None => {
-                let model: Arc<str> = Arc::from(record.model.as_str());
-                recent.models.push(model.clone());
-                model
-            }
-        };
-        if recent.rows.len() == self.capacity {
-            recent.rows.pop_front();
+        if recent.len() == self.capacity {
+            recent.pop_front();
         }
-        recent.rows.push_back(Kept {
+        recent.push_back(Kept {
             arrival_us,
             input: clamp(input),
             output: clamp(output),
             reasoning: record.reasoning_tokens.map(clamp),
             api,
-            model,
+            model: record.model.clone(),
             stream: record.count_source.is_some(),
         });
     }
@@ -136,8 +120,8 @@ mod tests {
     use crate::record::CountSource;
     use std::time::Duration;
 
-    fn record(model: &str, operation: Operation, e2e_ms: u64, input: u64, output: u64) -> RequestRecord {
-        let mut record = RequestRecord::new(model.into(), operation, Duration::from_millis(e2e_ms));
+    fn record(model: &LabelText, operation: Operation, e2e_ms: u64, input: u64, output: u64) -> RequestRecord {
+        let mut record = RequestRecord::new(model.clone(), operation, Duration::from_millis(e2e_ms));
         record.input_tokens = Some(input);
         record.output_tokens = Some(output);
         record.count_source = Some(CountSource::Usage);
@@ -147,12 +131,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn keeps_arrivals_and_lengths_of_the_last_requests_only() {
         let recent = RecentRequests::new(3);
+        let (m, n) = (LabelText::from("m"), LabelText::from("n"));
         tokio::time::advance(Duration::from_millis(1000)).await;
-        recent.finished(&record("m", Operation::Chat, 400, 10, 5));
+        recent.finished(&record(&m, Operation::Chat, 400, 10, 5));
         tokio::time::advance(Duration::from_millis(100)).await;
-        recent.finished(&record("m", Operation::TextCompletion, 50, 20, 6));
-        recent.finished(&record("n", Operation::Embeddings, 1, 20, 1));
-        let mut unknown = record("m", Operation::Chat, 1, 1, 1);
+        recent.finished(&record(&m, Operation::TextCompletion, 50, 20, 6));
+        recent.finished(&record(&n, Operation::Embeddings, 1, 20, 1));
+        let mut unknown = record(&m, Operation::Chat, 1, 1, 1);
         unknown.input_tokens = None;
         recent.finished(&unknown);
         let trace = recent.trace();
@@ -163,12 +148,16 @@ mod tests {
         assert_eq!((trace.rows[1].input_length, trace.rows[1].output_length), (20, 6));
         assert_eq!(trace.rows[0].stream, Some(true));
         for _ in 0..3 {
-            recent.finished(&record("m", Operation::Messages, 0, 1, 2));
+            recent.finished(&record(&m, Operation::Messages, 0, 1, 2));
         }
         let trace = recent.trace();
         assert_eq!(trace.rows.len(), 3, "bounded");
         assert!(trace.rows.iter().all(|r| r.api.as_deref() == Some("messages")));
-        assert_eq!(recent.kept.lock().unwrap().models.len(), 1, "names are shared");
+        let kept = recent.kept.lock().unwrap();
+        assert!(
+            kept.iter().all(|k| std::ptr::eq(k.model.as_str(), m.as_str())),
+            "rows share the model's label, never a copy"
+        );
     }
 
     /// A kept request costs a few dozen bytes.

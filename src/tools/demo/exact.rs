@@ -30,7 +30,7 @@ impl Exact {
                 list.push_back(value.as_secs_f64());
             }
         };
-        let [ttft, tpot] = self.by_model.entry(record.model.clone()).or_default();
+        let [ttft, tpot] = self.by_model.entry(record.model.to_string()).or_default();
         push(ttft, record.ttft);
         for choice in &record.tpot_per_choice {
             push(tpot, Some(*choice));

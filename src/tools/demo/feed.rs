@@ -45,7 +45,11 @@ mod tests {
         feed.finished(&RequestRecord::new("unheard".into(), Operation::Chat, Duration::ZERO));
         let mut records = feed.subscribe();
         for i in 0..=BACKLOG {
-            feed.finished(&RequestRecord::new(format!("m{i}"), Operation::Chat, Duration::ZERO));
+            feed.finished(&RequestRecord::new(
+                format!("m{i}").into(),
+                Operation::Chat,
+                Duration::ZERO,
+            ));
         }
         assert!(matches!(
             records.try_recv(),

@@ -212,7 +212,7 @@ impl Requester {
         let sent = Instant::now();
         let mut sample = Sample {
             sent,
-            record: RequestRecord::new(self.shape.model.clone(), endpoint.operation(), Duration::ZERO),
+            record: RequestRecord::new(self.shape.model.as_str().into(), endpoint.operation(), Duration::ZERO),
             gaps: Vec::new(),
             ttfb: None,
             failure: None,

@@ -132,7 +132,7 @@ pub async fn run(options: CompareOptions) -> Result<Comparison, SweepError> {
             .iter()
             .enumerate()
             .take(MAX_SLOS)
-            .map(|(i, slo)| (slo.name.clone(), slo.objective, sweep.slos.decides_goodput(i)))
+            .map(|(i, slo)| (slo.name.to_string(), slo.objective, sweep.slos.decides_goodput(i)))
             .collect(),
     };
     let verdict = verdict::judge(&runs(0), &runs(1), &judging, sweep.seed);

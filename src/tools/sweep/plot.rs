@@ -98,7 +98,7 @@ fn seesaw(area: &Area, report: &Report) -> DrawResult {
         .slos
         .iter()
         .filter_map(|s| match s.kind {
-            SloKind::Tpot(t) => Some((s.name.clone(), 1.0 / t.as_secs_f64())),
+            SloKind::Tpot(t) => Some((s.name.to_string(), 1.0 / t.as_secs_f64())),
             _ => None,
         })
         .collect();
@@ -161,8 +161,8 @@ fn latency(area: &Area, report: &Report) -> DrawResult {
         .slos
         .iter()
         .filter_map(|s| match s.kind {
-            SloKind::Ttft(t) => Some((s.name.clone(), t.as_secs_f64() * 1e3, TTFT_COLOUR)),
-            SloKind::Tpot(t) => Some((s.name.clone(), t.as_secs_f64() * 1e3, TPOT_COLOUR)),
+            SloKind::Ttft(t) => Some((s.name.to_string(), t.as_secs_f64() * 1e3, TTFT_COLOUR)),
+            SloKind::Tpot(t) => Some((s.name.to_string(), t.as_secs_f64() * 1e3, TPOT_COLOUR)),
             _ => None,
         })
         .collect();

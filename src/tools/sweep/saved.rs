@@ -264,12 +264,12 @@ fn step_from_json(step: &Value, slos: &SloSet) -> Result<StepResult, String> {
         let name = bounded(&slo.name);
         let fraction = step
             .get("attainment")
-            .and_then(|a| a.get(&slo.name))
+            .and_then(|a| a.get(slo.name.as_str()))
             .ok_or_else(|| format!("attainment.{name}: missing"))
             .and_then(|v| nullable(v).ok_or_else(|| format!("attainment.{name}: expected a fraction")))?;
         let valid = step
             .get("verdicts")
-            .and_then(|v| v.get(&slo.name))
+            .and_then(|v| v.get(slo.name.as_str()))
             .and_then(|v| v.get("events"))
             .and_then(Value::as_u64)
             .ok_or_else(|| format!("verdicts.{name}.events: expected a count"))?;
@@ -281,7 +281,7 @@ fn step_from_json(step: &Value, slos: &SloSet) -> Result<StepResult, String> {
             return Err(format!("attainment.{name}: expected a fraction from 0 to 1"));
         };
         attainment.push(Attainment {
-            slo: slo.name.clone(),
+            slo: slo.name.to_string(),
             objective: slo.objective,
             valid,
             good,
@@ -396,7 +396,7 @@ mod tests {
                 .iter()
                 .enumerate()
                 .map(|(i, slo)| Attainment {
-                    slo: slo.name.clone(),
+                    slo: slo.name.to_string(),
                     objective: slo.objective,
                     valid: 98,
                     good: if i == 0 { good } else { 98 },

@@ -261,7 +261,7 @@ impl StepResult {
             .enumerate()
             .zip(counts)
             .map(|((i, slo), (valid, good))| Attainment {
-                slo: slo.name.clone(),
+                slo: slo.name.to_string(),
                 objective: slo.objective,
                 valid,
                 good,
