@@ -2,7 +2,7 @@
 //! attributes (`gen_ai.server.time_to_first_token`, …, `gen_ai.request.model`), plus llmslo's
 //! own counters; the same buckets as on `/metrics`. Recorded once per finished request.
 
-use crate::record::{Engine, Ongoing, Operation, Outcome, Reader, RequestRecord, Started};
+use crate::record::{Engine, LabelText, Ongoing, Operation, Outcome, Reader, RequestRecord, Started};
 use opentelemetry::metrics::{Counter, Histogram, Meter};
 use opentelemetry::KeyValue;
 use std::sync::Arc;
@@ -264,9 +264,9 @@ impl Ongoing for OtlpGaps {
 }
 
 /// `gen_ai.request.model`, `gen_ai.operation.name`, `gen_ai.provider.name`.
-fn common_attributes(model: &str, operation: Operation, provider: &'static str) -> [KeyValue; 3] {
+fn common_attributes(model: &LabelText, operation: Operation, provider: &'static str) -> [KeyValue; 3] {
     [
-        KeyValue::new("gen_ai.request.model", model.to_string()),
+        KeyValue::new("gen_ai.request.model", Arc::<str>::from(model.clone())),
         KeyValue::new("gen_ai.operation.name", operation.as_str()),
         KeyValue::new("gen_ai.provider.name", provider),
     ]

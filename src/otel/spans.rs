@@ -9,6 +9,7 @@ use http::HeaderMap;
 use opentelemetry::trace::{Span as _, SpanKind, Status, Tracer as _};
 use opentelemetry::KeyValue;
 use opentelemetry_sdk::trace::{SdkTracer, Span};
+use std::sync::Arc;
 use std::time::SystemTime;
 
 /// Starts the request spans (cheap to clone).
@@ -58,7 +59,7 @@ impl RequestSpan {
     pub fn finish(mut self, record: &RequestRecord) {
         self.span.update_name(span_name(record.operation, &record.model));
         let mut attributes = vec![
-            KeyValue::new("gen_ai.request.model", record.model.to_string()),
+            KeyValue::new("gen_ai.request.model", Arc::<str>::from(record.model.clone())),
             KeyValue::new("gen_ai.provider.name", Engine::label(record.provider)),
             KeyValue::new("llmslo.outcome", record.outcome.as_str()),
         ];

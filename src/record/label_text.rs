@@ -57,6 +57,12 @@ impl From<&String> for LabelText {
     }
 }
 
+impl From<LabelText> for Arc<str> {
+    fn from(text: LabelText) -> Self {
+        text.0
+    }
+}
+
 impl From<LabelText> for String {
     fn from(text: LabelText) -> Self {
         text.0.to_string()
