@@ -2,10 +2,9 @@
 
 use crate::fingerprint::hash_as_fingerprint;
 use crate::record::CountSource;
-use crate::record::LabelText;
 use crate::record::Operation;
 use crate::record::Outcome;
-use crate::record::{TraceRef, UnmeasuredReason};
+use crate::record::{LabelText, TraceRef, UnmeasuredReason};
 use crate::tenant::TenantLabel;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use std::fmt::Write;

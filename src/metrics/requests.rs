@@ -12,9 +12,9 @@ use super::labels::{
 use super::limits::{GaugeGuard, LimitCounters};
 use super::native::{ClassicAndNative, ExemplarHistograms};
 use super::{phases, ClientTimeout, RefusalReason, Registry};
-use crate::record::LabelText;
 use crate::record::{
-    CountSource, Engine, Ongoing, Operation, Outcome, Reader, RequestRecord, Started, TenantSource, UnmeasuredReason,
+    CountSource, Engine, LabelText, Ongoing, Operation, Outcome, Reader, RequestRecord, Started, TenantSource,
+    UnmeasuredReason,
 };
 use crate::slo::spec::{SloKind, SloSet};
 use crate::tenant::TenantLabel;

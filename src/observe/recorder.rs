@@ -8,9 +8,9 @@ use crate::capacity::meter::{InFlight, LoadMeter};
 use crate::engine::EngineView;
 use crate::metrics::limits::LimitCounters;
 use crate::provider::Provider;
-use crate::record::LabelText;
 use crate::record::{
-    Engine, EngineMoment, Ongoing, Operation, Reader, Readers, RequestRecord, RequestTargets, Started, TenantSource,
+    Engine, EngineMoment, LabelText, Ongoing, Operation, Reader, Readers, RequestRecord, RequestTargets, Started,
+    TenantSource,
 };
 use http::{HeaderMap, HeaderName};
 use std::sync::Arc;

@@ -9,9 +9,8 @@ use super::strip::UsageStripper;
 use super::tokens::TokenCounter;
 use super::{messages, openai, responses, tgi};
 use crate::otel::spans::RequestSpan;
-use crate::record::LabelText;
 use crate::record::{
-    CountSource, Engine, EngineContext, EngineMoment, Ongoing, Operation, Outcome, Protocol, RequestRecord,
+    CountSource, Engine, EngineContext, EngineMoment, LabelText, Ongoing, Operation, Outcome, Protocol, RequestRecord,
     RequestTargets, TenantSource, TraceRef, UnmeasuredReason,
 };
 use bytes::Bytes;

@@ -10,8 +10,7 @@ pub mod rules;
 pub mod spec;
 
 use crate::fingerprint::hash_as_fingerprint;
-use crate::record::LabelText;
-use crate::record::{Engine, Outcome, Reader, RequestRecord};
+use crate::record::{Engine, LabelText, Outcome, Reader, RequestRecord};
 use crate::tenant::TenantLabel;
 use crate::window::Windows;
 use gauges::SloCollector;

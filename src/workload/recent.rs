@@ -4,8 +4,7 @@
 //! Mooncake-style trace on the metrics port's `/workload`.
 
 use super::trace::{Trace, TraceRow};
-use crate::record::LabelText;
-use crate::record::{Operation, Reader, RequestRecord};
+use crate::record::{LabelText, Operation, Reader, RequestRecord};
 use std::collections::VecDeque;
 use std::sync::Mutex;
 use tokio::time::Instant;
