@@ -137,7 +137,7 @@ impl RequestFamilies {
     pub fn new(
         edges: &Edges,
         overrides: &BucketOverrides,
-        tenants: Option<Vec<String>>,
+        tenants: Option<Vec<LabelText>>,
         registry: &mut Registry,
     ) -> Self {
         let families = Self {
@@ -159,7 +159,7 @@ impl RequestFamilies {
             count_sources: Family::default(),
             unmeasured: Family::default(),
             tenants: match &tenants {
-                Some(known) => known.iter().map(|t| TenantLabel(Some(t.into()))).collect(),
+                Some(known) => known.iter().map(|t| TenantLabel(Some(t.clone()))).collect(),
                 None => vec![TenantLabel(None)],
             },
             tenant_sources: Family::default(),
@@ -340,13 +340,12 @@ fn token_labels(labels: &RequestLabels, token_type: &'static str) -> TokenLabels
 impl Reader for RequestFamilies {
     /// Creates every series of `model` at zero, so dashboards and alerts never miss one
     /// (once the engine is known, so that no `provider="unknown"` series linger).
-    fn model_known(&self, model: &str, provider: Option<Engine>) {
+    fn model_known(&self, model: &LabelText, provider: Option<Engine>) {
         let Some(engine) = provider else {
             return;
         };
-        let model = LabelText::from(model);
         for &operation in served_generation(engine) {
-            let labels = self.request_labels(&model, operation, provider);
+            let labels = self.request_labels(model, operation, provider);
             for family in [&self.ttft, &self.answer_ttft, &self.tpot] {
                 family.create(&labels);
             }
@@ -476,7 +475,7 @@ mod tests {
             &mut registry,
         ));
         for model in models {
-            families.model_known(model, Some(Engine::Vllm));
+            families.model_known(&LabelText::from(*model), Some(Engine::Vllm));
         }
         (families, registry.into_metrics(None))
     }

@@ -55,16 +55,10 @@ impl ModelNames {
     }
 
     /// The models known so far: the allow-list, or those learned.
-    pub fn known(&self) -> Vec<String> {
-        let mut models: Vec<String> = match &self.allow_list {
-            Some(allowed) => allowed.iter().map(LabelText::to_string).collect(),
-            None => self
-                .learned
-                .read()
-                .expect("model set lock")
-                .iter()
-                .map(LabelText::to_string)
-                .collect(),
+    pub fn known(&self) -> Vec<LabelText> {
+        let mut models: Vec<LabelText> = match &self.allow_list {
+            Some(allowed) => allowed.iter().cloned().collect(),
+            None => self.learned.read().expect("model set lock").iter().cloned().collect(),
         };
         models.sort();
         models

@@ -232,3 +232,53 @@ impl Recorder {
         self.readers.finished(record);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Keeps the address of every model label it is handed.
+    #[derive(Debug, Default)]
+    struct Addresses(Mutex<Vec<usize>>);
+
+    impl Addresses {
+        fn note(&self, model: &LabelText) {
+            self.0.lock().unwrap().push(model.as_str().as_ptr() as usize);
+        }
+    }
+
+    impl Reader for Addresses {
+        fn model_known(&self, model: &LabelText, _provider: Option<Engine>) {
+            self.note(model);
+        }
+
+        fn started(&self, request: &Started<'_>) -> Option<Arc<dyn Ongoing>> {
+            self.note(request.model);
+            None
+        }
+
+        fn finished(&self, record: &RequestRecord) {
+            self.note(&record.model);
+        }
+    }
+
+    #[tokio::test]
+    async fn every_reader_is_handed_one_shared_label_for_a_model() {
+        let addresses = Arc::new(Addresses::default());
+        let settings = RecorderSettings {
+            engine: Some(Engine::Vllm),
+            ..RecorderSettings::default()
+        };
+        let readers = Readers::new(vec![addresses.clone()]);
+        let recorder = Recorder::new(&settings, readers, Arc::default(), None, LimitCounters::default());
+        recorder.learn_models(&["llama".into()]);
+        for _ in 0..2 {
+            let handles = recorder.start(Some("llama"), Operation::Chat, Instant::now());
+            recorder.finish(&RequestRecord::new(handles.model, Operation::Chat, Duration::ZERO));
+        }
+        let seen = addresses.0.lock().unwrap();
+        assert_eq!(seen.len(), 5, "known once, then started and finished twice");
+        assert!(seen.iter().all(|a| *a == seen[0]), "one text, never a copy: {seen:?}");
+    }
+}

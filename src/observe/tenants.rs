@@ -110,7 +110,7 @@ pub struct BodyIds<'a> {
 enum Source {
     Header(http::HeaderName),
     /// Keyed hash of a key → its tenant.
-    ApiKeys(HashMap<u64, LabelText>),
+    ApiKeys(HashMap<u64, String>),
     Body(BodyField),
 }
 
@@ -157,10 +157,7 @@ impl Tenants {
                             if !pinned.contains(tenant) {
                                 pinned.push(tenant.clone());
                             }
-                            let tenant = LabelText::from(tenant);
-                            let hasher = &hasher;
-                            keys.iter()
-                                .map(move |key| (hasher.hash_one(key.as_bytes()), tenant.clone()))
+                            keys.iter().map(|key| (hasher.hash_one(key.as_bytes()), tenant.clone()))
                         })
                         .collect(),
                 ),
@@ -181,9 +178,9 @@ impl Tenants {
     }
 
     /// The tenants whose series exist from the start: the pinned ones, and `unknown`.
-    pub fn known(&self) -> Vec<String> {
-        let mut known: Vec<String> = self.pinned.iter().map(LabelText::to_string).collect();
-        known.push(UNKNOWN_TENANT.to_string());
+    pub fn known(&self) -> Vec<LabelText> {
+        let mut known = self.pinned.clone();
+        known.push(self.unknown.clone());
         known
     }
 

@@ -29,7 +29,7 @@ pub trait Ongoing: Send + Sync + std::fmt::Debug {
 pub trait Reader: Send + Sync {
     /// Series for `model` should exist from now on, at zero (a model first seen, the engine
     /// identified, SLOs reloaded); `provider` is the engine as known now.
-    fn model_known(&self, _model: &str, _provider: Option<Engine>) {}
+    fn model_known(&self, _model: &LabelText, _provider: Option<Engine>) {}
 
     /// A request began: what this reader keeps while it runs, if anything.
     fn started(&self, _request: &Started<'_>) -> Option<Arc<dyn Ongoing>> {
@@ -58,7 +58,7 @@ impl Readers {
 }
 
 impl Reader for Readers {
-    fn model_known(&self, model: &str, provider: Option<Engine>) {
+    fn model_known(&self, model: &LabelText, provider: Option<Engine>) {
         for reader in &self.0 {
             reader.model_known(model, provider);
         }
@@ -109,7 +109,7 @@ mod tests {
     }
 
     impl Reader for Arc<Log> {
-        fn model_known(&self, model: &str, provider: Option<Engine>) {
+        fn model_known(&self, model: &LabelText, provider: Option<Engine>) {
             self.0
                 .lock()
                 .unwrap()
@@ -130,7 +130,7 @@ mod tests {
     fn every_reader_sees_everything_in_order() {
         let (a, b) = (Arc::new(Log::default()), Arc::new(Log::default()));
         let readers = Readers::new(vec![Arc::new(a.clone()), Arc::new(b.clone())]);
-        readers.model_known("llama", Some(Engine::Vllm));
+        readers.model_known(&"llama".into(), Some(Engine::Vllm));
         let ongoing = readers
             .started(&Started {
                 model: &"llama".into(),

@@ -113,7 +113,7 @@ impl SloEngine {
 
     /// [`SloEngine::new`], with a `tenant` label on every SLO and goodput series when
     /// `tenants` (those known from the start) are given.
-    pub fn with_tenants(set: SloSet, tenants: Option<Vec<String>>, registry: &mut Registry) -> Arc<Self> {
+    pub fn with_tenants(set: SloSet, tenants: Option<Vec<LabelText>>, registry: &mut Registry) -> Arc<Self> {
         let engine = Arc::new(Self {
             set: RwLock::new(Arc::new(set)),
             started: Instant::now(),
@@ -126,7 +126,7 @@ impl SloEngine {
             goodput_tokens: Family::default(),
             decode_fit: Mutex::new(None),
             tenants: match tenants {
-                Some(known) => known.into_iter().map(|t| TenantLabel(Some(t.into()))).collect(),
+                Some(known) => known.into_iter().map(|t| TenantLabel(Some(t))).collect(),
                 None => vec![TenantLabel(None)],
             },
         });
@@ -187,10 +187,9 @@ impl SloEngine {
     }
 
     /// Creates `model`'s counters and windows at zero for every SLO.
-    pub fn create_series(&self, model: &str) {
+    pub fn create_series(&self, model: &LabelText) {
         let set = self.set();
         let now = Instant::now();
-        let model = LabelText::from(model);
         let mut state = self.state.lock().expect("slo state lock");
         for tenant in &self.tenants {
             for slo in &set.slos {
@@ -313,7 +312,7 @@ impl SloEngine {
 }
 
 impl Reader for SloEngine {
-    fn model_known(&self, model: &str, _provider: Option<Engine>) {
+    fn model_known(&self, model: &LabelText, _provider: Option<Engine>) {
         self.create_series(model);
     }
 

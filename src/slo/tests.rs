@@ -129,7 +129,7 @@ fn classification_follows_the_design() {
 #[tokio::test(start_paused = true)]
 async fn zero_traffic() {
     let engine = engine();
-    engine.create_series("m");
+    engine.create_series(&"m".into());
     tokio::time::advance(10 * MIN).await;
     let s = engine.snapshot(Instant::now());
     assert!(ratio(&s, "avail", "5m").is_nan() && burn(&s, "avail", "1h").is_nan());
@@ -244,7 +244,7 @@ async fn without_slos_nothing_is_judged_and_goodput_reads_nan() {
     let set = SloSet::validate(Some("chat".into()), None, Some(1), SloFile::default()).unwrap();
     let mut registry = Registry::default();
     let engine = SloEngine::new(set, &mut registry);
-    engine.create_series("m");
+    engine.create_series(&"m".into());
     send(&engine, 5, &request(Outcome::Success, 100, 10));
     tokio::time::advance(MIN).await;
     let s = engine.snapshot(Instant::now());
