@@ -87,6 +87,9 @@ where
                 return Poll::Ready(Some(Ok(trailers)));
             }
         }
+        if let Some(tracker) = this.watch.tracker() {
+            tracker.prefetch_stream_state();
+        }
         loop {
             let frame = match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
                 Some(Ok(frame)) => frame,

@@ -13,6 +13,7 @@ pub mod event;
 pub mod messages;
 pub mod models;
 pub mod openai;
+pub mod prefetch;
 pub mod recorder;
 pub mod repeat;
 pub mod responses;

@@ -11,6 +11,7 @@
 //! numbers every event, so its deltas never repeat: they always go to the interpreter.)
 
 use super::event::EventSummary;
+use super::prefetch::prefetch;
 use super::{messages, openai, responses, tgi};
 use crate::record::Protocol;
 use sonic_rs::{pointer, JsonPointer};
@@ -66,6 +67,13 @@ impl RepeatSummariser {
             }
         }
         summary
+    }
+
+    /// Asks for the template's bytes, which the next event is compared with.
+    pub fn prefetch(&self) {
+        if let Some(template) = &self.template {
+            prefetch(&*template.bytes);
+        }
     }
 }
 

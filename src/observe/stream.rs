@@ -1,6 +1,7 @@
 //! The streaming observer: SSE parsing plus interpretation plus timestamps for one response.
 
 use super::event::{EventSummary, Usage};
+use super::prefetch::prefetch;
 use super::repeat::RepeatSummariser;
 use super::sse::SseParser;
 use super::steps::DecodeSteps;
@@ -202,6 +203,13 @@ impl StreamObserver {
                 }
             }
         });
+    }
+
+    /// Asks for what the next event reads outside the observer itself: the template's bytes
+    /// and the choices' facts.
+    pub fn prefetch(&self) {
+        self.repeat.prefetch();
+        prefetch(self.facts.choices.as_slice());
     }
 
     /// When the first token-carrying event was fed, if one was.

@@ -3,6 +3,7 @@
 
 use super::decode::{Decoder, Encoding};
 use super::event::EventSummary;
+use super::prefetch::prefetch;
 use super::recorder::{Recorder, RequestHandles};
 use super::stream::{Counting, StreamObserver};
 use super::strip::UsageStripper;
@@ -272,11 +273,20 @@ impl RequestTracker {
         decoder.unwrap_or(ResponseKind::Unmeasured(UnmeasuredReason::DecodeError))
     }
 
+    /// Asks for the stream state the next frame's measurement reads, so that it arrives while
+    /// the frame itself is read from the engine.
+    pub fn prefetch_stream_state(&self) {
+        if let ResponseKind::Stream(decoder, _) = &self.response {
+            prefetch(&**decoder);
+        }
+    }
+
     /// Observes a body frame received at `now`. Returns `None` to forward it as it is, or
     /// the bytes to forward instead (possibly none yet) when the usage chunk is being cut.
     pub fn on_data(&mut self, frame: &Bytes, now: Instant) -> Option<Bytes> {
         let decoded = match &mut self.response {
             ResponseKind::Stream(decoder, stripper) => {
+                decoder.sink().observer.prefetch();
                 decoder.sink_mut().now = now;
                 let had_first_token = decoder.sink().observer.first_token_event().is_some();
                 let decoded = decoder.write(frame);
