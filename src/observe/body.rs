@@ -82,13 +82,13 @@ where
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = self.get_mut();
-        if let Watch::Ended(trailers) = &mut this.watch {
-            if let Some(trailers) = trailers.take() {
-                return Poll::Ready(Some(Ok(trailers)));
+        match &mut this.watch {
+            Watch::Tracking(tracker) => tracker.prefetch_stream_state(),
+            Watch::Ended(trailers) => {
+                if let Some(trailers) = trailers.take() {
+                    return Poll::Ready(Some(Ok(trailers)));
+                }
             }
-        }
-        if let Some(tracker) = this.watch.tracker() {
-            tracker.prefetch_stream_state();
         }
         loop {
             let frame = match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
