@@ -575,7 +575,9 @@ impl Cli {
                     }),
                     per_request_metrics: args.per_request_metrics,
                 });
-                tracing::info!(listen = %args.listen, "simulated engine serving");
+                // The bound address, which `--listen 127.0.0.1:0` leaves to the system to choose.
+                let listen = listener.local_addr().unwrap_or(args.listen);
+                tracing::info!(%listen, "simulated engine serving");
                 let shutdown = CancellationToken::new();
                 let stop = shutdown.clone();
                 tokio::spawn(async move {

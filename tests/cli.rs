@@ -199,6 +199,26 @@ fn flags_beat_env_beat_file_and_sigterm_exits_0() {
 }
 
 #[test]
+fn the_simulator_logs_the_address_the_system_chose_for_port_0() {
+    let mut child = llmslo()
+        .args(["simulate", "--listen", "127.0.0.1:0"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let listen = lines.by_ref().take(20).map_while(Result::ok).find_map(|line| {
+        let rest = &line[line.find("simulated engine serving listen=")? + 32..];
+        Some(rest.split_whitespace().next()?.to_string())
+    });
+    let answer = listen.as_deref().map(|addr| http_get(addr, "/v1/models"));
+    terminate(&mut child);
+    let listen = listen.expect("a line naming the address");
+    assert!(listen.starts_with("127.0.0.1:") && !listen.ends_with(":0"), "{listen}");
+    assert!(answer.unwrap().starts_with("HTTP/1.1 200"));
+}
+
+#[test]
 fn demo_runs_and_prints_a_table() {
     let output = llmslo()
         .args([
