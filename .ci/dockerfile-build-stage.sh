@@ -5,8 +5,9 @@
 # (tracked and untracked files, less the ignored ones; .dockerignore names the same).
 #
 # The RUN lines run as written. Only the release profile is lightened through Cargo's
-# environment (no optimisation, no LTO), because CI pays for this build twice over: what is
-# checked is that every step succeeds, not how fast the binary is.
+# environment (no optimisation, no LTO), because the stage builds llmslo twice (instrumented,
+# then with its profile) on top of CI's own builds: what is checked is that every step
+# succeeds (the profile is written and used), not how fast the binary is.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
