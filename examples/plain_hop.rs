@@ -36,6 +36,15 @@ async fn main() -> Result<(), BoxError> {
     // Pooled as `llmslo run` pools with its default limits.
     let client = UpstreamClient::new(&upstream, MAX_IN_FLIGHT_REQUESTS, UPSTREAM_IDLE_TIMEOUT);
     let listener = TcpListener::bind(&listen).await?;
+    // Ctrl-C ends it as a process ends (a profiling build writes its profile then).
+    tokio::select! {
+        served = serve(listener, client) => served,
+        stopped = tokio::signal::ctrl_c() => Ok(stopped?),
+    }
+}
+
+/// Serves every connection `listener` accepts through `client`.
+async fn serve(listener: TcpListener, client: UpstreamClient) -> Result<(), BoxError> {
     loop {
         let (stream, _) = listener.accept().await?;
         let _ = stream.set_nodelay(true);
