@@ -10,8 +10,9 @@
 #   scripts/pgo-build.sh [--instrument-only] [CARGO ARGUMENTS]
 #
 # --instrument-only stops after the instrumented build (the image builds its dependencies so,
-# in a layer of their own). Other arguments, such as --locked, go to both cargo builds. It needs
-# rustup's llvm-tools component, for llvm-profdata (`rustup component add llvm-tools`).
+# in a layer of their own). Other arguments, such as --locked, go to both cargo builds, and
+# RUSTFLAGS, if set, to both compilers. It needs rustup's llvm-tools component, for
+# llvm-profdata (`rustup component add llvm-tools`).
 set -eu
 cd "$(dirname "$0")/.."
 instrument_only=false
@@ -22,7 +23,7 @@ fi
 work=$PWD/target/pgo
 instrumented=$work/instrumented/release/llmslo
 
-RUSTFLAGS="-Cprofile-generate=$work/profiles" cargo build --release "$@" --target-dir "$work/instrumented"
+RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-generate=$work/profiles" cargo build --release "$@" --target-dir "$work/instrumented"
 $instrument_only && exit 0
 
 host=$(rustc -vV | sed -n 's/^host: //p')
@@ -84,5 +85,5 @@ kill -TERM "$proxy_pid"
 wait "$proxy_pid"
 proxy_pid=""
 "$profdata" merge -o "$work/llmslo.profdata" "$work/profiles"
-RUSTFLAGS="-Cprofile-use=$work/llmslo.profdata" cargo build --release "$@"
+RUSTFLAGS="${RUSTFLAGS:-} -Cprofile-use=$work/llmslo.profdata" cargo build --release "$@"
 echo "pgo-build: target/release/llmslo, optimised with the profile $work/llmslo.profdata"
