@@ -48,7 +48,8 @@ gpu: {enabled: false}
 final_scrape_grace: 0s
 EOF
 
-# Waits for a started process's log to name its address, and prints it.
+# Waits for a started process's log (text, as both are started with) to name its address, and
+# prints it.
 address_in() {
     for _ in $(seq 100); do
         address=$(sed -n "s/.*$2=\([0-9.:]*\).*/\1/p" "$1" | head -n 1)
@@ -61,13 +62,13 @@ address_in() {
 }
 
 LLVM_PROFILE_FILE="$work/others/%p.profraw" "$instrumented" simulate --listen 127.0.0.1:0 \
-    --ttft 50ms --tpot 10ms --max-tokens 64 --log info > "$work/run/simulate.log" 2>&1 &
+    --ttft 50ms --tpot 10ms --max-tokens 64 --log info --log-format text > "$work/run/simulate.log" 2>&1 &
 engine_pid=$!
 proxy_pid=""
 trap 'kill $engine_pid $proxy_pid 2>/dev/null || true' EXIT
 engine=$(address_in "$work/run/simulate.log" listen)
 "$instrumented" run --config "$work/run/llmslo.yaml" --upstream "http://$engine" \
-    --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --log info > "$work/run/run.log" 2>&1 &
+    --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --log info --log-format text > "$work/run/run.log" 2>&1 &
 proxy_pid=$!
 proxy=$(address_in "$work/run/run.log" proxy_addr)
 

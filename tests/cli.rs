@@ -208,7 +208,7 @@ fn the_simulator_logs_the_address_the_system_chose_for_port_0() {
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let listen = lines.by_ref().take(20).map_while(Result::ok).find_map(|line| {
-        let rest = &line[line.find("simulated engine serving listen=")? + 32..];
+        let (_, rest) = line.split_once("simulated engine serving listen=")?;
         Some(rest.split_whitespace().next()?.to_string())
     });
     let answer = listen.as_deref().map(|addr| http_get(addr, "/v1/models"));
