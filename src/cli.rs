@@ -33,6 +33,11 @@ pub struct Cli {
     /// Log format.
     #[arg(long, global = true, env = "LLMSLO_LOG_FORMAT", value_enum)]
     log_format: Option<LogFormat>,
+    /// Threads that serve traffic [default: the CPUs this process may use, a container's CPU
+    /// limit included; a pod without a CPU limit sees every CPU of its node].
+    #[arg(long, global = true, env = "LLMSLO_WORKER_THREADS", value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    worker_threads: Option<u16>,
     #[command(subcommand)]
     command: Command,
     /// The settings whose value came from the environment ([`Cli::parse_noting_sources`]).
@@ -60,6 +65,11 @@ impl Cli {
             }
         }
         cli
+    }
+
+    /// The number of runtime worker threads asked for, if any.
+    pub fn worker_threads(&self) -> Option<usize> {
+        self.worker_threads.map(usize::from)
     }
 }
 
@@ -138,6 +148,11 @@ struct BenchArgs {
     /// costs from what the measurement adds.
     #[arg(long, value_name = "PROGRAM")]
     hop: Option<PathBuf>,
+    /// Workers each proxy serves with: llmslo's and the hop's runtime threads, nginx's worker
+    /// processes; the same for all, so that none has more cores than another [default: the CPUs
+    /// available, as nginx's `worker_processes auto` and tokio's default].
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
+    proxy_workers: Option<u16>,
 }
 
 #[derive(Debug, Args)]
@@ -615,10 +630,11 @@ impl Cli {
                     engine: args.engine,
                     nginx,
                     hop: args.hop,
+                    proxy_workers: args.proxy_workers.map_or_else(bench::available_cpus, usize::from),
                 };
                 match bench::run(&options).await {
                     Ok(rows) => {
-                        write_stdout(&bench::render(&rows));
+                        write_stdout(&bench::render(&rows, options.proxy_workers));
                         ExitCode::SUCCESS
                     }
                     Err(e) => {

@@ -17,9 +17,10 @@ static JEMALLOC_CONF: &[u8; 20] = b"dirty_decay_ms:1000\0";
 
 fn main() -> ExitCode {
     let cli = llmslo::cli::Cli::parse_noting_sources();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("building the tokio runtime");
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = cli.worker_threads() {
+        builder.worker_threads(threads);
+    }
+    let runtime = builder.enable_all().build().expect("building the tokio runtime");
     runtime.block_on(cli.run())
 }

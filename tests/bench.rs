@@ -93,6 +93,13 @@ fn every_target_gets_a_complete_row_at_every_concurrency() {
 fn without_nginx_only_the_baseline_and_llmslo_run() {
     let (code, out, err) = bench(&["--without-nginx"]);
     assert_eq!(code, 0, "{err}");
+    // By default each proxy has a worker per CPU, as nginx's `worker_processes auto`.
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    let plural = if cpus == 1 { "" } else { "s" };
+    assert!(
+        out.starts_with(&format!("each proxy serves with {cpus} worker thread{plural} ")),
+        "{out}"
+    );
     let targets: Vec<String> = rows(&out).into_iter().map(|r| r.1).collect();
     assert_eq!(targets, ["direct", "llmslo", "direct", "llmslo"], "{out}");
 }
@@ -104,8 +111,28 @@ fn the_plain_hop_example_is_measured_beside_llmslo() {
         .with_file_name("examples")
         .join("plain_hop");
     assert!(hop.is_file(), "{} is built by cargo test", hop.display());
-    let (code, out, err) = bench(&["--without-nginx", "--hop", hop.to_str().unwrap()]);
+    // The hop is started through a script that notes the worker count it was given.
+    let dir = std::env::temp_dir().join(format!("llmslo-bench-hop-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (script, noted) = (dir.join("hop.sh"), dir.join("workers"));
+    let text = format!(
+        "#!/bin/sh\necho \"$TOKIO_WORKER_THREADS\" > '{}'\nexec '{}' \"$@\"\n",
+        noted.display(),
+        hop.display()
+    );
+    std::fs::write(&script, text).unwrap();
+    std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let (code, out, err) = bench(&[
+        "--without-nginx",
+        "--proxy-workers",
+        "2",
+        "--hop",
+        script.to_str().unwrap(),
+    ]);
     assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("each proxy serves with 2 worker threads"), "{out}");
+    assert_eq!(std::fs::read_to_string(&noted).unwrap().trim(), "2");
+    std::fs::remove_dir_all(&dir).unwrap();
     let rows = rows(&out);
     let targets: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
     assert_eq!(targets, ["direct", "llmslo", "hop", "direct", "llmslo", "hop"], "{out}");
@@ -123,7 +150,12 @@ fn bad_flags_are_clear_errors() {
     let (code, _, err) = bench(&["--without-nginx", "--hop", "/nonexistent/hop"]);
     assert_eq!(code, 64);
     assert!(err.contains("--hop /nonexistent/hop: no such file"), "{err}");
-    for (flag, value) in [("--streams", "0"), ("--tokens", "1"), ("--duration", "soon")] {
+    for (flag, value) in [
+        ("--streams", "0"),
+        ("--tokens", "1"),
+        ("--duration", "soon"),
+        ("--proxy-workers", "0"),
+    ] {
         let (code, _, err) = llmslo_output(&["bench", flag, value]);
         assert_eq!(code, 2, "{flag} {value}");
         assert!(err.contains(flag), "{flag} {value}: {err}");

@@ -15,6 +15,7 @@ fn llmslo() -> Command {
         "LLMSLO_CONFIG",
         "LLMSLO_LOG",
         "LLMSLO_LOG_FORMAT",
+        "LLMSLO_WORKER_THREADS",
     ] {
         command.env_remove(var);
     }
@@ -602,4 +603,50 @@ fn freed_pages_go_back_after_a_second_unless_the_operator_says_otherwise() {
         jemalloc_option("stats_print:true,dirty_decay_ms:10000", "dirty_decay_ms"),
         "opt.dirty_decay_ms: 10000 (arenas.dirty_decay_ms: 10000)"
     );
+}
+
+/// The `worker_threads` of `llmslo run`'s start-up line, with the process stopped again.
+fn started_workers(command: &mut Command) -> Option<u64> {
+    let mut child = command.stderr(Stdio::piped()).stdout(Stdio::null()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let started = lines
+        .by_ref()
+        .take(50)
+        .map_while(Result::ok)
+        .find(|line| line.contains("llmslo sidecar started"));
+    let rest = std::thread::spawn(move || lines.map_while(Result::ok).count());
+    terminate(&mut child);
+    rest.join().unwrap();
+    let started: serde_json::Value = serde_json::from_str(&started?).ok()?;
+    started["fields"]["worker_threads"].as_u64()
+}
+
+#[test]
+fn the_worker_threads_are_what_the_flag_or_the_environment_asks_for() {
+    let run = ["run", "--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"];
+    let metrics = ["--metrics-listen", "127.0.0.1:0", "--log-format", "json"];
+    for (flag, env, expected) in [(Some("3"), None, 3), (None, Some("1"), 1), (Some("2"), Some("5"), 2)] {
+        let mut command = llmslo();
+        command.args(run).args(metrics);
+        if let Some(threads) = flag {
+            command.args(["--worker-threads", threads]);
+        }
+        if let Some(threads) = env {
+            command.env("LLMSLO_WORKER_THREADS", threads);
+        }
+        assert_eq!(
+            started_workers(&mut command),
+            Some(expected),
+            "flag {flag:?}, environment {env:?}"
+        );
+    }
+    // A bad count is clap's usage error naming the flag, not a panic in the runtime.
+    for value in ["0", "many", "5000"] {
+        let (code, stderr) = run_and_fail(llmslo().args(run).args(["--worker-threads", value]));
+        assert_eq!(code, 2, "{value}: {stderr}");
+        assert!(stderr.contains("--worker-threads"), "{value}: {stderr}");
+        let (code, stderr) = run_and_fail(llmslo().args(run).env("LLMSLO_WORKER_THREADS", value));
+        assert_eq!(code, 2, "{value}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{value}: {stderr}");
+    }
 }

@@ -136,6 +136,20 @@ fn chart_version_follows_the_crate() {
     );
 }
 
+/// What Kubernetes' downward API gives a container's variable for `value_from`: only the CPU
+/// request is used, in whole CPUs rounded up, as the kubelet rounds it.
+fn downward_value(container: &serde_yaml::Value, value_from: &serde_yaml::Value) -> String {
+    let field = &value_from["resourceFieldRef"];
+    assert_eq!(field["resource"].as_str(), Some("requests.cpu"), "{value_from:?}");
+    assert_eq!(field["divisor"].as_str(), Some("1"), "{value_from:?}");
+    let request = container["resources"]["requests"]["cpu"].as_str().unwrap();
+    let millis: u64 = match request.strip_suffix('m') {
+        Some(millis) => millis.parse().unwrap(),
+        None => request.parse::<u64>().unwrap() * 1000,
+    };
+    millis.div_ceil(1000).to_string()
+}
+
 /// The sidecar exactly as deploy/vllm.yaml declares it (arguments, environment, the mounted SLO
 /// ConfigMap), with only its addresses moved to free loopback ports, in front of a simulated
 /// engine: it becomes ready, proxies, and exports the ConfigMap's SLOs under the engine kind
@@ -171,11 +185,10 @@ async fn the_injected_sidecar_runs_as_declared() {
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null());
     for variable in sidecar["env"].as_sequence().unwrap() {
-        let value = variable["value"].as_str().unwrap();
-        let value = if value == "/etc/llmslo/llmslo.yaml" {
-            config_file.to_str().unwrap()
-        } else {
-            value
+        let value = match variable["value"].as_str() {
+            Some("/etc/llmslo/llmslo.yaml") => config_file.to_str().unwrap().to_string(),
+            Some(value) => value.to_string(),
+            None => downward_value(sidecar, &variable["valueFrom"]),
         };
         command.env(variable["name"].as_str().unwrap(), value);
     }

@@ -644,6 +644,11 @@ fn sidecar_container(
     let mut env = vec![
         json!({"name": "LLMSLO_LOG_FORMAT", "value": "json"}),
         json!({"name": "LLMSLO_ENGINE", "value": engine}),
+        // As many runtime threads as the CPU request, rounded up: without a CPU limit the
+        // runtime would otherwise start one per CPU of the node, and each thread more costs
+        // kernel time per token (docs/benchmarks.md, "Worker threads").
+        json!({"name": "LLMSLO_WORKER_THREADS",
+               "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1"}}}),
     ];
     match annotation(annotations::GPUS).as_deref() {
         None => {}

@@ -241,7 +241,8 @@ impl Sidecar {
         if config.file.is_some() {
             tasks.spawn(reload::reload_on_change(config.clone(), measurement, shutdown.clone()));
         }
-        info!(%proxy_addr, %metrics_addr, upstream = %config.upstream, "llmslo sidecar started");
+        let worker_threads = tokio::runtime::Handle::current().metrics().num_workers();
+        info!(%proxy_addr, %metrics_addr, upstream = %config.upstream, worker_threads, "llmslo sidecar started");
         Ok(Self {
             proxy_addr,
             metrics_addr,

@@ -171,6 +171,11 @@ fn annotations_override_the_defaults() {
         .as_array()
         .unwrap()
         .contains(&json!({"name": "LLMSLO_ENGINE", "value": "vllm"})));
+    // The runtime's threads follow the CPU request (the downward API rounds 250m up to 1).
+    assert!(sidecar["env"].as_array().unwrap().contains(&json!({
+        "name": "LLMSLO_WORKER_THREADS",
+        "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1"}}
+    })));
     assert!(sidecar["env"]
         .as_array()
         .unwrap()

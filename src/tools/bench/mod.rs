@@ -40,6 +40,13 @@ pub struct BenchOptions {
     pub nginx: Option<PathBuf>,
     /// A hop to measure too, run as `PROGRAM UPSTREAM_URI LISTEN_ADDRESS`.
     pub hop: Option<PathBuf>,
+    /// Worker threads (llmslo, the hop) or worker processes (nginx) each proxy runs.
+    pub proxy_workers: usize,
+}
+
+/// The CPUs this process may use (a container's CPU limit included), at least one.
+pub fn available_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
 /// The built-in engine's fixed timing, for the bench and the soak.
@@ -111,6 +118,7 @@ async fn start_sidecar_process(
     engine: SocketAddr,
     dir: &std::path::Path,
     extra_config: &str,
+    worker_threads: Option<usize>,
 ) -> Result<(Proxy, SocketAddr), String> {
     let config = dir.join("llmslo.yaml");
     let sidecar_config = format!("engine: vllm\nservice: bench\n{EXAMPLE_SLOS}gpu: {{enabled: false}}\n{extra_config}");
@@ -135,6 +143,7 @@ async fn start_sidecar_process(
             "warn".into(),
         ],
         llmslo_port,
+        worker_threads,
     )
     .await?;
     Ok((proxy, SocketAddr::from(([127, 0, 0, 1], metrics_port))))
@@ -143,17 +152,19 @@ async fn start_sidecar_process(
 async fn measure(options: &BenchOptions, engine: SocketAddr, dir: PathBuf) -> Result<Vec<Row>, String> {
     let dir = dir.as_path();
     let tokens = options.engine.tokens;
-    let mut proxies = vec![start_sidecar_process(engine, dir, "").await?.0];
+    let workers = options.proxy_workers;
+    let mut proxies = vec![start_sidecar_process(engine, dir, "", Some(workers)).await?.0];
     if let Some(nginx) = &options.nginx {
         let port = free_port()?;
         let conf = dir.join("nginx.conf");
-        std::fs::write(&conf, nginx_config(engine, port, dir)).map_err(|e| e.to_string())?;
+        std::fs::write(&conf, nginx_config(engine, port, dir, workers)).map_err(|e| e.to_string())?;
         proxies.push(
             Proxy::start(
                 "nginx",
                 nginx.as_os_str(),
                 &["-p".into(), dir.into(), "-c".into(), conf.into_os_string()],
                 port,
+                None,
             )
             .await?,
         );
@@ -162,7 +173,7 @@ async fn measure(options: &BenchOptions, engine: SocketAddr, dir: PathBuf) -> Re
     if let Some(hop) = &options.hop {
         let port = free_port()?;
         let args = [format!("http://{engine}").into(), format!("127.0.0.1:{port}").into()];
-        proxies.push(Proxy::start("hop", hop.as_os_str(), &args, port).await?);
+        proxies.push(Proxy::start("hop", hop.as_os_str(), &args, port, Some(workers)).await?);
     }
 
     let mut rows = Vec::new();
@@ -206,9 +217,16 @@ async fn measure(options: &BenchOptions, engine: SocketAddr, dir: PathBuf) -> Re
     Ok(rows)
 }
 
-/// The rows as a table, with each proxy's additions over the baseline at the same concurrency.
-pub fn render(rows: &[Row]) -> String {
+/// The rows as a table, with each proxy's additions over the baseline at the same concurrency,
+/// under a line naming how many workers each proxy had.
+pub fn render(rows: &[Row], proxy_workers: usize) -> String {
     let mut out = String::new();
+    let plural = if proxy_workers == 1 { "" } else { "s" };
+    let _ = writeln!(
+        out,
+        "each proxy serves with {proxy_workers} worker thread{plural} (nginx: worker process{}; --proxy-workers)\n",
+        if proxy_workers == 1 { "" } else { "es" }
+    );
     let _ = writeln!(
         out,
         "{:>7}  {:<7} {:>8} {:>6} {:>10} {:>10} {:>10} {:>10} {:>13} {:>5} {:>11}",

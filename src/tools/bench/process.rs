@@ -52,9 +52,22 @@ pub fn free_port() -> Result<u16, String> {
 }
 
 impl Proxy {
-    /// Starts `program` and waits until it accepts connections on `port`.
-    pub async fn start(name: &'static str, program: &OsStr, args: &[OsString], port: u16) -> Result<Self, String> {
-        let child = Command::new(program)
+    /// Starts `program` and waits until it accepts connections on `port`; `worker_threads`, when
+    /// given, sizes an llmslo or tokio program's runtime through its environment.
+    pub async fn start(
+        name: &'static str,
+        program: &OsStr,
+        args: &[OsString],
+        port: u16,
+        worker_threads: Option<usize>,
+    ) -> Result<Self, String> {
+        let mut command = Command::new(program);
+        if let Some(threads) = worker_threads {
+            command
+                .env("LLMSLO_WORKER_THREADS", threads.to_string())
+                .env("TOKIO_WORKER_THREADS", threads.to_string());
+        }
+        let child = command
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -176,12 +189,12 @@ fn status_bytes(pid: u32, field: &str) -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
-/// nginx as a streaming reverse proxy in front of `engine`: one worker, no buffering, pooled
+/// nginx as a streaming reverse proxy in front of `engine`: `workers` worker processes, no buffering, pooled
 /// HTTP/1.1 upstream connections, every path under `dir`.
-pub fn nginx_config(engine: SocketAddr, port: u16, dir: &Path) -> String {
+pub fn nginx_config(engine: SocketAddr, port: u16, dir: &Path, workers: usize) -> String {
     let dir = dir.display();
     format!(
-        "daemon off;\nworker_processes 1;\npid {dir}/nginx.pid;\nerror_log {dir}/nginx-error.log warn;\n\
+        "daemon off;\nworker_processes {workers};\npid {dir}/nginx.pid;\nerror_log {dir}/nginx-error.log warn;\n\
          events {{ worker_connections 8192; }}\n\
          http {{\n  access_log off;\n  client_body_temp_path {dir}/client_body;\n  proxy_temp_path {dir}/proxy;\n\
          \x20 fastcgi_temp_path {dir}/fastcgi;\n  uwsgi_temp_path {dir}/uwsgi;\n  scgi_temp_path {dir}/scgi;\n\
@@ -224,8 +237,9 @@ mod tests {
 
     #[test]
     fn nginx_config_streams_without_buffering() {
-        let conf = nginx_config("127.0.0.1:9000".parse().unwrap(), 9100, Path::new("/tmp/b"));
+        let conf = nginx_config("127.0.0.1:9000".parse().unwrap(), 9100, Path::new("/tmp/b"), 2);
         assert!(conf.contains("proxy_buffering off;") && conf.contains("listen 127.0.0.1:9100;"));
+        assert!(conf.contains("worker_processes 2;"));
         assert!(conf.contains("server 127.0.0.1:9000;") && conf.contains("pid /tmp/b/nginx.pid;"));
     }
 }

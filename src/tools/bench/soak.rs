@@ -125,7 +125,7 @@ async fn soak(options: &SoakOptions, engine: SocketAddr, dir: PathBuf) -> Result
     // With attacks, the deadlines that free what a client holds are shorter than the attacks
     // that hold things, so that every one of them fires during the soak.
     let deadlines = if options.attacks { ATTACK_DEADLINES } else { "" };
-    let (sidecar, metrics) = start_sidecar_process(engine, &dir, deadlines).await?;
+    let (sidecar, metrics) = start_sidecar_process(engine, &dir, deadlines, None).await?;
     // The readiness probe's connection opens at start: take the baseline once it is there.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let baseline_fds = sidecar.open_fds();
