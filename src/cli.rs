@@ -33,10 +33,10 @@ pub struct Cli {
     /// Log format.
     #[arg(long, global = true, env = "LLMSLO_LOG_FORMAT", value_enum)]
     log_format: Option<LogFormat>,
-    /// Threads that serve traffic [default: the CPUs this process may use, a container's CPU
-    /// limit included; a pod without a CPU limit sees every CPU of its node].
+    /// Threads that serve traffic; 0 or unset: one per CPU this process may use, a container's
+    /// CPU limit included (a pod without a CPU limit sees every CPU of its node).
     #[arg(long, global = true, env = "LLMSLO_WORKER_THREADS", value_name = "N",
-          value_parser = clap::value_parser!(u16).range(1..=1024))]
+          value_parser = clap::value_parser!(u16).range(0..=1024))]
     worker_threads: Option<u16>,
     #[command(subcommand)]
     command: Command,
@@ -67,9 +67,10 @@ impl Cli {
         cli
     }
 
-    /// The number of runtime worker threads asked for, if any.
+    /// The number of runtime worker threads asked for, if any (0 asks for the default, as the
+    /// downward API gives a container without a CPU request).
     pub fn worker_threads(&self) -> Option<usize> {
-        self.worker_threads.map(usize::from)
+        self.worker_threads.filter(|&n| n > 0).map(usize::from)
     }
 }
 

@@ -625,7 +625,16 @@ fn started_workers(command: &mut Command) -> Option<u64> {
 fn the_worker_threads_are_what_the_flag_or_the_environment_asks_for() {
     let run = ["run", "--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"];
     let metrics = ["--metrics-listen", "127.0.0.1:0", "--log-format", "json"];
-    for (flag, env, expected) in [(Some("3"), None, 3), (None, Some("1"), 1), (Some("2"), Some("5"), 2)] {
+    // 0 is what the downward API gives a container without a CPU request: one per CPU.
+    let cpus = std::thread::available_parallelism().unwrap().get() as u64;
+    let cases = [
+        (Some("3"), None, 3),
+        (None, Some("1"), 1),
+        (Some("2"), Some("5"), 2),
+        (None, Some("0"), cpus),
+        (None, None, cpus),
+    ];
+    for (flag, env, expected) in cases {
         let mut command = llmslo();
         command.args(run).args(metrics);
         if let Some(threads) = flag {
@@ -641,7 +650,7 @@ fn the_worker_threads_are_what_the_flag_or_the_environment_asks_for() {
         );
     }
     // A bad count is clap's usage error naming the flag, not a panic in the runtime.
-    for value in ["0", "many", "5000"] {
+    for value in ["1.5", "many", "5000"] {
         let (code, stderr) = run_and_fail(llmslo().args(run).args(["--worker-threads", value]));
         assert_eq!(code, 2, "{value}: {stderr}");
         assert!(stderr.contains("--worker-threads"), "{value}: {stderr}");
