@@ -221,11 +221,13 @@ async fn measure(options: &BenchOptions, engine: SocketAddr, dir: PathBuf) -> Re
 /// under a line naming how many workers each proxy had.
 pub fn render(rows: &[Row], proxy_workers: usize) -> String {
     let mut out = String::new();
-    let plural = if proxy_workers == 1 { "" } else { "s" };
+    let (threads, processes) = match proxy_workers {
+        1 => ("thread", "process"),
+        _ => ("threads", "processes"),
+    };
     let _ = writeln!(
         out,
-        "each proxy serves with {proxy_workers} worker thread{plural} (nginx: worker process{}; --proxy-workers)\n",
-        if proxy_workers == 1 { "" } else { "es" }
+        "each proxy serves with {proxy_workers} worker {threads} (nginx: worker {processes}; --proxy-workers)\n"
     );
     let _ = writeln!(
         out,
