@@ -111,12 +111,13 @@ fn the_plain_hop_example_is_measured_beside_llmslo() {
         .with_file_name("examples")
         .join("plain_hop");
     assert!(hop.is_file(), "{} is built by cargo test", hop.display());
-    // The hop is started through a script that notes the worker count it was given.
+    // The hop is started through a script that notes the worker counts it was given: llmslo's
+    // variable, which a caller's own would otherwise override, and tokio's.
     let dir = std::env::temp_dir().join(format!("llmslo-bench-hop-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let (script, noted) = (dir.join("hop.sh"), dir.join("workers"));
     let text = format!(
-        "#!/bin/sh\necho \"$TOKIO_WORKER_THREADS\" > '{}'\nexec '{}' \"$@\"\n",
+        "#!/bin/sh\necho \"$LLMSLO_WORKER_THREADS $TOKIO_WORKER_THREADS\" > '{}'\nexec '{}' \"$@\"\n",
         noted.display(),
         hop.display()
     );
@@ -131,7 +132,7 @@ fn the_plain_hop_example_is_measured_beside_llmslo() {
     ]);
     assert_eq!(code, 0, "{err}");
     assert!(out.starts_with("each proxy serves with 2 worker threads"), "{out}");
-    assert_eq!(std::fs::read_to_string(&noted).unwrap().trim(), "2");
+    assert_eq!(std::fs::read_to_string(&noted).unwrap().trim(), "2 2");
     std::fs::remove_dir_all(&dir).unwrap();
     let rows = rows(&out);
     let targets: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();

@@ -53,7 +53,8 @@ pub fn free_port() -> Result<u16, String> {
 
 impl Proxy {
     /// Starts `program` and waits until it accepts connections on `port`; `worker_threads`, when
-    /// given, sizes an llmslo or tokio program's runtime through its environment.
+    /// given, sizes an llmslo or tokio program's runtime through its environment (llmslo's
+    /// variable too, which one inherited from the caller would otherwise override).
     pub async fn start(
         name: &'static str,
         program: &OsStr,
