@@ -74,6 +74,11 @@ impl Cli {
     }
 }
 
+/// The worker threads tokio starts when none are asked for: one per CPU available.
+fn default_worker_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the sidecar in front of an engine.
@@ -376,6 +381,7 @@ struct DemoArgs {
 impl Cli {
     /// Runs the chosen subcommand to completion.
     pub async fn run(self) -> ExitCode {
+        let worker_threads = self.worker_threads().unwrap_or_else(default_worker_threads);
         match self.command {
             Command::Webhook(args) => {
                 init_logging(
@@ -498,9 +504,11 @@ impl Cli {
                         for note in rules::left_out(&config.slos) {
                             eprintln!("llmslo: {note}");
                         }
+                        let workers = worker_threads;
                         eprintln!(
-                            "llmslo: worst-case memory with these limits: {} MiB (keep the container's limit above it)",
-                            config.worst_case_memory_bytes() >> 20
+                            "llmslo: worst-case memory with these limits and {workers} worker thread{}: {} MiB (keep the container's limit above it)",
+                            if workers == 1 { "" } else { "s" },
+                            config.worst_case_memory_bytes(workers) >> 20
                         );
                         let yaml = config.to_yaml();
                         if upstream_given {

@@ -1202,3 +1202,47 @@ async fn a_page_of_a_million_short_lines_is_refused_cheaply() {
         sidecar.peak_rss_bytes() >> 20
     );
 }
+
+/// A 4 MiB chat request whose `metadata`, `user` and `safety_identifier` are dense arrays.
+fn dense_fields_body() -> String {
+    let dense = format!("[{}0]", "0,".repeat(480_000));
+    format!(
+        r#"{{"model":"sim","messages":[{{"role":"user","content":"hi"}}],"max_tokens":1,"metadata":{{"x":{dense},"user_id":"a"}},"user":{dense},"safety_identifier":{dense}}}"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn request_fields_full_of_arrays_cost_their_bytes_not_a_tree() {
+    let (upstream, _) = start_engine(timed_engine(5, 5)).await;
+    let tenants = "tenants:\n  from:\n    - body: safety_identifier\n    - body: user\n    - body: metadata.user_id\n";
+    let sidecar = process::SidecarProcess::start(upstream, tenants, None);
+    let body = dense_fields_body();
+    assert!(body.len() > 2 << 20 && body.len() < 4 << 20, "{}", body.len());
+    let before = sidecar.rss_bytes();
+    // Four at once, twice over.
+    for _ in 0..2 {
+        let sent: Vec<_> = (0..4)
+            .map(|_| tokio::spawn(post_collect(sidecar.proxy, "/v1/chat/completions", body.clone())))
+            .collect();
+        for request in sent {
+            assert_eq!(request.await.unwrap().0, 200);
+        }
+    }
+    let peak = sidecar.peak_rss_bytes();
+    eprintln!("RSS {} MiB before, peak {} MiB", before >> 20, peak >> 20);
+    // Their bodies (16 MiB, within max_buffered_request_bytes) and no JSON tree: a tree of
+    // one such body alone took 40 MiB.
+    assert!(
+        peak < before + (40 << 20),
+        "peak {} MiB from {} MiB",
+        peak >> 20,
+        before >> 20
+    );
+    let m = sidecar.scrape().await;
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("tenant", "a"), ("outcome", "success")]),
+        8.0,
+        "the tenant is still read: {m}"
+    );
+    sidecar.stop();
+}

@@ -108,7 +108,7 @@ fn operator_format_and_check_config() {
     assert_eq!(code, 0);
     assert!(text.contains("kind: PrometheusRule") && text.contains("record: slo:current_burn_rate:ratio"));
 
-    let (code, effective, stderr) = llmslo(&["check-config", "examples/llmslo.yaml"]);
+    let (code, effective, stderr) = llmslo(&["check-config", "--worker-threads", "1", "examples/llmslo.yaml"]);
     assert_eq!(code, 0, "{stderr}");
     for line in [
         "upstream: http://127.0.0.1:8000/",
@@ -122,7 +122,7 @@ fn operator_format_and_check_config() {
         assert!(effective.contains(line), "missing `{line}` in\n{effective}");
     }
     assert!(
-        stderr.contains("worst-case memory with these limits: 121 MiB"),
+        stderr.contains("worst-case memory with these limits and 1 worker thread: 123 MiB"),
         "{stderr}"
     );
 }

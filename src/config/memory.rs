@@ -22,19 +22,27 @@ pub const PER_RECENT_REQUEST_BYTES: u64 = 2 * crate::workload::recent::BYTES_PER
     + std::mem::size_of::<crate::workload::trace::TraceRow>() as u64
     + 80
     + 128;
+/// Most one parse of a peeked request body holds beyond the body, as a share of the largest
+/// body peeked: the JSON reader's scratch for one escaped string it keeps (each escape is two
+/// bytes or more and decodes to one or more); everything else is skipped in place, and the
+/// strings kept are capped. A parse runs start to end on one worker thread, so at most one per
+/// thread holds it.
+pub const PARSE_SCRATCH_SHARE_OF_BODY: u64 = 2;
 /// Where cgroup v2 states the container's memory limit.
 const CGROUP_MEMORY_MAX: &str = "/sys/fs/cgroup/memory.max";
 
 impl Config {
-    /// The most memory the proxy can hold with every limit reached at once: connections,
-    /// requests in flight, the peek's buffer budget and the engine's page, above the base (a
-    /// tokenizer adds its own size; a compressed response its decoder window while it lasts), and
-    /// the requests kept for `/workload`.
-    pub fn worst_case_memory_bytes(&self) -> u64 {
+    /// The most memory the proxy can hold with every limit reached at once, running
+    /// `worker_threads` threads: connections, requests in flight, the peek's buffer budget and
+    /// each thread's parse of a body, and the engine's page, above the base (a tokenizer adds its
+    /// own size; a compressed response its decoder window while it lasts), and the requests kept
+    /// for `/workload`.
+    pub fn worst_case_memory_bytes(&self, worker_threads: usize) -> u64 {
         BASE_BYTES
             + self.max_connections as u64 * PER_CONNECTION_BYTES
             + self.max_in_flight_requests as u64 * PER_IN_FLIGHT_REQUEST_BYTES
             + self.max_buffered_request_bytes as u64
+            + worker_threads as u64 * self.max_peek_bytes as u64 / PARSE_SCRATCH_SHARE_OF_BODY
             + self.engine_page_bytes()
             + self.recent_requests as u64 * PER_RECENT_REQUEST_BYTES
     }

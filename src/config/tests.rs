@@ -378,10 +378,10 @@ fn the_recent_workload_is_off_by_default_and_bounded() {
     let c = Config::from_yaml("upstream: http://x:1\nworkload: {recent_requests: 5000}\n").unwrap();
     assert_eq!(c.recent_requests, 5000);
     assert_eq!(
-        c.worst_case_memory_bytes()
+        c.worst_case_memory_bytes(1)
             - Config::from_yaml("upstream: http://x:1\n")
                 .unwrap()
-                .worst_case_memory_bytes(),
+                .worst_case_memory_bytes(1),
         5000 * super::memory::PER_RECENT_REQUEST_BYTES
     );
     assert_eq!(

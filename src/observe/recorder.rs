@@ -3,7 +3,7 @@
 //! record to the readers (the one fan-out the sidecar's assembly composed).
 
 use super::models::ModelNames;
-use super::tenants::{BodyIds, Tenants};
+use super::tenants::{BodyIds, TenantFields, Tenants};
 use crate::capacity::meter::{InFlight, LoadMeter};
 use crate::engine::EngineView;
 use crate::metrics::limits::LimitCounters;
@@ -121,6 +121,11 @@ impl Recorder {
     /// The request's tenant label and the source that named it, when tenants are configured.
     pub fn tenant(&self, headers: &HeaderMap, body: BodyIds<'_>) -> Option<(LabelText, Option<TenantSource>)> {
         self.tenants.as_ref().map(|tenants| tenants.label(headers, body))
+    }
+
+    /// The body fields the tenants are read from (none when tenants are off).
+    pub fn tenant_body_fields(&self) -> TenantFields {
+        self.tenants.as_ref().map(|t| t.body_fields()).unwrap_or_default()
     }
 
     /// The latency targets the request states itself, when per-request SLOs are on.

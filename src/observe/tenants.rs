@@ -106,6 +106,26 @@ pub struct BodyIds<'a> {
     pub metadata_user_id: Option<&'a str>,
 }
 
+/// The body fields the tenants read; the others are skipped unread.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TenantFields {
+    /// `safety_identifier` is a tenant source.
+    pub safety_identifier: bool,
+    /// `user` is a tenant source.
+    pub user: bool,
+    /// `metadata.user_id` is a tenant source.
+    pub metadata_user_id: bool,
+}
+
+impl TenantFields {
+    /// Every body field a tenant may be read from.
+    pub const ALL: Self = Self {
+        safety_identifier: true,
+        user: true,
+        metadata_user_id: true,
+    };
+}
+
 /// A configured source, ready to read.
 enum Source {
     Header(http::HeaderName),
@@ -175,6 +195,20 @@ impl Tenants {
             unknown: LabelText::from(UNKNOWN_TENANT),
             other: LabelText::from(OTHER_TENANT),
         })
+    }
+
+    /// The body fields a source reads (the request peek skips the others unread).
+    pub fn body_fields(&self) -> TenantFields {
+        let mut fields = TenantFields::default();
+        for source in &self.sources {
+            match source {
+                Source::Body(BodyField::SafetyIdentifier) => fields.safety_identifier = true,
+                Source::Body(BodyField::User) => fields.user = true,
+                Source::Body(BodyField::MetadataUserId) => fields.metadata_user_id = true,
+                Source::Header(_) | Source::ApiKeys(_) => {}
+            }
+        }
+        fields
     }
 
     /// The tenants whose series exist from the start: the pinned ones, and `unknown`.

@@ -245,20 +245,20 @@ impl Shared {
         }
         let content_length = super::headers::content_length(headers);
         let max_peek = self.settings.max_peek_bytes;
-        let (peeked, fields) = peek::peek(body, content_length, max_peek, &self.budget).await?;
-        Ok(match peeked {
-            Peeked::Whole(bytes, permit) => match self
-                .should_inject_usage(operation, &fields)
-                .then(|| peek::with_usage_requested(&bytes))
-                .flatten()
-            {
-                Some(rewritten) => {
-                    headers.insert(header::CONTENT_LENGTH, rewritten.len().into());
-                    (peek::buffered(rewritten, permit), fields, true)
-                }
-                None => (peek::buffered(bytes, permit), fields, false),
-            },
-            Peeked::TooLarge(body) => (body, fields, false),
+        let (bytes, permit) = match peek::peek(body, content_length, max_peek, &self.budget).await? {
+            Peeked::Whole(bytes, permit) => (bytes, permit),
+            Peeked::TooLarge(body) => return Ok((body, RequestFields::default(), false)),
+        };
+        let fields = peek::parse_fields(&bytes, self.recorder.tenant_body_fields());
+        if !self.should_inject_usage(operation, &fields) {
+            return Ok((peek::buffered(bytes, permit), fields, false));
+        }
+        Ok(match peek::with_usage_requested_within(bytes, permit, &self.budget) {
+            Ok((rewritten, permit)) => {
+                headers.insert(header::CONTENT_LENGTH, rewritten.len().into());
+                (peek::buffered(rewritten, permit), fields, true)
+            }
+            Err((bytes, permit)) => (peek::buffered(bytes, permit), fields, false),
         })
     }
 

@@ -295,7 +295,8 @@ impl Sidecar {
 /// Warns when the config's worst case does not fit the container's memory limit: reaching
 /// its limits at once would have the container killed instead of requests refused.
 fn warn_if_over_the_memory_limit(config: &Config) {
-    let worst = config.worst_case_memory_bytes();
+    let worker_threads = tokio::runtime::Handle::current().metrics().num_workers();
+    let worst = config.worst_case_memory_bytes(worker_threads);
     if let Some(limit) = crate::config::memory::container_limit_bytes().filter(|limit| worst > *limit) {
         warn!(
             worst_case_mib = worst >> 20,

@@ -507,16 +507,20 @@ fn unknown_misplaced_and_unquoted_llmslo_keys_are_warned_with_the_nearest_key() 
 fn the_defaults_fit_the_memory_limit_the_injector_gives() {
     let config = crate::config::Config::from_yaml("upstream: http://127.0.0.1:8000\n").unwrap();
     let limit = DEFAULT_MEMORY_LIMIT_BYTES;
-    let worst = config.worst_case_memory_bytes();
+    let worst = config.worst_case_memory_bytes(1);
     assert!(
         worst < limit,
         "worst case {} MiB, limit {} MiB",
         worst >> 20,
         limit >> 20
     );
-    assert_eq!(worst >> 20, 121, "the arithmetic in docs/configuration.md");
+    assert_eq!(
+        worst >> 20,
+        123,
+        "the arithmetic in docs/configuration.md, one worker thread"
+    );
     let merge = crate::config::Config::from_yaml("upstream: http://127.0.0.1:8000\nengine_metrics: merge\n").unwrap();
-    assert_eq!(merge.worst_case_memory_bytes() >> 20, 125, "with merge");
-    assert!(merge.worst_case_memory_bytes() < limit);
+    assert_eq!(merge.worst_case_memory_bytes(1) >> 20, 127, "with merge");
+    assert!(merge.worst_case_memory_bytes(1) < limit);
     assert_eq!(DEFAULT_MEMORY_LIMIT, format!("{}Mi", limit >> 20));
 }
