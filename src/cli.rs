@@ -51,7 +51,7 @@ impl Cli {
     /// error names the variable rather than the flag.
     pub fn parse_noting_sources() -> Self {
         use clap::{CommandFactory, FromArgMatches};
-        let matches = Self::command().get_matches();
+        let matches = without_empty_env(Self::command()).get_matches();
         let mut cli = Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
         let sub = matches.subcommand().map(|(_, m)| m);
         for key in ["upstream", "listen", "metrics_listen", "engine", "log", "log_format"] {
@@ -72,6 +72,20 @@ impl Cli {
     pub fn worker_threads(&self) -> Option<usize> {
         self.worker_threads.filter(|&n| n > 0).map(usize::from)
     }
+}
+
+/// `command` with the environment variables that are set but empty unbound from their
+/// settings: an empty variable means the default (a template that renders `LLMSLO_X=""` must
+/// not stop the pod), as if it were unset.
+fn without_empty_env(command: clap::Command) -> clap::Command {
+    let is_empty = |arg: &clap::Arg| {
+        arg.get_env()
+            .and_then(std::env::var_os)
+            .is_some_and(|value| value.is_empty())
+    };
+    command
+        .mut_args(|arg| if is_empty(&arg) { arg.env(None::<&str>) } else { arg })
+        .mut_subcommands(without_empty_env)
 }
 
 /// The worker threads tokio starts when none are asked for: one per CPU available.

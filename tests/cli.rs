@@ -633,6 +633,8 @@ fn the_worker_threads_are_what_the_flag_or_the_environment_asks_for() {
         (Some("2"), Some("5"), 2),
         (None, Some("0"), cpus),
         (None, None, cpus),
+        // An empty variable is the default, as if unset: a template's `value: ""` starts.
+        (None, Some(""), cpus),
     ];
     for (flag, env, expected) in cases {
         let mut command = llmslo();
@@ -658,4 +660,29 @@ fn the_worker_threads_are_what_the_flag_or_the_environment_asks_for() {
         assert_eq!(code, 2, "{value}: {stderr}");
         assert!(!stderr.contains("panicked"), "{value}: {stderr}");
     }
+}
+
+#[test]
+fn every_empty_environment_variable_means_its_default() {
+    let names: Vec<String> = {
+        let help = std::fs::read_to_string("src/cli.rs").unwrap();
+        help.split("env = \"")
+            .skip(1)
+            .map(|rest| rest.split('"').next().unwrap().to_string())
+            .collect()
+    };
+    assert!(
+        names.len() >= 10 && names.contains(&"LLMSLO_WORKER_THREADS".to_string()),
+        "{names:?}"
+    );
+    let mut command = llmslo();
+    command.args(["check-config", "examples/llmslo.yaml"]);
+    for name in &names {
+        command.env(name, "");
+    }
+    command.env("OTEL_EXPORTER_OTLP_ENDPOINT", "");
+    let output = command.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(0), "{names:?}: {stderr}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("upstream: http://127.0.0.1:8000/"));
 }

@@ -310,6 +310,6 @@ impl Config {
 
     /// OTLP export as the `otel:` keys and the `OTEL_*` variables set it.
     pub fn otel_settings(&self) -> Result<OtelSettings, SettingError> {
-        OtelSettings::resolve(&self.otel, |name| std::env::var(name).ok())
+        OtelSettings::resolve(&self.otel, |name| std::env::var(name).ok().filter(|v| !v.is_empty()))
     }
 }
