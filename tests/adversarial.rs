@@ -1246,3 +1246,53 @@ async fn request_fields_full_of_arrays_cost_their_bytes_not_a_tree() {
     );
     sidecar.stop();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_cut_at_the_drain_deadline_are_counted_before_the_final_scrape() {
+    use std::time::Duration;
+    // 100 streams of 10 s each, and a drain of 1 s: every one is still open at the deadline.
+    let (upstream, _) = start_engine(timed_engine(10, 100)).await;
+    let sidecar = start_sidecar(upstream, "drain_timeout: 1s\nfinal_scrape_grace: 30s\n").await;
+    let metrics = sidecar.metrics_addr;
+    let scrape = move || async move {
+        let request = b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n";
+        raw_exchange(metrics, request, Duration::from_secs(5)).await
+    };
+    assert!(scrape().await.contains("HTTP/1.1 200"), "a scraper is watching");
+    let streams: Vec<_> = (0..100)
+        .map(|_| {
+            tokio::spawn(post_collect(
+                sidecar.proxy_addr,
+                "/v1/chat/completions",
+                chat_body(100, true, false),
+            ))
+        })
+        .collect();
+    let in_flight = loop {
+        let page = scrape().await;
+        if sample(&page, "llmslo_requests_in_flight", &[]) == 100.0 {
+            break page;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(sample(&in_flight, "llmslo_requests_total", &[]), 0.0);
+    let stopping = tokio::spawn(sidecar.shutdown());
+    for stream in streams {
+        let _ = stream.await;
+    }
+    // The scrape the metrics port waits for is the final one: it counts all hundred.
+    let last = scrape().await;
+    assert_eq!(
+        sample(&last, "llmslo_requests_total", &[("outcome", "shutdown")]),
+        100.0,
+        "{last}"
+    );
+    assert_eq!(sample(&last, "llmslo_requests_total", &[]), 100.0, "{last}");
+    assert_eq!(sample(&last, "llmslo_requests_in_flight", &[]), 0.0);
+    // Cut by the sidecar: no SLO event, neither the client's fault nor the engine's.
+    assert_eq!(sample(&last, "llmslo_slo_events_total", &[]), 0.0, "{last}");
+    tokio::time::timeout(Duration::from_secs(5), stopping)
+        .await
+        .unwrap()
+        .unwrap();
+}

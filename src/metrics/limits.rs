@@ -7,6 +7,8 @@ use super::{ClientTimeout, RefusalReason};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Handles to the limit families (cheap to clone: every clone counts into the same series).
 #[derive(Debug, Clone, Default)]
@@ -14,6 +16,8 @@ pub struct LimitCounters {
     pub(super) refused: Family<RefusalLabels, Counter>,
     pub(super) client_timeouts: Family<ClientTimeoutLabels, Counter>,
     pub(super) open_connections: Gauge,
+    /// Set once the drain deadline passed: what is dropped from then on was cut by the stop.
+    cutting_at_shutdown: Arc<AtomicBool>,
 }
 
 impl LimitCounters {
@@ -27,6 +31,17 @@ impl LimitCounters {
         self.client_timeouts
             .get_or_create(&ClientTimeoutLabels { timeout })
             .inc();
+    }
+
+    /// Notes that the drain deadline passed: the responses dropped from now on are cut by the
+    /// sidecar's stop, and say so (`shutdown`).
+    pub fn cut_at_shutdown(&self) {
+        self.cutting_at_shutdown.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the drain deadline passed.
+    pub fn cutting_at_shutdown(&self) -> bool {
+        self.cutting_at_shutdown.load(Ordering::Relaxed)
     }
 
     /// Counts one client connection open on the proxy port, until the guard is dropped.

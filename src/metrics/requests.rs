@@ -365,7 +365,7 @@ impl Reader for RequestFamilies {
                 model: model.clone(),
                 operation,
             }));
-            for outcome in Outcome::ALL {
+            for outcome in Outcome::CREATED_AT_ZERO {
                 let labels = outcome_labels(&labels, outcome);
                 for tenant in &self.tenants {
                     drop(self.requests.get_or_create(&TenantOutcomeLabels {

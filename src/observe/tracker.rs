@@ -389,6 +389,7 @@ impl RequestTracker {
         record.outcome = match (end, &self.response) {
             (End::Failed(outcome), _) => outcome,
             (_, ResponseKind::Decided(outcome)) => *outcome,
+            (End::Cancelled, _) if !answered && self.recorder.limits().cutting_at_shutdown() => Outcome::Shutdown,
             (End::Cancelled, _) if !answered => Outcome::ClientCancelled,
             (End::Cancelled, _) => body_outcome.unwrap_or(Outcome::Success),
             (End::BodyError, _) => Outcome::UpstreamError,

@@ -104,6 +104,6 @@ fn span_name(operation: Operation, model: &str) -> String {
 fn error_type(outcome: Outcome) -> Option<&'static str> {
     match outcome {
         Outcome::UpstreamError | Outcome::Timeout | Outcome::ConnectError => Some(outcome.as_str()),
-        Outcome::Success | Outcome::ClientError | Outcome::ClientCancelled => None,
+        Outcome::Success | Outcome::ClientError | Outcome::ClientCancelled | Outcome::Shutdown => None,
     }
 }

@@ -35,11 +35,26 @@ pub enum Outcome {
     Timeout,
     /// The engine could not be reached (the sidecar answered 502).
     ConnectError,
+    /// The sidecar was stopping and its drain deadline passed before the response ended: cut
+    /// by the sidecar, neither the client's doing nor the engine's.
+    Shutdown,
 }
 
 impl Outcome {
     /// Every outcome, in label order.
-    pub const ALL: [Outcome; 6] = [
+    pub const ALL: [Outcome; 7] = [
+        Outcome::Success,
+        Outcome::UpstreamError,
+        Outcome::ClientError,
+        Outcome::ClientCancelled,
+        Outcome::Timeout,
+        Outcome::ConnectError,
+        Outcome::Shutdown,
+    ];
+
+    /// The outcomes whose series exist from the start: all but `shutdown`, which a sidecar
+    /// sees only as it stops.
+    pub const CREATED_AT_ZERO: [Outcome; 6] = [
         Outcome::Success,
         Outcome::UpstreamError,
         Outcome::ClientError,
@@ -47,6 +62,15 @@ impl Outcome {
         Outcome::Timeout,
         Outcome::ConnectError,
     ];
+
+    /// Whether a request that ended so says nothing of the service: the client's doing, or
+    /// the sidecar's own stop. It is no event of any SLO.
+    pub fn is_not_the_services(self) -> bool {
+        matches!(
+            self,
+            Outcome::ClientError | Outcome::ClientCancelled | Outcome::Shutdown
+        )
+    }
 
     /// The `outcome` label value.
     pub fn as_str(self) -> &'static str {
@@ -57,6 +81,7 @@ impl Outcome {
             Outcome::ClientCancelled => "client_cancelled",
             Outcome::Timeout => "timeout",
             Outcome::ConnectError => "connect_error",
+            Outcome::Shutdown => "shutdown",
         }
     }
 

@@ -246,10 +246,11 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
             let mut io = tokio_io_timeout::TimeoutStream::new(io);
             io.set_write_timeout(limits.send_timeout);
             let io = TokioIo::new(Box::pin(io));
-            // Shutdown lets the connection finish for the drain; idleness gives it a moment.
+            // Shutdown lets the connection finish for the drain (and the moment the accept loop
+            // takes to mark what is cut at its deadline); idleness gives it a moment.
             let stop = async {
                 tokio::select! {
-                    _ = shutdown.cancelled() => drain,
+                    _ = shutdown.cancelled() => drain + CUT_MARK_LEAD,
                     done = finished(&activity, limits.idle_timeout) => {
                         match done {
                             Done::Idle => {
@@ -288,9 +289,29 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
     connections.close();
     tokio::select! {
         _ = connections.wait() => debug!("all connections drained"),
-        _ = tokio::time::sleep(drain) => warn!(drain_secs = drain.as_secs_f64(), "drain deadline passed, closing remaining connections"),
+        _ = tokio::time::sleep(drain) => {
+            warn!(
+                drain_secs = drain.as_secs_f64(),
+                connections = connections.len(),
+                "drain deadline passed, closing remaining connections: their open responses are recorded as cut (outcome shutdown)"
+            );
+            // Each connection drops itself just after this; every response it drops is
+            // recorded before the loop returns, so the final scrape that follows counts it.
+            if let Some(counters) = &limits.counters {
+                counters.cut_at_shutdown();
+            }
+            if tokio::time::timeout(CUT_MARK_LEAD + CUT_WAIT, connections.wait()).await.is_err() {
+                warn!(connections = connections.len(), "connections still open after the drain deadline");
+            }
+        }
     }
 }
+
+/// How much longer than the drain a connection runs once the stop began, so that the accept
+/// loop marks the responses it drops as cut before it drops them.
+const CUT_MARK_LEAD: Duration = Duration::from_millis(100);
+/// How long the accept loop waits past that for the cut connections to be dropped.
+const CUT_WAIT: Duration = Duration::from_secs(2);
 
 /// How long an idle or stalled connection's close may take (its GOAWAY, and any stream still
 /// parked behind a shut window) before it is dropped.

@@ -32,7 +32,7 @@ pub fn classify(slo: &Slo, record: &RequestRecord) -> Verdict {
         SloKind::Availability => match record.outcome {
             Outcome::Success => Verdict::Good,
             Outcome::UpstreamError | Outcome::Timeout | Outcome::ConnectError => Verdict::Bad,
-            Outcome::ClientError | Outcome::ClientCancelled => Verdict::NotCounted,
+            Outcome::ClientError | Outcome::ClientCancelled | Outcome::Shutdown => Verdict::NotCounted,
         },
         SloKind::Ttft(_) | SloKind::AnswerTtft(_) if !slo.prompt.judges(record.input_tokens) => Verdict::NotCounted,
         SloKind::Ttft(threshold) => within(record.ttft, slo.prompt.threshold(threshold, record.input_tokens)),

@@ -10,7 +10,7 @@ pub mod rules;
 pub mod spec;
 
 use crate::fingerprint::hash_as_fingerprint;
-use crate::record::{Engine, LabelText, Outcome, Reader, RequestRecord};
+use crate::record::{Engine, LabelText, Reader, RequestRecord};
 use crate::tenant::TenantLabel;
 use crate::window::Windows;
 use gauges::SloCollector;
@@ -297,8 +297,7 @@ impl SloEngine {
 
         // Without SLOs, or targets of its own, there is nothing to judge goodput by: nothing is
         // counted and its gauges read NaN (a success is not goodput by default).
-        let judged = (set.judges_goodput() || record.targets.any())
-            && !matches!(record.outcome, Outcome::ClientError | Outcome::ClientCancelled);
+        let judged = (set.judges_goodput() || record.targets.any()) && !record.outcome.is_not_the_services();
         if !judged {
             return;
         }

@@ -1,7 +1,7 @@
 //! The live SLO evaluation's tests.
 
 use super::*;
-use crate::record::Operation;
+use crate::record::{Operation, Outcome};
 use spec::SloFile;
 use std::time::Duration;
 
