@@ -218,6 +218,35 @@ async fn each_tenant_has_its_own_exact_burn_rate_and_goodput() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_client_cannot_grade_itself_unless_its_targets_are_trusted() {
+    // Every request misses the file's TTFT (the engine takes 100 ms) and states a lenient one.
+    let slos = "slos:\n  - {name: ttft-50ms, objective: 99, ttft: 50ms}\n";
+    for (mode, goodput) in [
+        ("", 0.0),
+        ("per_request_slos: stricter\n", 0.0),
+        ("per_request_slos: off\n", 0.0),
+        ("per_request_slos: trusted\n", 4.0),
+    ] {
+        let (engine, _stop) = start_engine(timed_engine(100, 20)).await;
+        let sidecar = start_sidecar(engine, &format!("{mode}{slos}")).await;
+        model_learned(&sidecar, "sim").await;
+        for _ in 0..4 {
+            let lenient = [("x-llm-d-slo-ttft-ms", "999999999")];
+            assert_eq!(chat(sidecar.proxy_addr, &lenient, json!({}), 5).await, 200);
+        }
+        let m = settled(&sidecar).await;
+        assert_eq!(sample(&m, "llmslo_goodput_judged_requests_total", &[]), 4.0, "{mode}");
+        assert_eq!(sample(&m, "llmslo_goodput_requests_total", &[]), goodput, "{mode:?}");
+        assert_eq!(
+            sample(&m, "llmslo_slo_bad_events_total", &[("slo", "ttft-50ms")]),
+            4.0,
+            "{mode:?}: the file's events are the file's"
+        );
+        sidecar.shutdown().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_requests_own_targets_judge_its_goodput() {
     let (engine, _stop) = start_engine(timed_engine(100, 20)).await;
     // The file's goodput requires a loose TPOT: every request meets it.

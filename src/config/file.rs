@@ -10,6 +10,7 @@ use crate::gpu::GpuSettings;
 use crate::metrics::buckets::BucketOverrides;
 use crate::observe::tenants::{BodyField, SourceSetting, TenantSettings, DEFAULT_MAX_TENANTS};
 use crate::otel::settings::OtelConfig;
+use crate::record::PerRequestSlos;
 use crate::slo::spec::{GoodputEntry, SloEntry, SloFile, SloSet};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -81,8 +82,41 @@ pub(super) struct FileConfig {
     pub(super) otel: Option<OtelConfig>,
     pub(super) tenants: Option<TenantsFile>,
     pub(super) cost: Option<CostFile>,
-    pub(super) per_request_slos: Option<bool>,
+    pub(super) per_request_slos: Option<PerRequestSlosEntry>,
     pub(super) workload: Option<WorkloadFile>,
+}
+
+/// `per_request_slos:` as written: `off`, `stricter` or `trusted`; `false` is `off`, and
+/// `true` (the older spelling of "on") is `stricter`.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PerRequestSlosEntry(pub(super) PerRequestSlos);
+
+impl<'de> Deserialize<'de> for PerRequestSlosEntry {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl serde::de::Visitor<'_> for Visitor {
+            type Value = PerRequestSlosEntry;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("off, stricter or trusted")
+            }
+            fn visit_bool<E: serde::de::Error>(self, on: bool) -> Result<Self::Value, E> {
+                Ok(PerRequestSlosEntry(if on {
+                    PerRequestSlos::Stricter
+                } else {
+                    PerRequestSlos::Off
+                }))
+            }
+            fn visit_str<E: serde::de::Error>(self, mode: &str) -> Result<Self::Value, E> {
+                match mode {
+                    "off" => Ok(PerRequestSlosEntry(PerRequestSlos::Off)),
+                    "stricter" => Ok(PerRequestSlosEntry(PerRequestSlos::Stricter)),
+                    "trusted" => Ok(PerRequestSlosEntry(PerRequestSlos::Trusted)),
+                    _ => Err(E::unknown_variant(mode, &["off", "stricter", "trusted"])),
+                }
+            }
+        }
+        deserializer.deserialize_any(Visitor)
+    }
 }
 
 /// `workload:` as written.
@@ -386,7 +420,7 @@ impl Config {
             otel: f.otel.unwrap_or_default(),
             tenants: tenant_settings(f.tenants)?,
             cost: cost_settings(f.cost.as_ref())?,
-            per_request_slos: f.per_request_slos.unwrap_or(true),
+            per_request_slos: f.per_request_slos.map(|e| e.0).unwrap_or_default(),
             recent_requests: f.workload.and_then(|w| w.recent_requests).unwrap_or(0),
             file: None,
             file_error: None,

@@ -211,8 +211,8 @@ pub struct Config {
     pub otel: OtelConfig,
     /// `tenants:`: whom requests serve (no sources: no `tenant` label).
     pub tenants: TenantSettings,
-    /// `per_request_slos`: a request's own latency targets judge its goodput.
-    pub per_request_slos: bool,
+    /// `per_request_slos`: how a request's own latency targets judge its goodput.
+    pub per_request_slos: crate::record::PerRequestSlos,
     /// `cost:`: the prices, and the cost SLOs.
     pub cost: CostSettings,
     /// `workload.recent_requests`: generation requests kept for `/workload` (0: off).

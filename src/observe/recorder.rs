@@ -9,8 +9,8 @@ use crate::engine::EngineView;
 use crate::metrics::limits::LimitCounters;
 use crate::provider::Provider;
 use crate::record::{
-    Engine, EngineMoment, LabelText, Ongoing, Operation, Reader, Readers, RequestRecord, RequestTargets, Started,
-    TenantSource,
+    Engine, EngineMoment, LabelText, Ongoing, Operation, PerRequestSlos, Reader, Readers, RequestRecord,
+    RequestTargets, Started, TenantSource,
 };
 use http::{HeaderMap, HeaderName};
 use std::sync::Arc;
@@ -39,8 +39,8 @@ pub struct RecorderSettings {
     pub models: Vec<String>,
     /// How many distinct models are learned before the rest become `other`.
     pub max_models: usize,
-    /// Whether a request's own latency targets (`x-llm-d-slo-ttft-ms`, …) judge its goodput.
-    pub per_request_slos: bool,
+    /// How a request's own latency targets (`x-llm-d-slo-ttft-ms`, …) judge its goodput.
+    pub per_request_slos: PerRequestSlos,
 }
 
 impl Default for RecorderSettings {
@@ -49,7 +49,7 @@ impl Default for RecorderSettings {
             engine: None,
             models: Vec::new(),
             max_models: super::models::DEFAULT_MAX_MODELS,
-            per_request_slos: true,
+            per_request_slos: PerRequestSlos::default(),
         }
     }
 }
@@ -68,7 +68,7 @@ pub struct Recorder {
     limits: LimitCounters,
     /// Whom requests serve, when tenants are configured.
     tenants: Option<Arc<Tenants>>,
-    per_request_slos: bool,
+    per_request_slos: PerRequestSlos,
 }
 
 /// What a request holds from its start to its end.
@@ -130,7 +130,7 @@ impl Recorder {
 
     /// The latency targets the request states itself, when per-request SLOs are on.
     pub fn targets(&self, headers: &HeaderMap) -> RequestTargets {
-        if !self.per_request_slos {
+        if self.per_request_slos == PerRequestSlos::Off {
             return RequestTargets::default();
         }
         let ms = |names: &[HeaderName; 2]| {
@@ -142,6 +142,7 @@ impl Recorder {
         RequestTargets {
             ttft: ms(&TTFT_TARGET),
             tpot: ms(&TPOT_TARGET),
+            trusted: self.per_request_slos == PerRequestSlos::Trusted,
         }
     }
 

@@ -283,6 +283,21 @@ impl TenantSource {
     }
 }
 
+/// How the latency targets a request states for itself (`x-llm-d-slo-ttft-ms`, …) are taken.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PerRequestSlos {
+    /// Ignored.
+    Off,
+    /// They can only add to the SLO file's goodput SLOs: a request is goodput when it meets
+    /// those and its own targets, so no client can grade itself more leniently.
+    #[default]
+    Stricter,
+    /// They replace the file's goodput SLOs for that request: for headers a trusted component
+    /// (a gateway that sets them and drops the client's own) writes.
+    Trusted,
+}
+
 /// Latency targets a request states for itself.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RequestTargets {
@@ -290,6 +305,8 @@ pub struct RequestTargets {
     pub ttft: Option<Duration>,
     /// Its own TPOT target.
     pub tpot: Option<Duration>,
+    /// They replace the file's goodput SLOs (`per_request_slos: trusted`), rather than add to them.
+    pub trusted: bool,
 }
 
 impl RequestTargets {

@@ -49,12 +49,12 @@ pub fn classify(slo: &Slo, record: &RequestRecord) -> Verdict {
 /// `set`, in order). A request that states its own latency targets is judged by them
 /// instead: it succeeded and met every target it states.
 pub fn is_goodput(set: &SloSet, record: &RequestRecord, verdicts: &[Verdict]) -> bool {
-    if record.targets.any() {
-        return record.outcome == Outcome::Success && record.targets.met_by(record);
-    }
-    record.outcome == Outcome::Success
-        && verdicts
+    let met_file = || {
+        verdicts
             .iter()
             .enumerate()
             .all(|(i, verdict)| *verdict != Verdict::Bad || !set.decides_goodput(i))
+    };
+    let targets = &record.targets;
+    record.outcome == Outcome::Success && targets.met_by(record) && ((targets.any() && targets.trusted) || met_file())
 }
