@@ -379,3 +379,69 @@ async fn the_tenant_and_target_headers_reach_the_engine_unchanged() {
     sidecar.shutdown().await;
     std::fs::remove_file(keys).unwrap();
 }
+
+#[test]
+fn named_tenants_and_keys_count_against_the_stated_caps() {
+    let up = "upstream: http://127.0.0.1:1\n";
+    let dir = std::env::temp_dir();
+    let file = |name: &str, text: String| {
+        let path = dir.join(format!("llmslo-caps-{}-{name}.yaml", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let refused = |yaml: String| {
+        let error = llmslo::config::Config::from_yaml(&format!("{up}{yaml}")).unwrap_err();
+        (error.key().unwrap_or_default().to_string(), error.to_string())
+    };
+    // 20,000 tenants of one key each: refused at load, naming the table, never a key.
+    let many = file(
+        "tenants",
+        (0..20_000).map(|i| format!("t{i}: [{SECRET}{i}]\n")).collect(),
+    );
+    let (key, message) = refused(format!("tenants:\n  from: [{{api_keys: {}}}]\n", many.display()));
+    assert_eq!(key, "tenants.from[0].api_keys", "{message}");
+    assert!(
+        message.contains("20000 named tenants") && message.contains("at most 1000"),
+        "{message}"
+    );
+    assert!(!message.contains(SECRET), "{message}");
+    // Names and learned slots together.
+    let names: Vec<String> = (0..600).map(|i| format!("n{i}")).collect();
+    let (key, message) = refused(format!(
+        "tenants:\n  from: [{{header: x-team}}]\n  names: [{}]\n  max_tenants: 500\n",
+        names.join(",")
+    ));
+    assert_eq!(key, "tenants.max_tenants", "{message}");
+    let names: Vec<String> = (0..1001).map(|i| format!("n{i}")).collect();
+    let (key, _) = refused(format!(
+        "tenants:\n  from: [{{header: x-team}}]\n  names: [{}]\n  max_tenants: 0\n",
+        names.join(",")
+    ));
+    assert_eq!(key, "tenants.names");
+    // Keys: at most 100,000, in a file of at most 8 MiB.
+    let keys = file(
+        "keys",
+        format!(
+            "team: [{}]\n",
+            (0..100_001).map(|i| format!("k{i}")).collect::<Vec<_>>().join(",")
+        ),
+    );
+    let (key, message) = refused(format!("tenants:\n  from: [{{api_keys: {}}}]\n", keys.display()));
+    assert_eq!(key, "tenants.from[0].api_keys");
+    assert!(message.contains("100001 keys"), "{message}");
+    let huge = file("huge", format!("# {}\nteam: [k]\n", "x".repeat(9 << 20)));
+    let (_, message) = refused(format!("tenants:\n  from: [{{api_keys: {}}}]\n", huge.display()));
+    assert!(message.contains("at most 8388608"), "{message}");
+    // Within the caps, the worst case counts every tenant of every model.
+    let fits = llmslo::config::Config::from_yaml(&format!(
+        "{up}max_models: 3\ntenants:\n  from: [{{header: x-team}}]\n  names: [a, b]\n  max_tenants: 6\n"
+    ))
+    .unwrap();
+    assert_eq!(
+        fits.tenant_series_bytes(),
+        (2 + 6 + 2) * (3 + 1) * llmslo::config::memory::PER_TENANT_MODEL_BYTES
+    );
+    for path in [many, keys, huge] {
+        std::fs::remove_file(path).unwrap();
+    }
+}

@@ -189,30 +189,66 @@ fn tenant_settings(file: Option<TenantsFile>) -> Result<TenantSettings, ConfigEr
         });
     }
     let max_tenants = file.max_tenants.unwrap_or(DEFAULT_MAX_TENANTS);
-    if max_tenants > MAX_TENANTS_LIMIT {
-        return Err(ConfigError::invalid(
-            "tenants.max_tenants",
-            format!("at most {MAX_TENANTS_LIMIT}: each tenant multiplies the tenant families' series"),
-        ));
-    }
-    Ok(TenantSettings {
+    let settings = TenantSettings {
         from,
         names: file.names.unwrap_or_default(),
         max_tenants,
-    })
+    };
+    let pinned = settings.pinned_count();
+    if pinned + max_tenants > MAX_TENANTS_LIMIT {
+        // The key that brought it over: the names, else the tables, else max_tenants.
+        let first_table = settings
+            .from
+            .iter()
+            .position(|s| matches!(s, SourceSetting::ApiKeys { .. }));
+        let key = match first_table {
+            _ if settings.names.len() > MAX_TENANTS_LIMIT => "tenants.names".to_string(),
+            Some(i) if pinned > MAX_TENANTS_LIMIT => format!("tenants.from[{i}].api_keys"),
+            _ if pinned > MAX_TENANTS_LIMIT => "tenants.names".to_string(),
+            _ => "tenants.max_tenants".to_string(),
+        };
+        return Err(ConfigError::invalid(
+            &key,
+            format!(
+                "{pinned} named tenants (names and API-key tables) and max_tenants {max_tenants} make {}; at most \
+                 {MAX_TENANTS_LIMIT} in all: each tenant multiplies the tenant families' series",
+                pinned + max_tenants
+            ),
+        ));
+    }
+    Ok(settings)
 }
 
-/// The table of tenant → API keys in `path` (a YAML mapping of names to lists of keys).
-fn read_api_keys(path: &Path) -> Result<std::collections::HashMap<String, Vec<String>>, String> {
+/// The table of tenant → API keys in `path` (a YAML mapping of names to lists of keys), within
+/// its bounds: the file's size and the number of keys.
+pub(crate) fn read_api_keys(path: &Path) -> Result<std::collections::HashMap<String, Vec<String>>, String> {
+    use crate::observe::tenants::{MAX_API_KEYS, MAX_API_KEY_FILE_BYTES};
+    let size = std::fs::metadata(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
+        .len();
+    if size > MAX_API_KEY_FILE_BYTES {
+        return Err(format!(
+            "{} holds {size} bytes; an API-key table may hold at most {MAX_API_KEY_FILE_BYTES}",
+            path.display()
+        ));
+    }
     let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     // A parse error could quote a key: say where, never what.
-    serde_yaml::from_str(&text).map_err(|e| {
+    let table: std::collections::HashMap<String, Vec<String>> = serde_yaml::from_str(&text).map_err(|e| {
         format!(
             "{} is not a mapping of tenant names to lists of keys (line {})",
             path.display(),
             e.location().map_or(0, |l| l.line())
         )
-    })
+    })?;
+    let keys: usize = table.values().map(Vec::len).sum();
+    if keys > MAX_API_KEYS {
+        return Err(format!(
+            "{} holds {keys} keys; an API-key table may hold at most {MAX_API_KEYS}",
+            path.display()
+        ));
+    }
+    Ok(table)
 }
 
 /// `cost:` as written.

@@ -28,6 +28,12 @@ pub const PER_RECENT_REQUEST_BYTES: u64 = 2 * crate::workload::recent::BYTES_PER
 /// strings kept are capped. A parse runs start to end on one worker thread, so at most one per
 /// thread holds it.
 pub const PARSE_SCRATCH_SHARE_OF_BODY: u64 = 2;
+/// What the series of one tenant of one model cost, created at zero when either becomes known
+/// (measured 39 KiB without SLOs, 62 KiB with four: the request, token and goodput families,
+/// their place in the registry, and their share of a scrape's page while it is written).
+pub const PER_TENANT_MODEL_BYTES: u64 = 40 << 10;
+/// What each SLO adds to one tenant of one model (its events, bad events and windows).
+pub const PER_TENANT_MODEL_SLO_BYTES: u64 = 6 << 10;
 /// Where cgroup v2 states the container's memory limit.
 const CGROUP_MEMORY_MAX: &str = "/sys/fs/cgroup/memory.max";
 
@@ -45,6 +51,19 @@ impl Config {
             + worker_threads as u64 * self.max_peek_bytes as u64 / PARSE_SCRATCH_SHARE_OF_BODY
             + self.engine_page_bytes()
             + self.recent_requests as u64 * PER_RECENT_REQUEST_BYTES
+            + self.tenant_series_bytes()
+    }
+
+    /// The tenant families at their bound: every tenant label (the named ones, those learned,
+    /// `unknown` and `other`) of every model label (those named, those learned, `other`).
+    pub fn tenant_series_bytes(&self) -> u64 {
+        if self.tenants.from.is_empty() {
+            return 0;
+        }
+        let tenants = (self.tenants.pinned_count() + self.tenants.max_tenants + 2) as u64;
+        let models = (self.models.len() + self.max_models + 1) as u64;
+        let each = PER_TENANT_MODEL_BYTES + self.slos.slos.len() as u64 * PER_TENANT_MODEL_SLO_BYTES;
+        tenants * models * each
     }
 
     /// The engine's page: its bytes while read, the text kept of it and each sample's record;

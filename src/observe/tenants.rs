@@ -17,6 +17,10 @@ pub const DEFAULT_MAX_TENANTS: usize = 20;
 pub const UNKNOWN_TENANT: &str = "unknown";
 /// The label of tenants past the bound, or whose name cannot be a label.
 pub const OTHER_TENANT: &str = "other";
+/// Most keys an API-key table may hold: each costs its hash and a pointer to its tenant.
+pub const MAX_API_KEYS: usize = 100_000;
+/// Largest API-key table file read.
+pub const MAX_API_KEY_FILE_BYTES: u64 = 8 << 20;
 /// Longest tenant name kept as a label value.
 const MAX_TENANT_NAME_LEN: usize = 64;
 
@@ -95,6 +99,33 @@ pub struct TenantSettings {
     pub max_tenants: usize,
 }
 
+impl TenantSettings {
+    /// The tenants labelled as themselves from the start: those in `names` and those an
+    /// API-key table names (each counted once; names no label allows are not counted, being
+    /// `other`).
+    pub fn pinned_count(&self) -> usize {
+        self.pinned_names().len()
+    }
+
+    /// The pinned tenant names, sorted, each once.
+    fn pinned_names(&self) -> Vec<String> {
+        let tables = self.from.iter().filter_map(|source| match source {
+            SourceSetting::ApiKeys { table, .. } => Some(table.keys()),
+            _ => None,
+        });
+        let mut pinned: Vec<String> = self
+            .names
+            .iter()
+            .chain(tables.flatten())
+            .filter(|n| is_plausible(n))
+            .cloned()
+            .collect();
+        pinned.sort();
+        pinned.dedup();
+        pinned
+    }
+}
+
 /// The body fields a tenant may be read from, as the request peek found them.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct BodyIds<'a> {
@@ -129,8 +160,8 @@ impl TenantFields {
 /// A configured source, ready to read.
 enum Source {
     Header(http::HeaderName),
-    /// Keyed hash of a key → its tenant.
-    ApiKeys(HashMap<u64, String>),
+    /// Keyed hash of a key → its tenant's label.
+    ApiKeys(HashMap<u64, LabelText>),
     Body(BodyField),
 }
 
@@ -163,7 +194,11 @@ impl Tenants {
             return None;
         }
         let hasher = RandomState::new();
-        let mut pinned: Vec<String> = settings.names.clone();
+        let pinned: Vec<LabelText> = settings.pinned_names().into_iter().map(LabelText::from).collect();
+        let label_of = |tenant: &str| {
+            let at = pinned.binary_search_by(|p| p.as_str().cmp(tenant));
+            at.map_or_else(|_| LabelText::from(OTHER_TENANT), |at| pinned[at].clone())
+        };
         let sources = settings
             .from
             .iter()
@@ -174,22 +209,18 @@ impl Tenants {
                     table
                         .iter()
                         .flat_map(|(tenant, keys)| {
-                            if !pinned.contains(tenant) {
-                                pinned.push(tenant.clone());
-                            }
-                            keys.iter().map(|key| (hasher.hash_one(key.as_bytes()), tenant.clone()))
+                            let (label, hasher) = (label_of(tenant), &hasher);
+                            keys.iter()
+                                .map(move |key| (hasher.hash_one(key.as_bytes()), label.clone()))
                         })
                         .collect(),
                 ),
             })
             .collect();
-        pinned.retain(|name| is_plausible(name));
-        pinned.sort();
-        pinned.dedup();
         Some(Self {
             sources,
             hasher,
-            pinned: pinned.into_iter().map(LabelText::from).collect(),
+            pinned,
             learned: RwLock::new(HashSet::new()),
             max_learned: settings.max_tenants,
             unknown: LabelText::from(UNKNOWN_TENANT),
@@ -259,8 +290,8 @@ impl Tenants {
     /// `raw` as a label: itself when pinned or learned (within the bound), else `other`; each
     /// label is made once and shared.
     fn bounded(&self, raw: &str) -> LabelText {
-        if let Some(pinned) = self.pinned.iter().find(|p| *p == raw) {
-            return pinned.clone();
+        if let Ok(at) = self.pinned.binary_search_by(|p| p.as_str().cmp(raw)) {
+            return self.pinned[at].clone();
         }
         if !is_plausible(raw) {
             return self.other.clone();
