@@ -54,10 +54,13 @@ async fn every_metric_the_docs_name_is_exported() {
         ..timed_engine(5, 1)
     })
     .await;
+    let keys = std::env::temp_dir().join(format!("llmslo-docs-keys-{}.yaml", std::process::id()));
+    std::fs::write(&keys, "team-k: [sk-docs]\n").unwrap();
     let config = format!(
         "engine: vllm\nmin_events: 1\ngpu: {{simulated: true, processes: true, interval: 100ms}}\n\
-         tenants: {{from: [{{header: x-team}}]}}\n\
+         tenants: {{from: [{{header: x-team}}, {{api_keys: {}}}]}}\n\
          cost: {{gpu_hour_price: 2, slos: [{{name: out, cost_per_million_output_tokens: 1}}]}}\n{}",
+        keys.display(),
         std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/llmslo.yaml"))
             .unwrap()
             .lines()

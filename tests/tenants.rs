@@ -445,3 +445,94 @@ fn named_tenants_and_keys_count_against_the_stated_caps() {
         std::fs::remove_file(path).unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotated_keys_are_read_without_a_restart_and_a_missing_table_fails_open_the_tenants_alone() {
+    let (engine, _stop) = start_engine(timed_engine(1, 1)).await;
+    let keys = std::env::temp_dir().join(format!("llmslo-rotating-keys-{}.yaml", std::process::id()));
+    let _ = std::fs::remove_file(&keys);
+    let yaml = format!(
+        "tenants:\n  from: [{{api_keys: {}}}]\nmin_events: 1\nslos:\n  - {{name: e2e-1s, objective: 90, e2e: 1s}}\n",
+        keys.display()
+    );
+    // The table is missing at start: the sidecar runs with its SLOs, the tenants fail open.
+    let sidecar = process::SidecarProcess::start(engine, &yaml, None);
+    let tenant_of = |key: &'static str| {
+        let addr = sidecar.proxy;
+        async move {
+            let bearer = format!("Bearer {key}");
+            assert_eq!(
+                chat(addr, &[("authorization", bearer.as_str())], json!({}), 2).await,
+                200
+            );
+        }
+    };
+    let m = sidecar.scrape().await;
+    assert_eq!(sample(&m, "llmslo_config_valid", &[]), 1.0, "{m}");
+    assert_eq!(sample(&m, "llmslo_tenant_api_keys_valid", &[]), 0.0);
+    tenant_of("sk-first").await;
+    let m = sidecar.scrape().await;
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("tenant", "unknown")]),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(
+        sample(&m, "llmslo_slo_events_total", &[("slo", "e2e-1s")]),
+        1.0,
+        "the SLOs are in force"
+    );
+    // The Secret appears: read within the poll, no restart.
+    std::fs::write(&keys, "team-a: [sk-first]\n").unwrap();
+    let read = |want: f64| {
+        let sidecar = &sidecar;
+        async move {
+            for _ in 0..50 {
+                let m = sidecar.scrape().await;
+                if sample(&m, "llmslo_tenant_api_keys_valid", &[]) == want {
+                    return m;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            panic!("llmslo_tenant_api_keys_valid never became {want}");
+        }
+    };
+    let m = read(1.0).await;
+    assert_eq!(sample(&m, "llmslo_tenant_api_keys", &[]), 1.0);
+    tenant_of("sk-first").await;
+    // Rotated (as a Secret is: a new file where the path leads): the old key is gone.
+    let next = keys.with_extension("next");
+    std::fs::write(&next, "team-a: [sk-second]\n").unwrap();
+    std::fs::rename(&next, &keys).unwrap();
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        tenant_of("sk-second").await;
+        let m = sidecar.scrape().await;
+        if sample(&m, "llmslo_requests_total", &[("tenant", "team-a")]) >= 2.0 {
+            break;
+        }
+    }
+    let unknown = |m: &str| sample(m, "llmslo_requests_total", &[("tenant", "unknown")]);
+    let before = unknown(&sidecar.scrape().await);
+    tenant_of("sk-first").await;
+    assert_eq!(
+        unknown(&sidecar.scrape().await),
+        before + 1.0,
+        "the old key names no one"
+    );
+    // A broken table keeps the last good one, loudly; SIGHUP reads it at once.
+    std::fs::write(&keys, "team-a: [sk-second\n").unwrap();
+    sidecar.hangup();
+    let m = read(0.0).await;
+    assert_eq!(sample(&m, "llmslo_tenant_api_keys", &[]), 1.0, "the last good table");
+    assert_eq!(sample(&m, "llmslo_config_valid", &[]), 1.0, "the config is not touched");
+    let before = sample(&m, "llmslo_requests_total", &[("tenant", "team-a")]);
+    tenant_of("sk-second").await;
+    let m = sidecar.scrape().await;
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("tenant", "team-a")]),
+        before + 1.0
+    );
+    sidecar.stop();
+    std::fs::remove_file(&keys).unwrap();
+}

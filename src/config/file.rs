@@ -8,7 +8,7 @@ use crate::cost::{CostKind, CostSettings, CostSlo, DEFAULT_INPUT_TOKEN_WEIGHT};
 use crate::engine::EngineMetricsMode;
 use crate::gpu::GpuSettings;
 use crate::metrics::buckets::BucketOverrides;
-use crate::observe::tenants::{BodyField, SourceSetting, TenantSettings, DEFAULT_MAX_TENANTS};
+use crate::observe::tenants::{read_key_table, BodyField, SourceSetting, TenantSettings, DEFAULT_MAX_TENANTS};
 use crate::otel::settings::OtelConfig;
 use crate::record::PerRequestSlos;
 use crate::slo::spec::{GoodputEntry, SloEntry, SloFile, SloSet};
@@ -157,7 +157,7 @@ struct TenantSourceFile {
 const MAX_TENANTS_LIMIT: usize = 1000;
 
 /// `tenants:` read and checked: header names, body fields, the API key tables (read now; a
-/// key is never part of an error).
+/// key is never part of an error) and the caps.
 fn tenant_settings(file: Option<TenantsFile>) -> Result<TenantSettings, ConfigError> {
     let Some(file) = file else {
         return Ok(TenantSettings::default());
@@ -170,10 +170,12 @@ fn tenant_settings(file: Option<TenantsFile>) -> Result<TenantSettings, ConfigEr
                 http::HeaderName::from_bytes(header.as_bytes())
                     .map_err(|_| ConfigError::invalid(&key("header"), format!("`{header}` is not a header name")))?,
             ),
-            (None, Some(path), None) => {
-                let table = read_api_keys(&path).map_err(|message| ConfigError::invalid(&key("api_keys"), message))?;
-                SourceSetting::ApiKeys { path, table }
-            }
+            // A table that cannot be read is check-config's error; the sidecar runs on without
+            // it (the tenants alone fail open) and reads it again when it changes.
+            (None, Some(path), None) => SourceSetting::ApiKeys {
+                table: read_key_table(&path),
+                path,
+            },
             (None, None, Some(body)) => SourceSetting::Body(BodyField::parse(&body).ok_or_else(|| {
                 ConfigError::invalid(
                     &key("body"),
@@ -217,38 +219,6 @@ fn tenant_settings(file: Option<TenantsFile>) -> Result<TenantSettings, ConfigEr
         ));
     }
     Ok(settings)
-}
-
-/// The table of tenant → API keys in `path` (a YAML mapping of names to lists of keys), within
-/// its bounds: the file's size and the number of keys.
-pub(crate) fn read_api_keys(path: &Path) -> Result<std::collections::HashMap<String, Vec<String>>, String> {
-    use crate::observe::tenants::{MAX_API_KEYS, MAX_API_KEY_FILE_BYTES};
-    let size = std::fs::metadata(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?
-        .len();
-    if size > MAX_API_KEY_FILE_BYTES {
-        return Err(format!(
-            "{} holds {size} bytes; an API-key table may hold at most {MAX_API_KEY_FILE_BYTES}",
-            path.display()
-        ));
-    }
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-    // A parse error could quote a key: say where, never what.
-    let table: std::collections::HashMap<String, Vec<String>> = serde_yaml::from_str(&text).map_err(|e| {
-        format!(
-            "{} is not a mapping of tenant names to lists of keys (line {})",
-            path.display(),
-            e.location().map_or(0, |l| l.line())
-        )
-    })?;
-    let keys: usize = table.values().map(Vec::len).sum();
-    if keys > MAX_API_KEYS {
-        return Err(format!(
-            "{} holds {keys} keys; an API-key table may hold at most {MAX_API_KEYS}",
-            path.display()
-        ));
-    }
-    Ok(table)
 }
 
 /// `cost:` as written.

@@ -274,17 +274,30 @@ impl Config {
         Self::from_file(overrides, file, true)
     }
 
-    /// `path` merged under `overrides`, its errors placed at their lines; with
-    /// `upstream_optional`, a missing upstream is stood in for. Also says whether one was given.
-    fn from_file(mut overrides: Overrides, path: &Path, upstream_optional: bool) -> Result<(Self, bool), ConfigError> {
+    /// `path` merged under `overrides`, its errors placed at their lines. `checking` is
+    /// check-config's reading: a missing upstream is stood in for, and an API-key table that
+    /// cannot be read is an error (the sidecar runs on without it). Also says whether an
+    /// upstream was given.
+    fn from_file(mut overrides: Overrides, path: &Path, checking: bool) -> Result<(Self, bool), ConfigError> {
         let (file_config, text) = read_file(path)?;
         let upstream_given = overrides.upstream.is_some() || file_config.upstream.is_some();
-        if upstream_optional && !upstream_given {
+        if checking && !upstream_given {
             overrides.upstream = Some(CHECK_PLACEHOLDER_UPSTREAM.to_string());
         }
         let mut config = Self::merge(overrides, file_config).map_err(|e| e.located(path, &text))?;
+        if checking {
+            config.key_tables_read().map_err(|e| e.located(path, &text))?;
+        }
         config.file = Some(path.to_path_buf());
         Ok((config, upstream_given))
+    }
+
+    /// An error for the first API-key table that could not be read.
+    fn key_tables_read(&self) -> Result<(), ConfigError> {
+        match crate::observe::tenants::Tenants::key_table_errors(&self.tenants).next() {
+            Some((i, error)) => Err(ConfigError::invalid(&format!("tenants.from[{i}].api_keys"), error)),
+            None => Ok(()),
+        }
     }
 
     /// Reads the same file again with the same flags and environment.
@@ -298,14 +311,17 @@ impl Config {
         slo_set(&mut file).map_err(|e| e.located(path, &text))
     }
 
-    /// Builds the configuration from YAML text alone (no flags or environment).
+    /// Builds the configuration from YAML text alone (no flags or environment), read as
+    /// check-config reads it (an API-key table that cannot be read is an error).
     pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
         let inline = Path::new("<inline>");
         let file = parse_yaml(text).map_err(|message| ConfigError::Parse {
             path: inline.to_path_buf(),
             message,
         })?;
-        Self::merge(Overrides::default(), file).map_err(|e| e.located(inline, text))
+        let config = Self::merge(Overrides::default(), file).map_err(|e| e.located(inline, text))?;
+        config.key_tables_read().map_err(|e| e.located(inline, text))?;
+        Ok(config)
     }
 
     /// OTLP export as the `otel:` keys and the `OTEL_*` variables set it.

@@ -58,6 +58,38 @@ impl ConfigStatus {
     }
 }
 
+/// `llmslo_tenant_api_keys_valid` and `llmslo_tenant_api_keys`: whether every API-key table was
+/// read at its last look (0: one could not be, and its last good table, or none, is in force),
+/// and the keys in force.
+#[derive(Debug, Clone, Default)]
+pub struct KeyTablesStatus {
+    valid: Gauge,
+    keys: Gauge,
+}
+
+impl KeyTablesStatus {
+    /// Records the tables' state.
+    pub fn set(&self, valid: bool, keys: usize) {
+        self.valid.set(i64::from(valid));
+        self.keys.set(i64::try_from(keys).unwrap_or(i64::MAX));
+    }
+
+    /// Registers the two gauges.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "llmslo_tenant_api_keys_valid",
+            "1 when every API-key table was read at its last look; 0 when one could not be and its \
+             last good table (none at start) is in force: requests with its keys are labelled by the next source",
+            self.valid.clone(),
+        );
+        registry.register(
+            "llmslo_tenant_api_keys",
+            "API keys in force across the tenants' key tables",
+            self.keys.clone(),
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

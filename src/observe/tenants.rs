@@ -4,11 +4,15 @@
 //! is matched on a keyed hash held in memory: the key itself is never kept, logged or
 //! exported.
 
+mod keys;
+
 use crate::record::LabelText;
 use crate::record::TenantSource;
 use http::HeaderMap;
-use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasher, RandomState};
+use keys::KeyTable;
+pub use keys::{read_key_table, KeyFile, KeysRead, MAX_API_KEYS, MAX_API_KEY_FILE_BYTES};
+use std::collections::HashSet;
+use std::path::PathBuf;
 use std::sync::RwLock;
 
 /// `tenants.max_tenants` when none is given.
@@ -17,10 +21,6 @@ pub const DEFAULT_MAX_TENANTS: usize = 20;
 pub const UNKNOWN_TENANT: &str = "unknown";
 /// The label of tenants past the bound, or whose name cannot be a label.
 pub const OTHER_TENANT: &str = "other";
-/// Most keys an API-key table may hold: each costs its hash and a pointer to its tenant.
-pub const MAX_API_KEYS: usize = 100_000;
-/// Largest API-key table file read.
-pub const MAX_API_KEY_FILE_BYTES: u64 = 8 << 20;
 /// Longest tenant name kept as a label value.
 const MAX_TENANT_NAME_LEN: usize = 64;
 
@@ -64,10 +64,10 @@ pub enum SourceSetting {
     /// The request's API key (`Authorization: Bearer …` or `x-api-key`), looked up in the
     /// table of tenant → keys read from `path`.
     ApiKeys {
-        /// The file the table was read from.
-        path: std::path::PathBuf,
-        /// Tenant → its keys.
-        table: HashMap<String, Vec<String>>,
+        /// The file the table is read from.
+        path: PathBuf,
+        /// Tenant → its keys, or why the file could not be read.
+        table: Result<KeyFile, String>,
     },
     /// A body field the request carries.
     Body(BodyField),
@@ -81,7 +81,7 @@ impl std::fmt::Debug for SourceSetting {
             SourceSetting::ApiKeys { path, table } => f
                 .debug_struct("ApiKeys")
                 .field("path", path)
-                .field("tenants", &table.len())
+                .field("tenants", &table.as_ref().map(|t| t.len()))
                 .finish_non_exhaustive(),
             SourceSetting::Body(field) => f.debug_tuple("Body").field(field).finish(),
         }
@@ -110,7 +110,7 @@ impl TenantSettings {
     /// The pinned tenant names, sorted, each once.
     fn pinned_names(&self) -> Vec<String> {
         let tables = self.from.iter().filter_map(|source| match source {
-            SourceSetting::ApiKeys { table, .. } => Some(table.keys()),
+            SourceSetting::ApiKeys { table: Ok(table), .. } => Some(table.keys()),
             _ => None,
         });
         let mut pinned: Vec<String> = self
@@ -160,16 +160,13 @@ impl TenantFields {
 /// A configured source, ready to read.
 enum Source {
     Header(http::HeaderName),
-    /// Keyed hash of a key → its tenant's label.
-    ApiKeys(HashMap<u64, LabelText>),
+    ApiKeys(KeyTable),
     Body(BodyField),
 }
 
 /// The tenants of one sidecar: where they are read from and the labels they get.
 pub struct Tenants {
     sources: Vec<Source>,
-    /// Hashes API keys; its keys are random, made when the sidecar starts.
-    hasher: RandomState,
     pinned: Vec<LabelText>,
     learned: RwLock<HashSet<LabelText>>,
     max_learned: usize,
@@ -193,39 +190,71 @@ impl Tenants {
         if settings.from.is_empty() {
             return None;
         }
-        let hasher = RandomState::new();
         let pinned: Vec<LabelText> = settings.pinned_names().into_iter().map(LabelText::from).collect();
-        let label_of = |tenant: &str| {
-            let at = pinned.binary_search_by(|p| p.as_str().cmp(tenant));
-            at.map_or_else(|_| LabelText::from(OTHER_TENANT), |at| pinned[at].clone())
-        };
-        let sources = settings
-            .from
-            .iter()
-            .map(|source| match source {
-                SourceSetting::Header(name) => Source::Header(name.clone()),
-                SourceSetting::Body(field) => Source::Body(*field),
-                SourceSetting::ApiKeys { table, .. } => Source::ApiKeys(
-                    table
-                        .iter()
-                        .flat_map(|(tenant, keys)| {
-                            let (label, hasher) = (label_of(tenant), &hasher);
-                            keys.iter()
-                                .map(move |key| (hasher.hash_one(key.as_bytes()), label.clone()))
-                        })
-                        .collect(),
-                ),
-            })
-            .collect();
-        Some(Self {
-            sources,
-            hasher,
+        let mut tenants = Self {
+            sources: Vec::new(),
             pinned,
             learned: RwLock::new(HashSet::new()),
             max_learned: settings.max_tenants,
             unknown: LabelText::from(UNKNOWN_TENANT),
             other: LabelText::from(OTHER_TENANT),
+        };
+        tenants.sources = settings
+            .from
+            .iter()
+            .map(|source| match source {
+                SourceSetting::Header(name) => Source::Header(name.clone()),
+                SourceSetting::Body(field) => Source::Body(*field),
+                SourceSetting::ApiKeys { path, table } => {
+                    Source::ApiKeys(KeyTable::new(path, table, &|name| tenants.named(name)))
+                }
+            })
+            .collect();
+        Some(tenants)
+    }
+
+    /// Reads every API-key table again whose file changed (a rotated Secret), or all of them
+    /// when `forced` (SIGHUP): how each went, by file; a table that cannot be read keeps the
+    /// last good one in force. A tenant a new table names that was not named at start is
+    /// labelled as a learned one (within `max_tenants`, else `other`).
+    pub fn reload_key_tables(&self, forced: bool) -> Vec<(PathBuf, KeysRead)> {
+        self.key_tables()
+            .filter_map(|table| {
+                let read = table.reload(forced, &|name| self.named(name))?;
+                Some((table.path().to_path_buf(), read))
+            })
+            .collect()
+    }
+
+    /// Whether every API-key table was read at its last look, and the keys in force in all;
+    /// `None` without tables.
+    pub fn key_tables_status(&self) -> Option<(bool, usize)> {
+        self.key_tables()
+            .map(KeyTable::status)
+            .reduce(|(a, n), (b, m)| (a && b, n + m))
+    }
+
+    /// The failures of the tables as first read, by file.
+    pub fn key_table_errors(settings: &TenantSettings) -> impl Iterator<Item = (usize, &str)> {
+        settings.from.iter().enumerate().filter_map(|(i, source)| match source {
+            SourceSetting::ApiKeys { table: Err(error), .. } => Some((i, error.as_str())),
+            _ => None,
         })
+    }
+
+    fn key_tables(&self) -> impl Iterator<Item = &KeyTable> {
+        self.sources.iter().filter_map(|source| match source {
+            Source::ApiKeys(table) => Some(table),
+            _ => None,
+        })
+    }
+
+    /// A tenant name as a key table holds it: its pinned label when it has one (shared).
+    fn named(&self, name: &str) -> LabelText {
+        match self.pinned.binary_search_by(|p| p.as_str().cmp(name)) {
+            Ok(at) => self.pinned[at].clone(),
+            Err(_) => LabelText::from(name),
+        }
     }
 
     /// The body fields a source reads (the request peek skips the others unread).
@@ -255,7 +284,7 @@ impl Tenants {
         let Some((raw, source)) = self.sources.iter().find_map(|source| self.read(source, headers, body)) else {
             return (self.unknown.clone(), None);
         };
-        (self.bounded(raw), Some(source))
+        (self.bounded(&raw), Some(source))
     }
 
     fn read<'a>(
@@ -263,19 +292,17 @@ impl Tenants {
         source: &'a Source,
         headers: &'a HeaderMap,
         body: BodyIds<'a>,
-    ) -> Option<(&'a str, TenantSource)> {
+    ) -> Option<(Named<'a>, TenantSource)> {
         match source {
             Source::Header(name) => headers
                 .get(name)
                 .and_then(|v| v.to_str().ok())
                 .map(str::trim)
                 .filter(|v| !v.is_empty())
-                .map(|v| (v, TenantSource::Header)),
+                .map(|v| (Named::Said(v), TenantSource::Header)),
             Source::ApiKeys(table) => {
-                let key = api_key(headers)?;
-                table
-                    .get(&self.hasher.hash_one(key.as_bytes()))
-                    .map(|tenant| (tenant.as_str(), TenantSource::ApiKey))
+                let tenant = table.tenant(api_key(headers)?)?;
+                Some((Named::Keyed(tenant), TenantSource::ApiKey))
             }
             Source::Body(field) => match field {
                 BodyField::SafetyIdentifier => body.safety_identifier,
@@ -283,7 +310,7 @@ impl Tenants {
                 BodyField::MetadataUserId => body.metadata_user_id,
             }
             .filter(|v| !v.is_empty())
-            .map(|v| (v, TenantSource::Body)),
+            .map(|v| (Named::Said(v), TenantSource::Body)),
         }
     }
 
@@ -308,6 +335,22 @@ impl Tenants {
             label
         } else {
             self.other.clone()
+        }
+    }
+}
+
+/// A tenant name a source gave: as the request said it, or a key table's label.
+enum Named<'a> {
+    Said(&'a str),
+    Keyed(LabelText),
+}
+
+impl std::ops::Deref for Named<'_> {
+    type Target = str;
+    fn deref(&self) -> &str {
+        match self {
+            Named::Said(name) => name,
+            Named::Keyed(label) => label.as_str(),
         }
     }
 }
@@ -337,6 +380,7 @@ fn is_plausible(name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::HashMap;
 
     fn tenants(from: Vec<SourceSetting>, names: &[&str], max: usize) -> Tenants {
         Tenants::new(&TenantSettings {
@@ -362,7 +406,7 @@ mod tests {
                 SourceSetting::Header("x-llm-d-inference-fairness-id".parse().unwrap()),
                 SourceSetting::ApiKeys {
                     path: "keys.yaml".into(),
-                    table: keys,
+                    table: Ok(keys),
                 },
                 SourceSetting::Body(BodyField::User),
             ],
@@ -425,7 +469,7 @@ mod tests {
         let table = HashMap::from([("team".to_string(), vec!["sk-very-secret".to_string()])]);
         let setting = SourceSetting::ApiKeys {
             path: "/keys.yaml".into(),
-            table,
+            table: Ok(table),
         };
         let t = tenants(vec![setting.clone()], &[], 1);
         for shown in [format!("{setting:?}"), format!("{t:?}")] {

@@ -10,10 +10,11 @@ use crate::cost::{CostMeter, CostSettings};
 use crate::engine::{EngineCollector, EngineMetricsMode, EngineView};
 use crate::gpu::{GpuCollector, GpuState};
 use crate::metrics::buckets::BucketOverrides;
+use crate::metrics::config_status::KeyTablesStatus;
 use crate::metrics::requests::{Edges, RequestFamilies};
 use crate::metrics::{Appended, Metrics, Registry};
 use crate::observe::recorder::{Recorder, RecorderSettings};
-use crate::observe::tenants::{TenantSettings, Tenants};
+use crate::observe::tenants::{KeysRead, TenantSettings, Tenants};
 use crate::otel::metrics::{Boundaries, OtelMetrics};
 use crate::proto;
 use crate::record::{Reader, Readers};
@@ -24,6 +25,7 @@ use opentelemetry::metrics::Meter;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::{error, info};
 
 /// What the readers are built from.
 pub struct MeasurementSettings {
@@ -83,6 +85,10 @@ pub struct Measurement {
     pub engine_view: Arc<EngineView>,
     /// The recent requests `/workload` serves, when kept.
     pub recent: Option<Arc<RecentRequests>>,
+    /// The tenants, when configured, for their key tables' reloads.
+    tenants: Option<Arc<Tenants>>,
+    /// The key tables' gauges, when tenants read any.
+    key_tables: Option<KeyTablesStatus>,
 }
 
 impl Measurement {
@@ -91,6 +97,15 @@ impl Measurement {
         let mut registry = Registry::default();
         let tenants = Tenants::new(&settings.tenants).map(Arc::new);
         let known = tenants.as_ref().map(|t| t.known());
+        let key_tables = tenants
+            .as_ref()
+            .and_then(|t| t.key_tables_status())
+            .map(|(valid, keys)| {
+                let status = KeyTablesStatus::default();
+                status.set(valid, keys);
+                status.register(registry.families());
+                status
+            });
         let slo = SloEngine::with_tenants(settings.slos.clone(), known.clone(), registry.families());
         let load = Arc::new(LoadMeter::default());
         let capacity = CapacityEngine::new(settings.capacity_window, slo.clone(), load.clone(), registry.families());
@@ -135,12 +150,36 @@ impl Measurement {
         Self {
             recorder: Arc::new(
                 Recorder::new(&settings.recorder, Readers::new(readers), load, read, families.limits())
-                    .with_tenants(tenants),
+                    .with_tenants(tenants.clone()),
             ),
             metrics: Arc::new(registry.into_metrics(merged)),
             slo,
             engine_view,
             recent,
+            tenants,
+            key_tables,
+        }
+    }
+
+    /// Reads the tenants' API-key tables again where their files changed, or all of them when
+    /// `forced` (SIGHUP), and says how it went in the log and on `/metrics`.
+    pub fn reload_key_tables(&self, forced: bool) {
+        let (Some(tenants), Some(status)) = (&self.tenants, &self.key_tables) else {
+            return;
+        };
+        for (path, read) in tenants.reload_key_tables(forced) {
+            match read {
+                KeysRead::Loaded(keys) => {
+                    info!(path = %path.display(), keys, "API-key table read: its keys are in force")
+                }
+                KeysRead::Failed(error) => error!(
+                    %error,
+                    "API-key table not read: its last good keys stay in force (llmslo_tenant_api_keys_valid 0)"
+                ),
+            }
+        }
+        if let Some((valid, keys)) = tenants.key_tables_status() {
+            status.set(valid, keys);
         }
     }
 

@@ -14,6 +14,7 @@ use crate::gpu::{run_sampler, DeviceSource, GpuState};
 use crate::health::{self, Readiness};
 use crate::metrics::Metrics;
 use crate::observe::recorder::{Recorder, RecorderSettings};
+use crate::observe::tenants::Tenants;
 use crate::observe::tokens::TokenCounter;
 use crate::otel::export::Telemetry;
 use crate::proxy::observe::ObserveSettings;
@@ -108,6 +109,14 @@ impl Sidecar {
                  until it is fixed; llmslo_config_valid is 0"
             );
             metrics.config_status().loaded(false);
+        }
+        for (i, error) in Tenants::key_table_errors(&config.tenants) {
+            error!(
+                %error,
+                source = i,
+                "an API-key table of tenants.from could not be read: its keys label no one (the next source does) \
+                 until the file can be read; llmslo_tenant_api_keys_valid is 0"
+            );
         }
         let client = UpstreamClient::new(
             &config.upstream,

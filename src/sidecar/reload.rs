@@ -1,4 +1,5 @@
-//! Hot reload: the config file re-read on SIGHUP and when it changes; new SLOs go in force.
+//! Hot reload: the config file re-read on SIGHUP and when it changes, and new SLOs put in
+//! force; the tenants' API-key tables re-read likewise.
 
 use super::measurement::Measurement;
 use crate::config::Config;
@@ -34,6 +35,8 @@ pub(super) async fn reload_on_change(config: Config, measurement: Measurement, s
             _ = signal => true,
             _ = tokio::time::sleep(RELOAD_POLL) => false,
         };
+        // A rotated key Secret changes its table's file, not the config's.
+        measurement.reload_key_tables(forced);
         let now = read();
         if !forced && now == last {
             continue;

@@ -139,6 +139,15 @@ impl SidecarProcess {
         (status, String::from_utf8_lossy(&body).into_owned())
     }
 
+    /// Sends the process SIGHUP (read the config and the key tables again).
+    pub fn hangup(&self) {
+        let status = Command::new("kill")
+            .args(["-HUP", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
     /// Where the config file is.
     pub fn config_path(&self) -> &std::path::Path {
         &self.config
