@@ -1296,3 +1296,52 @@ async fn streams_cut_at_the_drain_deadline_are_counted_before_the_final_scrape()
         .unwrap()
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_stops_reading_a_request_body_is_cut_at_its_deadline() {
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // An engine that takes the connection and the head, then never reads again.
+    let engine = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let engine_addr = engine.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((mut stream, _)) = engine.accept().await {
+            let mut head = [0u8; 1024];
+            let _ = stream.read(&mut head).await;
+            held.push(stream);
+        }
+    });
+    let sidecar = start_sidecar(engine_addr, "upstream_timeout: 2s\n").await;
+    // A 48 MiB streamed body: far past the peek and every socket buffer on the way.
+    let length = 48 << 20;
+    let mut client = tokio::net::TcpStream::connect(sidecar.proxy_addr).await.unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {length}\r\n\r\n"
+    );
+    client.write_all(head.as_bytes()).await.unwrap();
+    let (mut reading, mut writing) = client.into_split();
+    let upload = tokio::spawn(async move {
+        let chunk = vec![b' '; 64 << 10];
+        for _ in 0..length / chunk.len() {
+            if writing.write_all(&chunk).await.is_err() {
+                break;
+            }
+        }
+    });
+    let started = std::time::Instant::now();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(20), reading.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 504"), "{answer}");
+    assert!(started.elapsed() < Duration::from_secs(10), "{:?}", started.elapsed());
+    upload.abort();
+    let m = sidecar.metrics.encode();
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "timeout")]),
+        1.0,
+        "{m}"
+    );
+    assert_eq!(sample(&m, "llmslo_requests_in_flight", &[]), 0.0);
+    sidecar.shutdown().await;
+}

@@ -1,5 +1,7 @@
-//! The engine's response deadline, counted from when the request body has been sent: the time
-//! a client takes to upload is the client's, never the engine's.
+//! The engine's deadlines: its response head within `upstream_timeout` of the request body's
+//! end, and each piece of the request body taken within `upstream_timeout` of being offered.
+//! The time a client takes to upload is the client's, never the engine's; an engine that stops
+//! reading the body is the engine's, and holds it no longer than the deadline.
 
 use super::UpstreamBody;
 use crate::upstream::BoxError;
@@ -11,7 +13,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::sync::oneshot;
+use tokio::sync::watch;
+use tokio::time::Instant;
 use tower::timeout::error::Elapsed;
 
 /// Wraps services in [`ResponseDeadline`].
@@ -39,7 +42,7 @@ impl<S> tower::Layer<S> for ResponseDeadlineLayer {
 }
 
 /// Fails an exchange with [`Elapsed`] when `S` has not answered within the deadline of the
-/// request body's end.
+/// request body's end, or has not taken a piece of the body within the deadline of its offer.
 #[derive(Debug, Clone)]
 pub struct ResponseDeadline<S> {
     inner: S,
@@ -62,16 +65,12 @@ where
     }
 
     fn call(&mut self, request: Request<UpstreamBody>) -> Self::Future {
-        let (sent, uploaded) = oneshot::channel();
-        let request = request.map(|body| SentBody::new(body, sent).boxed_unsync());
+        // The engine's turn from the start: it takes the head and the first piece.
+        let (turn, upload) = watch::channel(Upload::Engine(Instant::now()));
+        let request = request.map(|body| SentBody::new(body, turn).boxed_unsync());
         // Boxed before the async block, so that its future is provably Send (as the observer does).
         let response: InnerFuture<RB, S::Error> = Box::pin(self.inner.call(request));
-        let after_upload = self.after_upload;
-        // The body's end, or its drop (nothing more will be sent), starts the clock.
-        let deadline = async move {
-            let _ = uploaded.await;
-            tokio::time::sleep(after_upload).await;
-        };
+        let deadline = engine_deadline(upload, self.after_upload);
         Box::pin(async move {
             tokio::select! {
                 response = response => response.map_err(Into::into),
@@ -83,28 +82,52 @@ where
 
 type InnerFuture<RB, E> = Pin<Box<dyn Future<Output = Result<Response<RB>, E>> + Send>>;
 
-/// A request body that says when its last byte has been taken.
+/// Where the upload stands: whose turn it is, or over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Upload {
+    /// The engine asked for the next piece and waits on the client: the client's time.
+    Client,
+    /// A piece is offered (since then) and the engine has not asked for the next.
+    Engine(Instant),
+    /// The last byte was taken, or the body dropped (nothing more will be sent).
+    Sent,
+}
+
+/// Completes when the engine missed a deadline: a piece of the body not taken within
+/// `deadline` of its offer, or no response head within `deadline` of the body's end.
+async fn engine_deadline(mut upload: watch::Receiver<Upload>, deadline: Duration) {
+    loop {
+        let state = *upload.borrow_and_update();
+        match state {
+            Upload::Sent => break,
+            Upload::Client => {
+                if upload.changed().await.is_err() {
+                    break;
+                }
+            }
+            Upload::Engine(since) => tokio::select! {
+                changed = upload.changed() => if changed.is_err() { break },
+                () = tokio::time::sleep_until(since + deadline) => return,
+            },
+        }
+    }
+    tokio::time::sleep(deadline).await;
+}
+
+/// A request body that says whose turn it is: it asked the client for a piece, offered one to
+/// the engine, or was taken whole.
 struct SentBody {
     inner: UpstreamBody,
-    sent: Option<oneshot::Sender<()>>,
+    turn: watch::Sender<Upload>,
 }
 
 impl SentBody {
-    fn new(inner: UpstreamBody, sent: oneshot::Sender<()>) -> Self {
-        let mut body = Self {
-            inner,
-            sent: Some(sent),
-        };
+    fn new(inner: UpstreamBody, turn: watch::Sender<Upload>) -> Self {
+        let body = Self { inner, turn };
         if body.inner.is_end_stream() {
-            body.finished();
+            body.turn.send_replace(Upload::Sent);
         }
         body
-    }
-
-    fn finished(&mut self) {
-        if let Some(sent) = self.sent.take() {
-            let _ = sent.send(());
-        }
     }
 }
 
@@ -114,9 +137,19 @@ impl Body for SentBody {
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None)) || self.inner.is_end_stream() {
-            self.finished();
-        }
+        let now = match &polled {
+            _ if self.inner.is_end_stream() => Upload::Sent,
+            Poll::Ready(None) => Upload::Sent,
+            Poll::Ready(Some(_)) => Upload::Engine(Instant::now()),
+            Poll::Pending => Upload::Client,
+        };
+        self.turn.send_if_modified(|turn| {
+            let changed = *turn != now && *turn != Upload::Sent;
+            if changed {
+                *turn = now;
+            }
+            changed
+        });
         polled
     }
 
@@ -198,5 +231,43 @@ mod tests {
         );
         let error = late.ready().await.unwrap().call(request).await.unwrap_err();
         assert!(error.is::<Elapsed>());
+    }
+
+    /// An engine that takes one piece of the body every `every`, then answers at once.
+    fn reading_engine(
+        take: usize,
+        every: Duration,
+    ) -> tower::util::ServiceFn<impl FnMut(Request<UpstreamBody>) -> Answer> {
+        tower::service_fn(move |request: Request<UpstreamBody>| -> Answer {
+            Box::pin(async move {
+                let mut body = request.into_body();
+                for _ in 0..take {
+                    tokio::time::sleep(every).await;
+                    if body.frame().await.is_none() {
+                        break;
+                    }
+                }
+                // Then it stops reading, and never answers.
+                std::future::pending::<()>().await;
+                Ok(Response::new(()))
+            })
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_engine_that_stops_taking_the_body_misses_its_deadline() {
+        let deadline = Duration::from_secs(1);
+        // Takes a piece every 0.9 s for 5 pieces, then stops: released 1 s after the last
+        // piece it was offered, not never.
+        let mut stalls = ResponseDeadlineLayer::new(deadline).layer(reading_engine(5, Duration::from_millis(900)));
+        let request = Request::new(slow_body(100, Duration::ZERO));
+        let start = Instant::now();
+        let error = stalls.ready().await.unwrap().call(request).await.unwrap_err();
+        assert!(error.is::<Elapsed>());
+        assert_eq!(start.elapsed(), Duration::from_millis(5 * 900 + 1000));
+        // A client that sends slowly is never the engine's fault: 5 s of gaps of 1 s each.
+        let mut patient = ResponseDeadlineLayer::new(deadline).layer(engine(Duration::ZERO));
+        let request = Request::new(slow_body(5, Duration::from_millis(1500)));
+        assert!(patient.ready().await.unwrap().call(request).await.is_ok());
     }
 }
