@@ -1345,3 +1345,81 @@ async fn an_engine_that_stops_reading_a_request_body_is_cut_at_its_deadline() {
     assert_eq!(sample(&m, "llmslo_requests_in_flight", &[]), 0.0);
     sidecar.shutdown().await;
 }
+
+/// An engine that answers each request on a connection, then closes the connection 0–2 ms
+/// later without saying so (no `Connection: close`), as a keep-alive timeout racing the next
+/// request does.
+async fn closing_engine() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut n = 0u64;
+        while let Ok((mut stream, _)) = listener.accept().await {
+            n += 1;
+            let delay = std::time::Duration::from_micros(n % 3 * 1000);
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                // The request's body, by its length.
+                let text = String::from_utf8_lossy(&head).to_lowercase();
+                let end = head.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+                let length: usize = text
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .map_or(0, |v| v.trim().parse().unwrap());
+                let mut have = head.len() - end;
+                while have < length {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => have += n,
+                    }
+                }
+                let body = r#"{"id":"x","object":"chat.completion","model":"sim","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}"#;
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+                tokio::time::sleep(delay).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reused_connection_the_engine_closed_is_never_charged_to_the_engine() {
+    let engine = closing_engine().await;
+    let sidecar = start_sidecar(engine, "engine: vllm\n").await;
+    let mut failed = Vec::new();
+    for i in 0..400 {
+        let (status, body) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(1, false, false)).await;
+        if status != 200 {
+            failed.push((i, status, String::from_utf8_lossy(&body).into_owned()));
+        }
+        if i % 4 == 3 {
+            // Now and then a pause, as the engine's close lands between two requests.
+            tokio::time::sleep(std::time::Duration::from_micros(1500)).await;
+        }
+    }
+    let m = sidecar.metrics.encode();
+    assert!(
+        failed.is_empty(),
+        "{} of 400 failed: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(3)]
+    );
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("outcome", "success")]),
+        400.0,
+        "{m}"
+    );
+    sidecar.shutdown().await;
+}

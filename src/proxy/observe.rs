@@ -30,7 +30,7 @@ use crate::provider;
 use crate::record::Engine;
 use crate::record::Operation;
 use crate::record::Outcome;
-use crate::upstream::BoxError;
+use crate::upstream::{BoxError, Replayable};
 use bytes::Bytes;
 use http::{header, HeaderMap, Request, Response};
 use http_body_util::BodyExt;
@@ -181,8 +181,7 @@ impl Shared {
         let (mut parts, body) = request.into_parts();
         let fault = FaultSlot::default();
         let body = NotedBody::new(body.map_err(Into::into).boxed_unsync(), fault.clone());
-        let (body, fields, injected_usage) = match self.read_generation_body(operation, &mut parts.headers, body).await
-        {
+        let (body, fields, injected_usage) = match self.read_generation_body(operation, &mut parts, body).await {
             Ok(read) => read,
             Err(PeekError::Client(fault)) => {
                 debug!(%fault, "request refused: the client's body");
@@ -232,13 +231,15 @@ impl Shared {
     }
 
     /// Peeks a generation request's body for its fields and, when due, asks it for usage
-    /// (fixing Content-Length). Returns the body to send, the fields, and whether it was rewritten.
+    /// (fixing Content-Length); a body read whole is kept beside it too, so that it can be sent
+    /// again. Returns the body to send, the fields, and whether it was rewritten.
     async fn read_generation_body(
         &self,
         operation: Operation,
-        headers: &mut http::HeaderMap,
+        parts: &mut http::request::Parts,
         body: NotedBody,
     ) -> Result<(UpstreamBody, RequestFields, bool), PeekError> {
+        let headers = &mut parts.headers;
         if super::headers::is_multipart(headers) {
             // An upload (transcription audio) is forwarded at once, without a look.
             return Ok((peek::unread(body), RequestFields::default(), false));
@@ -250,16 +251,19 @@ impl Shared {
             Peeked::TooLarge(body) => return Ok((body, RequestFields::default(), false)),
         };
         let fields = peek::parse_fields(&bytes, self.recorder.tenant_body_fields());
-        if !self.should_inject_usage(operation, &fields) {
-            return Ok((peek::buffered(bytes, permit), fields, false));
-        }
-        Ok(match peek::with_usage_requested_within(bytes, permit, &self.budget) {
-            Ok((rewritten, permit)) => {
-                headers.insert(header::CONTENT_LENGTH, rewritten.len().into());
-                (peek::buffered(rewritten, permit), fields, true)
+        let (bytes, permit, rewritten) = if self.should_inject_usage(operation, &fields) {
+            match peek::with_usage_requested_within(bytes, permit, &self.budget) {
+                Ok((rewritten, permit)) => {
+                    headers.insert(header::CONTENT_LENGTH, rewritten.len().into());
+                    (rewritten, permit, true)
+                }
+                Err((bytes, permit)) => (bytes, permit, false),
             }
-            Err((bytes, permit)) => (peek::buffered(bytes, permit), fields, false),
-        })
+        } else {
+            (bytes, permit, false)
+        };
+        parts.extensions.insert(Replayable(bytes.clone()));
+        Ok((peek::buffered(bytes, permit), fields, rewritten))
     }
 
     /// A streaming chat or completions request that did not ask for usage gets it asked for

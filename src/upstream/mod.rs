@@ -6,7 +6,7 @@ mod pool;
 mod wake;
 
 pub use body::ResponseBody;
-pub use pool::{BoxError, SendError, UpstreamBody};
+pub use pool::{BoxError, Replayable, SendError, UpstreamBody};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode, Uri};

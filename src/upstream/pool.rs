@@ -6,6 +6,8 @@
 use super::wake::ConnWaker;
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Body;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{Builder, Connection, SendRequest};
 use hyper::Response;
@@ -17,6 +19,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tracing::debug;
 
 /// A boxed error, the error type of bodies that can fail in more than one way.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -131,23 +134,35 @@ impl Pool {
     /// Sends `request` on a parked connection, or a new one, and drives it from this task
     /// until the response head: the response comes with its connection, for its body to
     /// drive on and park again at its end. A parked connection that closed before taking the
-    /// request is replaced by another.
+    /// request is replaced by another; one the engine closed before answering (its keep-alive
+    /// racing the request: the engine never read it) has the request sent once more on a new
+    /// connection, when its body can be sent again (none, or [`Replayable`]).
     pub async fn send(
         &self,
         mut request: hyper::Request<UpstreamBody>,
     ) -> Result<(Response<Incoming>, Conn), SendError> {
+        let mut replayed = false;
         loop {
-            let (mut conn, reused) = match self.take() {
+            let parked = if replayed { None } else { self.take() };
+            let (mut conn, reused) = match parked {
                 Some(conn) => (conn, true),
                 None => (self.connect().await?, false),
             };
+            let mut replay = reused.then(|| replay_of(&request)).flatten();
             let mut sent = std::pin::pin!(conn.sender.try_send_request(request));
             let answer = poll_fn(|cx| conn.poll_driven(cx, |cx| sent.as_mut().poll(cx))).await;
             match answer {
                 Ok(response) => return Ok((response, conn)),
                 Err(mut error) => match error.take_message() {
                     Some(unsent) if reused => request = unsent,
-                    _ => return Err(SendError::Request(error.into_error())),
+                    _ => match replay.take().filter(|_| closed_before_answering(error.error())) {
+                        Some(again) => {
+                            debug!("the engine closed a reused connection before answering: sent again on a new one");
+                            request = again;
+                            replayed = true;
+                        }
+                        None => return Err(SendError::Request(error.into_error())),
+                    },
                 },
             }
         }
@@ -211,6 +226,49 @@ impl Pool {
     pub fn idle(&self) -> usize {
         self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
+}
+
+/// A request body's bytes, kept beside it (in the request's extensions) so that the request can
+/// be sent again when the engine closed its connection before reading it.
+#[derive(Debug, Clone)]
+pub struct Replayable(pub Bytes);
+
+/// The same request again, when its body can be sent again: it has none, or is [`Replayable`].
+fn replay_of(request: &hyper::Request<UpstreamBody>) -> Option<hyper::Request<UpstreamBody>> {
+    let body = if request.body().is_end_stream() {
+        Bytes::new()
+    } else {
+        request.extensions().get::<Replayable>()?.0.clone()
+    };
+    let mut again = hyper::Request::new(Full::new(body).map_err(|never| match never {}).boxed_unsync());
+    *again.method_mut() = request.method().clone();
+    *again.uri_mut() = request.uri().clone();
+    *again.version_mut() = request.version();
+    *again.headers_mut() = request.headers().clone();
+    Some(again)
+}
+
+/// Whether the exchange failed because the engine closed the connection before any answer:
+/// the connection ended (closed, reset, or a broken pipe on the write) with no response head.
+fn closed_before_answering(error: &hyper::Error) -> bool {
+    use std::io::ErrorKind;
+    if error.is_incomplete_message() {
+        return true;
+    }
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(error) = cause {
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                ErrorKind::ConnectionReset
+                    | ErrorKind::ConnectionAborted
+                    | ErrorKind::BrokenPipe
+                    | ErrorKind::UnexpectedEof
+            );
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// Every `period`, closes the expired connections of the pool, while it exists.
