@@ -1423,3 +1423,80 @@ async fn a_reused_connection_the_engine_closed_is_never_charged_to_the_engine() 
     );
     sidecar.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "long proof (about 20 s: 50,000 requests kept, then 60 scrapers of /workload that never read): CI runs it with --include-ignored"]
+async fn slow_workload_scrapers_hold_two_pages_at_most_and_never_the_proxy() {
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (upstream, _) = start_engine(timed_engine(0, 0)).await;
+    let sidecar = process::SidecarProcess::start(upstream, "workload: {recent_requests: 200000}\n", None);
+    // 50,000 kept requests, sent 16 at a time.
+    let senders: Vec<_> = (0..16)
+        .map(|_| {
+            let addr = sidecar.proxy;
+            tokio::spawn(async move {
+                for _ in 0..50_000 / 16 + 1 {
+                    assert_eq!(
+                        post_collect(addr, "/v1/chat/completions", chat_body(1, false, false))
+                            .await
+                            .0,
+                        200
+                    );
+                }
+            })
+        })
+        .collect();
+    for sender in senders {
+        sender.await.unwrap();
+    }
+    let before = sidecar.rss_bytes();
+    // 60 scrapers ask for the page and never read it.
+    let mut scrapers = Vec::new();
+    for _ in 0..60 {
+        let mut stream = tokio::net::TcpStream::connect(sidecar.metrics).await.unwrap();
+        stream
+            .write_all(b"GET /workload HTTP/1.1\r\nhost: x\r\n\r\n")
+            .await
+            .unwrap();
+        scrapers.push(stream);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // A proxied request is served at once while they hold.
+    let started = std::time::Instant::now();
+    assert_eq!(
+        post_collect(sidecar.proxy, "/v1/chat/completions", chat_body(1, false, false))
+            .await
+            .0,
+        200
+    );
+    let waited = started.elapsed();
+    let mut refused = 0;
+    for stream in &mut scrapers {
+        let mut head = [0u8; 12];
+        if tokio::time::timeout(Duration::from_millis(200), stream.read_exact(&mut head))
+            .await
+            .is_ok()
+            && &head == b"HTTP/1.1 503"
+        {
+            refused += 1;
+        }
+    }
+    let peak = sidecar.peak_rss_bytes();
+    eprintln!(
+        "RSS {} MiB before the scrapers, peak {} MiB; a proxied request waited {waited:?}; {refused} scrapers refused",
+        before >> 20,
+        peak >> 20
+    );
+    assert_eq!(refused, 58, "two pages at once");
+    assert!(waited < Duration::from_millis(500), "{waited:?}");
+    // Two copies of 50,000 rows (64 bytes each) and their frames: a few MiB.
+    assert!(
+        peak < before + (24 << 20),
+        "peak {} MiB from {} MiB",
+        peak >> 20,
+        before >> 20
+    );
+    drop(scrapers);
+    sidecar.stop();
+}

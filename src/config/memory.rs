@@ -16,12 +16,13 @@ pub const PER_IN_FLIGHT_REQUEST_BYTES: u64 = 24 << 10;
 /// What each sample kept from the engine's page costs beyond its text (its record, its place
 /// in the family and the series index while it is read).
 pub const PER_ENGINE_SAMPLE_BYTES: u64 = 64;
-/// What each request kept for `/workload` costs: the row, and while the page is served its
-/// copy, its trace row with two short strings (80 bytes) and its line (128 bytes).
-pub const PER_RECENT_REQUEST_BYTES: u64 = 2 * crate::workload::recent::BYTES_PER_REQUEST as u64
-    + std::mem::size_of::<crate::workload::trace::TraceRow>() as u64
-    + 80
-    + 128;
+/// What each request kept for `/workload` costs: the row, and its copy in each page being
+/// written at once.
+pub const PER_RECENT_REQUEST_BYTES: u64 =
+    (1 + crate::workload::recent::MAX_PAGES_AT_ONCE as u64) * crate::workload::recent::BYTES_PER_REQUEST as u64;
+/// What the pages being written at once hold beyond their rows: a frame each.
+pub const WORKLOAD_PAGES_BYTES: u64 =
+    (crate::workload::recent::MAX_PAGES_AT_ONCE * crate::workload::recent::PAGE_FRAME_BYTES) as u64;
 /// Most one parse of a peeked request body holds beyond the body, as a share of the largest
 /// body peeked: the JSON reader's scratch for one escaped string it keeps (each escape is two
 /// bytes or more and decodes to one or more); everything else is skipped in place, and the
@@ -51,6 +52,11 @@ impl Config {
             + worker_threads as u64 * self.max_peek_bytes as u64 / PARSE_SCRATCH_SHARE_OF_BODY
             + self.engine_page_bytes()
             + self.recent_requests as u64 * PER_RECENT_REQUEST_BYTES
+            + if self.recent_requests > 0 {
+                WORKLOAD_PAGES_BYTES
+            } else {
+                0
+            }
             + self.tenant_series_bytes()
     }
 

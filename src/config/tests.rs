@@ -382,11 +382,14 @@ fn the_recent_workload_is_off_by_default_and_bounded() {
             - Config::from_yaml("upstream: http://x:1\n")
                 .unwrap()
                 .worst_case_memory_bytes(1),
-        5000 * super::memory::PER_RECENT_REQUEST_BYTES
+        5000 * super::memory::PER_RECENT_REQUEST_BYTES + super::memory::WORKLOAD_PAGES_BYTES
     );
     assert_eq!(
-        super::memory::PER_RECENT_REQUEST_BYTES,
-        440,
+        (
+            super::memory::PER_RECENT_REQUEST_BYTES,
+            super::memory::WORKLOAD_PAGES_BYTES
+        ),
+        (192, 256 << 10),
         "as docs/configuration.md says"
     );
     let again = Config::from_yaml(&c.to_yaml()).unwrap();

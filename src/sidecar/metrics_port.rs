@@ -8,7 +8,8 @@ use crate::metrics::Metrics;
 use crate::workload::recent::RecentRequests;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
 use std::convert::Infallible;
 use std::sync::Arc;
 
@@ -23,8 +24,11 @@ pub struct MetricsPort {
     pub workload: Option<Arc<RecentRequests>>,
 }
 
+/// What the metrics port answers with: a whole page, or one written as it is sent.
+pub type PortBody = UnsyncBoxBody<Bytes, Infallible>;
+
 /// Answers one request on the metrics port.
-pub async fn handle<B>(request: Request<B>, port: MetricsPort) -> Result<Response<Full<Bytes>>, Infallible> {
+pub async fn handle<B>(request: Request<B>, port: MetricsPort) -> Result<Response<PortBody>, Infallible> {
     let MetricsPort {
         metrics,
         readiness,
@@ -40,15 +44,18 @@ pub async fn handle<B>(request: Request<B>, port: MetricsPort) -> Result<Respons
             Response::builder()
                 .header(header::CONTENT_TYPE, content_type)
                 .header(header::VARY, "Accept")
-                .body(Full::new(body))
+                .body(Full::new(body).boxed_unsync())
                 .expect("static response parts are valid")
         }
         "/healthz" => plain(StatusCode::OK, "ok\n"),
         "/workload" => match workload {
-            Some(recent) => Response::builder()
-                .header(header::CONTENT_TYPE, "application/jsonl")
-                .body(Full::new(Bytes::from(recent.trace().to_jsonl())))
-                .expect("static response parts are valid"),
+            Some(recent) => match recent.page().await {
+                Some(page) => Response::builder()
+                    .header(header::CONTENT_TYPE, "application/jsonl")
+                    .body(page.boxed_unsync())
+                    .expect("static response parts are valid"),
+                None => busy(),
+            },
             None => plain(
                 StatusCode::NOT_FOUND,
                 "no workload is kept: set workload.recent_requests in the config to keep the recent requests\n",
@@ -72,10 +79,22 @@ pub async fn handle<B>(request: Request<B>, port: MetricsPort) -> Result<Respons
     })
 }
 
-fn plain(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
+fn plain(status: StatusCode, body: &'static str) -> Response<PortBody> {
     Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
-        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .body(Full::new(Bytes::from_static(body.as_bytes())).boxed_unsync())
         .expect("static response parts are valid")
+}
+
+/// The answer while as many `/workload` pages as may be are being written.
+fn busy() -> Response<PortBody> {
+    let mut response = plain(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the workload's pages are all being written to other clients: retry in a second\n",
+    );
+    response
+        .headers_mut()
+        .insert(header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+    response
 }

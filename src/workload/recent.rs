@@ -1,18 +1,34 @@
 //! The sidecar's rolling record of recent generation requests: when each arrived, its API,
 //! model and token counts, and whether it streamed; never a prompt or an answer. It keeps the
 //! last `capacity` requests (about [`BYTES_PER_REQUEST`] bytes each) and serves them as a
-//! Mooncake-style trace on the metrics port's `/workload`.
+//! Mooncake-style trace on the metrics port's `/workload`, written as it is sent: at most
+//! [`MAX_PAGES_AT_ONCE`] pages at a time, each holding a copy of the rows and one frame.
 
 use super::trace::{Trace, TraceRow};
 use crate::record::{LabelText, Operation, Reader, RequestRecord};
+use bytes::Bytes;
+use hyper::body::{Body, Frame};
+use serde::Serialize;
 use std::collections::VecDeque;
-use std::sync::Mutex;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
 
 /// Most requests the record may be asked to keep.
 pub const MAX_RECENT_REQUESTS: usize = 1_000_000;
 /// What one kept request costs in memory, in bytes (the model name is shared).
 pub const BYTES_PER_REQUEST: usize = std::mem::size_of::<Kept>();
+/// Most `/workload` pages written at once: each holds a copy of the rows while it is sent. One
+/// more is answered 503 at once.
+pub const MAX_PAGES_AT_ONCE: usize = 2;
+/// Rows written into one frame of a page.
+const ROWS_PER_FRAME: usize = 512;
+/// Most one frame of a page holds: its rows' lines, each at most a model name (128 bytes) and
+/// its figures.
+pub const PAGE_FRAME_BYTES: usize = ROWS_PER_FRAME * 256;
 
 /// One request as kept.
 #[derive(Debug, Clone)]
@@ -34,6 +50,8 @@ pub struct RecentRequests {
     began: Instant,
     capacity: usize,
     kept: Mutex<VecDeque<Kept>>,
+    /// The pages being written.
+    pages: Arc<Semaphore>,
 }
 
 impl RecentRequests {
@@ -44,23 +62,19 @@ impl RecentRequests {
             began: Instant::now(),
             capacity,
             kept: Mutex::new(VecDeque::with_capacity(capacity.min(4096))),
+            pages: Arc::new(Semaphore::new(MAX_PAGES_AT_ONCE)),
         }
     }
 
-    /// The kept requests as a trace, first arrival at 0 ms. The lock is held only to copy
-    /// the rows: requests that end meanwhile wait for a copy, never for the page.
+    /// The kept requests as a trace, first arrival at 0 ms.
     pub fn trace(&self) -> Trace {
-        let mut rows: Vec<Kept> = {
-            let recent = self.kept.lock().expect("recent requests lock");
-            recent.iter().cloned().collect()
-        };
-        rows.sort_by_key(|k| k.arrival_us);
+        let rows = self.sorted_rows();
         let first = rows.first().map_or(0, |k| k.arrival_us);
         Trace {
             rows: rows
                 .iter()
                 .map(|k| TraceRow {
-                    timestamp: (k.arrival_us - first + 500) / 1000,
+                    timestamp: k.offset_ms(first),
                     api: Some(k.api.to_string()),
                     model: Some(k.model.to_string()),
                     reasoning_length: k.reasoning,
@@ -69,6 +83,88 @@ impl RecentRequests {
                 })
                 .collect(),
         }
+    }
+
+    /// The kept requests as a JSONL page written frame by frame as the client takes it (the
+    /// same lines as the trace's); `None` while [`MAX_PAGES_AT_ONCE`] pages are being written.
+    /// The rows are copied and sorted on a blocking thread, never on one that serves traffic.
+    pub async fn page(self: &Arc<Self>) -> Option<WorkloadPage> {
+        let permit = self.pages.clone().try_acquire_owned().ok()?;
+        let recent = self.clone();
+        let rows = tokio::task::spawn_blocking(move || recent.sorted_rows()).await.ok()?;
+        let first = rows.first().map_or(0, |k| k.arrival_us);
+        Some(WorkloadPage {
+            rows: rows.into_iter(),
+            first,
+            _permit: permit,
+        })
+    }
+
+    /// A copy of the kept rows, in arrival order. The lock is held only to copy them: requests
+    /// that end meanwhile wait for a copy, never for a page.
+    fn sorted_rows(&self) -> Vec<Kept> {
+        let mut rows: Vec<Kept> = {
+            let recent = self.kept.lock().expect("recent requests lock");
+            recent.iter().cloned().collect()
+        };
+        rows.sort_by_key(|k| k.arrival_us);
+        rows
+    }
+}
+
+impl Kept {
+    /// Its arrival in whole milliseconds after the first's, at `first` microseconds.
+    fn offset_ms(&self, first: u64) -> u64 {
+        (self.arrival_us - first + 500) / 1000
+    }
+}
+
+/// A `/workload` page being sent: the rows not yet written, holding its place among the pages
+/// written at once.
+pub struct WorkloadPage {
+    rows: std::vec::IntoIter<Kept>,
+    first: u64,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// One line of the page, as [`TraceRow`] writes it, borrowing its strings.
+#[derive(Serialize)]
+struct Line<'a> {
+    timestamp: u64,
+    input_length: u32,
+    output_length: u32,
+    api: &'a str,
+    model: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_length: Option<u32>,
+    stream: bool,
+}
+
+impl Body for WorkloadPage {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let first = self.first;
+        let mut frame = Vec::with_capacity(ROWS_PER_FRAME * 128);
+        for kept in self.rows.by_ref().take(ROWS_PER_FRAME) {
+            let line = Line {
+                timestamp: kept.offset_ms(first),
+                input_length: kept.input,
+                output_length: kept.output,
+                api: kept.api,
+                model: &kept.model,
+                reasoning_length: kept.reasoning,
+                stream: kept.stream,
+            };
+            serde_json::to_writer(&mut frame, &line).expect("a line serializes");
+            frame.push(b'\n');
+        }
+        Poll::Ready((!frame.is_empty()).then(|| Ok(Frame::data(Bytes::from(frame)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rows.len() == 0
     }
 }
 
@@ -161,4 +257,32 @@ mod tests {
 
     /// A kept request costs a few dozen bytes.
     const _: () = assert!(BYTES_PER_REQUEST <= 64);
+
+    #[tokio::test]
+    async fn the_page_is_the_trace_written_frame_by_frame_and_at_most_two_at_once() {
+        use http_body_util::BodyExt;
+        let recent = Arc::new(RecentRequests::new(2000));
+        let model = LabelText::from("m");
+        for i in 0..1300u64 {
+            let mut r = record(&model, Operation::Chat, i % 7, 10 + i, 1 + i % 5);
+            r.reasoning_tokens = (i % 3 == 0).then_some(1);
+            recent.finished(&r);
+        }
+        let mut page = recent.page().await.unwrap();
+        let mut frames = 0;
+        let mut text = Vec::new();
+        while let Some(frame) = page.frame().await {
+            text.extend_from_slice(&frame.unwrap().into_data().unwrap());
+            frames += 1;
+        }
+        assert_eq!(frames, 3, "512 rows a frame");
+        assert_eq!(String::from_utf8(text).unwrap(), recent.trace().to_jsonl());
+        drop(page);
+        // Two pages at once; a third waits for one to end.
+        let (one, two) = (recent.page().await.unwrap(), recent.page().await.unwrap());
+        assert!(recent.page().await.is_none());
+        drop(one);
+        assert!(recent.page().await.is_some());
+        drop(two);
+    }
 }
