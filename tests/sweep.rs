@@ -572,3 +572,86 @@ async fn an_https_target_is_verified_against_the_given_ca() {
     assert!(stderr.contains("--ca-cert /nonexistent/ca.pem"), "{stderr}");
     stop.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_inputs_are_bounded_refused_clearly_and_never_steer_the_terminal() {
+    let config = write_config("hostile", TPOT_30MS);
+    let config = config.to_str().unwrap();
+    let (engine, stop) = start_engine(timed_engine(1, 1)).await;
+    let target = format!("http://{engine}");
+    let dir = std::env::temp_dir();
+    let file = |name: &str, text: &str| {
+        let path = dir.join(format!("llmslo-hostile-{}-{name}", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let sweep = |extra: Vec<String>| {
+        let mut all = args(&["sweep", "--config", config, "--target", &target, "--model", "sim"]);
+        all.extend(extra);
+        common::llmslo_output_async(all)
+    };
+    // A trace over the byte bound is refused before it is read (a sparse file: no disk used).
+    let huge = dir.join(format!("llmslo-hostile-{}-huge.jsonl", std::process::id()));
+    std::fs::File::create(&huge).unwrap().set_len(80 << 20).unwrap();
+    let (code, _, stderr) = sweep(args(&["--replay", huge.to_str().unwrap()])).await;
+    assert_eq!(code, 64, "{stderr}");
+    assert!(stderr.contains("at most 67108864 are read"), "{stderr}");
+    // A span that would never finish, and bounds of a line.
+    for (line, says) in [
+        (
+            r#"{"timestamp":18446744073709551615,"input_length":1,"output_length":1}"#,
+            "past 2592000000 (30 days)",
+        ),
+        (
+            r#"{"timestamp":1,"input_length":1,"output_length":1,"api":"shell"}"#,
+            "is not one of chat",
+        ),
+        (
+            r#"{"timestamp":1,"input_length":10,"output_length":1,"hash_ids":[1,2,3]}"#,
+            "3 hash_ids for 10 prompt tokens",
+        ),
+    ] {
+        let trace = file(
+            "line.jsonl",
+            &format!("{{\"timestamp\":0,\"input_length\":1,\"output_length\":1}}\n{line}\n"),
+        );
+        let (code, _, stderr) = sweep(args(&["--replay", trace.to_str().unwrap()])).await;
+        assert_eq!(code, 64, "{line}: {stderr}");
+        assert!(stderr.contains(says), "{line}: {stderr}");
+    }
+    for endless in ["1e30", "18446744073709551616s", "400d"] {
+        let (code, _, stderr) = sweep(args(&["--duration", endless])).await;
+        assert_eq!(code, 2, "{endless}: {stderr}");
+        assert!(
+            stderr.contains("longer than 30 days") || stderr.contains("too large"),
+            "{endless}: {stderr}"
+        );
+    }
+    // A remote page over the bound is refused, not read whole.
+    let page = axum::Router::new().route("/workload", axum::routing::get(|| async { "x".repeat(70 << 20) }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let remote = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, page).await });
+    let (code, _, stderr) = sweep(args(&["--workload-from", &format!("http://{remote}/workload")])).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("over 67108864 bytes"), "{stderr}");
+    // What a file says reaches the terminal escaped: a model name with escape sequences.
+    let sly = "\u{1b}]0;pwned\u{7}\u{1b}[2J";
+    let trace = file(
+        "sly.jsonl",
+        &format!(
+            "{}\n{}\n",
+            serde_json::json!({"timestamp": 0, "input_length": 1, "output_length": 1, "model": format!("sim{sly}")}),
+            serde_json::json!({"timestamp": 50, "input_length": 1, "output_length": 1, "model": format!("sim{sly}")}),
+        ),
+    );
+    let (_, stdout, stderr) = sweep(args(&["--replay", trace.to_str().unwrap()])).await;
+    for shown in [&stdout, &stderr] {
+        assert!(!shown.contains('\u{1b}') && !shown.contains('\u{7}'), "{shown:?}");
+    }
+    assert!(
+        stderr.contains("\\u{1b}") || stdout.contains("\\u{1b}"),
+        "{stdout}\n{stderr}"
+    );
+    stop.cancel();
+}

@@ -11,6 +11,24 @@ use std::time::Duration;
 pub const MAX_LENGTH: u32 = 1_000_000;
 /// Most lines a trace may hold.
 pub const MAX_ROWS: usize = 1_000_000;
+/// Largest trace read (a file, or a sidecar's page): with the other bounds, what reading it
+/// holds stays within a few times this.
+pub const MAX_TRACE_BYTES: u64 = 64 << 20;
+/// Latest arrival a trace may state, in milliseconds (30 days): a replay that would take longer
+/// is a broken trace, not a workload.
+pub const MAX_TIMESTAMP_MS: u64 = 30 * 24 * 3600 * 1000;
+/// Longest model name a trace line may state, in bytes.
+const MAX_MODEL_BYTES: usize = 128;
+/// The prompt block Mooncake's `hash_ids` count in, in tokens.
+const HASH_BLOCK_TOKENS: u32 = 512;
+/// The APIs a trace line may name.
+const APIS: [&str; 4] = ["chat", "completions", "responses", "messages"];
+
+/// Reads the trace file at `path`, within [`MAX_TRACE_BYTES`] (named `name` in errors).
+pub fn read_trace_file(name: &str, path: &std::path::Path) -> Result<Trace, String> {
+    let text = crate::flags::read_bounded(path, MAX_TRACE_BYTES).map_err(|e| format!("{name}: {e}"))?;
+    Trace::parse(name, &text)
+}
 
 /// One request of a trace.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -75,6 +93,9 @@ impl Trace {
         if trace.rows.is_empty() {
             return Err(format!("{name}: no requests in the trace"));
         }
+        if trace.span() > Duration::from_millis(MAX_TIMESTAMP_MS) {
+            return Err(format!("{name}: its requests span more than 30 days"));
+        }
         Ok(trace)
     }
 
@@ -94,6 +115,7 @@ impl Trace {
                 ))
             })?;
             check_lengths(row.input_length, row.output_length).map_err(at)?;
+            check_row(&row).map_err(at)?;
             rows.push(row);
         }
         Ok(Self::new(rows))
@@ -190,6 +212,36 @@ impl TraceRow {
             hash_ids: Vec::new(),
         }
     }
+}
+
+/// What a line may state beyond its lengths: an arrival within [`MAX_TIMESTAMP_MS`], a known
+/// API, a model name of plausible length, and no more prompt blocks than its prompt has.
+fn check_row(row: &TraceRow) -> Result<(), String> {
+    if row.timestamp > MAX_TIMESTAMP_MS {
+        return Err(format!(
+            "timestamp {} ms is past {MAX_TIMESTAMP_MS} (30 days)",
+            row.timestamp
+        ));
+    }
+    if let Some(api) = row.api.as_deref().filter(|api| !APIS.contains(api)) {
+        return Err(format!(
+            "api `{}` is not one of {}",
+            api.chars().take(32).collect::<String>(),
+            APIS.join(", ")
+        ));
+    }
+    if row.model.as_ref().is_some_and(|m| m.len() > MAX_MODEL_BYTES) {
+        return Err(format!("a model name longer than {MAX_MODEL_BYTES} bytes"));
+    }
+    let blocks = (row.input_length / HASH_BLOCK_TOKENS + 1) as usize;
+    if row.hash_ids.len() > blocks {
+        return Err(format!(
+            "{} hash_ids for {} prompt tokens (one per {HASH_BLOCK_TOKENS})",
+            row.hash_ids.len(),
+            row.input_length
+        ));
+    }
+    Ok(())
 }
 
 fn check_lengths(input: u32, output: u32) -> Result<(), String> {

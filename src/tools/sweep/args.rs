@@ -7,10 +7,10 @@ use super::report::Report;
 use super::saved::SavedComparison;
 use super::{describe_workload, LoadPlan, SweepError, SweepOptions, Workload};
 use crate::config::Config;
-use crate::flags::{duration, EXIT_CONFIG};
+use crate::flags::{duration, terminal_safe, EXIT_CONFIG};
 use crate::slo::spec::SloKind;
 use crate::workload::shape::Shape;
-use crate::workload::trace::Trace;
+use crate::workload::trace::{read_trace_file, Trace};
 use clap::Args;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -275,8 +275,7 @@ impl SweepArgs {
         let usage = |m: String| SweepError::Usage(m);
         if let Some(path) = &self.replay {
             let name = path.display().to_string();
-            let text = std::fs::read_to_string(path).map_err(|e| usage(format!("--replay {name}: {e}")))?;
-            let trace = Trace::parse(&name, &text).map_err(usage)?;
+            let trace = read_trace_file(&name, path).map_err(|e| usage(format!("--replay {e}")))?;
             if trace.rows.len() < 2 || trace.span().is_zero() {
                 return Err(usage(format!(
                     "--replay {name}: a trace needs two requests at different times to have a rate"
@@ -299,12 +298,16 @@ impl SweepArgs {
         }
         if let Some(path) = &self.workload {
             let name = path.display().to_string();
-            let text = std::fs::read_to_string(path).map_err(|e| usage(format!("--workload {name}: {e}")))?;
+            let text = crate::flags::read_bounded(path, MAX_SHAPE_BYTES)
+                .map_err(|e| usage(format!("--workload {name}: {e}")))?;
             return Ok(Workload::Shape(Shape::from_yaml(&name, &text).map_err(usage)?));
         }
         Ok(Workload::Fixed)
     }
 }
+
+/// Largest workload shape file read: a shape is a few classes of a few lines each.
+const MAX_SHAPE_BYTES: u64 = 1 << 20;
 
 /// A list of rates or scales above zero; `None` for none or `auto`.
 fn rates(list: &[String], flag: &str) -> Result<Option<Vec<f64>>, SweepError> {
@@ -366,7 +369,7 @@ fn bursts(value: &str) -> Result<Bursts, String> {
 pub async fn run(args: SweepArgs) -> ExitCode {
     let (json, plot) = (args.json.clone(), args.plot.clone());
     let fail = |e: SweepError| {
-        eprintln!("llmslo sweep: {e}");
+        eprintln!("llmslo sweep: {}", terminal_safe(&e.to_string()));
         match e {
             SweepError::Usage(_) => ExitCode::from(EXIT_CONFIG),
             SweepError::Target(_) => ExitCode::FAILURE,
@@ -403,7 +406,7 @@ pub async fn run(args: SweepArgs) -> ExitCode {
         Err(e) => return fail(e),
     };
     if let Some(workload) = describe_workload(&options) {
-        eprint!("{workload}");
+        eprint!("{}", terminal_safe(&workload));
     }
     let done = match compare.get(1) {
         Some(other) => super::compare::run(CompareOptions {
@@ -425,14 +428,15 @@ pub async fn run(args: SweepArgs) -> ExitCode {
 /// files asked for.
 fn show(done: Done, json: Option<PathBuf>, plot: Option<PathBuf>) -> ExitCode {
     let fail = |e: String| {
-        eprintln!("llmslo sweep: {e}");
+        eprintln!("llmslo sweep: {}", terminal_safe(&e));
         ExitCode::from(EXIT_CONFIG)
     };
     let json_to_stdout = json.as_deref().is_some_and(|p| p.as_os_str() == "-");
     if json_to_stdout {
         println!("{:#}", done.to_json());
     } else {
-        print!("{}", done.render());
+        // What a saved file or a remote page holds is shown, never obeyed by the terminal.
+        print!("{}", terminal_safe(&done.render()));
     }
     if let Some(path) = json.filter(|_| !json_to_stdout) {
         if let Err(e) = std::fs::write(&path, format!("{:#}\n", done.to_json())) {

@@ -344,8 +344,8 @@ impl Requester {
     }
 }
 
-/// Largest page [`fetch_text`] reads: a million trace lines.
-pub const MAX_FETCHED_BYTES: usize = 256 << 20;
+/// Largest page [`fetch_text`] reads: a trace's bound.
+pub const MAX_FETCHED_BYTES: usize = crate::workload::trace::MAX_TRACE_BYTES as usize;
 
 /// GETs `url` and returns its body as text (a sidecar's `/workload`), within a minute.
 pub async fn fetch_text(url: &str, ca_cert: Option<&PathBuf>) -> Result<String, String> {

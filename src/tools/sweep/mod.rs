@@ -16,6 +16,7 @@ pub mod saved;
 pub mod stats;
 pub mod verdict;
 
+use crate::flags::terminal_safe;
 use crate::record::Outcome;
 use crate::slo::spec::{SloKind, SloSet};
 use crate::workload::shape::Shape;
@@ -388,9 +389,14 @@ pub async fn hold(requester: &Requester, bodies: Arc<Bodies>, load: Load, plan: 
 /// by is kept, with its reason).
 pub fn judge_step(load: Load, window: Duration, samples: &[Sample], slos: &SloSet, label: &str) -> StepResult {
     let step = StepResult::from_samples(load, window, samples, slos);
-    eprintln!("llmslo sweep: {label}{}", report::step_line(&step));
+    // A step's line and note can quote the target's answers: shown, never obeyed.
+    eprintln!(
+        "llmslo sweep: {}",
+        terminal_safe(&format!("{label}{}", report::step_line(&step)))
+    );
     if let Some(note) = step.note() {
-        eprintln!("llmslo sweep: {label}{}: {note}; the sweep goes on", step.load);
+        let note = format!("{label}{}: {note}; the sweep goes on", step.load);
+        eprintln!("llmslo sweep: {}", terminal_safe(&note));
     }
     step
 }

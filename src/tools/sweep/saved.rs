@@ -106,10 +106,14 @@ fn workload(report: &Report) -> String {
     }
 }
 
+/// Largest saved sweep read: what `--json` writes is tens of kilobytes.
+pub const MAX_SAVED_BYTES: u64 = 4 << 20;
+
 /// Reads one saved sweep as the report it was, its SLOs checked against `slos`.
 pub fn read_report(path: &Path, slos: &SloSet) -> Result<Report, SweepError> {
     let name = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| SweepError::Usage(format!("{name}: {e}")))?;
+    let text =
+        crate::flags::read_bounded(path, MAX_SAVED_BYTES).map_err(|e| SweepError::Usage(format!("{name}: {e}")))?;
     let document: Value = serde_json::from_str(&text)
         .map_err(|e| SweepError::Usage(format!("{name}: not the JSON `llmslo sweep --json` writes: {e}")))?;
     report_from_json(&document, slos).map_err(|e| SweepError::Usage(format!("{name}: {e}")))
