@@ -186,6 +186,10 @@ struct WebhookArgs {
     /// PEM private key.
     #[arg(long)]
     tls_key: PathBuf,
+    /// PEM CA certificates: only callers presenting a certificate they signed are answered
+    /// (the API server, given a client certificate in its admission configuration).
+    #[arg(long, value_name = "FILE")]
+    client_ca: Option<PathBuf>,
     /// The sidecar image to inject (llmslo publishes none: build it from the Dockerfile).
     #[arg(long, env = "LLMSLO_IMAGE")]
     image: String,
@@ -402,7 +406,7 @@ impl Cli {
                     self.log.as_deref().unwrap_or("info"),
                     self.log_format.unwrap_or(LogFormat::Text),
                 );
-                let tls = match webhook::TlsFiles::load(&args.tls_cert, &args.tls_key) {
+                let tls = match webhook::TlsFiles::load(&args.tls_cert, &args.tls_key, args.client_ca.as_deref()) {
                     Ok(tls) => Arc::new(tls),
                     Err(e) => {
                         eprintln!("llmslo: {e}");

@@ -58,7 +58,8 @@ async fn admission_review_over_tls_returns_a_patch_that_injects_the_pod() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("tls.crt"), &tls.cert_pem).unwrap();
     std::fs::write(dir.join("tls.key"), &tls.key_pem).unwrap();
-    let tls_files = Arc::new(llmslo::k8s::webhook::TlsFiles::load(&dir.join("tls.crt"), &dir.join("tls.key")).unwrap());
+    let tls_files =
+        Arc::new(llmslo::k8s::webhook::TlsFiles::load(&dir.join("tls.crt"), &dir.join("tls.key"), None).unwrap());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
@@ -230,5 +231,170 @@ fn patched_pods_from_admission_fixtures_are_valid_kubernetes() {
             );
         }
     }
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// `llmslo webhook` in its own process on a free loopback port, with the files of `tls` (and
+/// `client_ca`); returns the process and its address once it answers.
+async fn webhook_process(
+    tls: &Tls,
+    client_ca: Option<&str>,
+) -> (std::process::Child, std::net::SocketAddr, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!(
+        "llmslo-webhook-proc-{}-{}",
+        std::process::id(),
+        common::free_port()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tls.crt"), &tls.cert_pem).unwrap();
+    std::fs::write(dir.join("tls.key"), &tls.key_pem).unwrap();
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{}", common::free_port()).parse().unwrap();
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_llmslo"));
+    command.args(["webhook", "--listen", &addr.to_string(), "--image", "llmslo:test"]);
+    command
+        .arg("--tls-cert")
+        .arg(dir.join("tls.crt"))
+        .arg("--tls-key")
+        .arg(dir.join("tls.key"));
+    if let Some(ca) = client_ca {
+        std::fs::write(dir.join("client-ca.crt"), ca).unwrap();
+        command.arg("--client-ca").arg(dir.join("client-ca.crt"));
+    }
+    let child = command
+        .env_remove("LLMSLO_IMAGE")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        if TcpStream::connect(addr).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    (child, addr, dir)
+}
+
+fn peak_rss_bytes(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmHWM:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hostile_reviews_cost_bounded_memory_and_the_next_pod_is_still_injected() {
+    let tls = self_signed();
+    let (mut child, addr, dir) = webhook_process(&tls, None).await;
+    let review = |object: Value| {
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+               "request": {"uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                           "operation": "CREATE", "namespace": "llm", "object": object}})
+    };
+    // A dense array of 3 MiB: refused before anything is built.
+    let dense = review(json!({"metadata": {"x": vec![0; 1_400_000]}}));
+    // A labelled pod within the value bound whose strings fill the body: injected.
+    let mut heavy = pod();
+    heavy["spec"]["containers"][0]["env"] = json!((0..900)
+        .map(|i| json!({"name": format!("E{i}"), "value": "v".repeat(3000)}))
+        .collect::<Vec<_>>());
+    let heavy = review(heavy);
+    assert!(dense.to_string().len() > 2 << 20 && heavy.to_string().len() > 2 << 20);
+    let start = peak_rss_bytes(child.id());
+    let sent: Vec<_> = (0..16)
+        .map(|i| {
+            let (roots, body) = (
+                tls.roots.clone(),
+                if i % 2 == 0 { dense.clone() } else { heavy.clone() },
+            );
+            tokio::spawn(async move { post_review(addr, roots, body).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for request in sent {
+        answers.push(request.await.unwrap());
+    }
+    for (i, (status, answer)) in answers.iter().enumerate() {
+        if i % 2 == 0 {
+            assert_eq!(*status, 400, "the dense review");
+        } else {
+            assert_eq!(*status, 200);
+            assert_eq!(answer["response"]["patchType"], "JSONPatch");
+        }
+    }
+    let peak = peak_rss_bytes(child.id());
+    eprintln!("webhook RSS {} MiB at start, peak {} MiB", start >> 20, peak >> 20);
+    // One review at a time: measured 20 MiB for one such review, 32 MiB with sixteen waiting;
+    // before the bounds, one 4 MiB review took it past 300 MiB.
+    assert!(
+        peak < start + (40 << 20),
+        "peak {} MiB from {} MiB",
+        peak >> 20,
+        start >> 20
+    );
+    let (status, answer) = post_review(addr, tls.roots.clone(), review(pod())).await;
+    assert_eq!((status, &answer["response"]["patchType"]), (200, &json!("JSONPatch")));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_client_ca_only_callers_it_signed_are_answered() {
+    let tls = self_signed();
+    let ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    let mut ca = ca;
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let client_key = rcgen::KeyPair::generate().unwrap();
+    let client_cert = rcgen::CertificateParams::new(vec!["kube-apiserver".to_string()])
+        .unwrap()
+        .signed_by(&client_key, &ca_cert, &ca_key)
+        .unwrap();
+    let (mut child, addr, dir) = webhook_process(&tls, Some(&ca_cert.pem())).await;
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "operation": "CREATE", "namespace": "llm", "object": pod()}});
+    let ask = |client: Option<(rcgen::Certificate, rcgen::KeyPair)>| {
+        let (roots, review) = (tls.roots.clone(), review.clone());
+        async move {
+            let config =
+                rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                    .with_safe_default_protocol_versions()
+                    .unwrap()
+                    .with_root_certificates(roots);
+            let config = match client {
+                Some((cert, key)) => config
+                    .with_client_auth_cert(
+                        vec![cert.der().clone()],
+                        rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+                    )
+                    .unwrap(),
+                None => config.with_no_client_auth(),
+            };
+            let tcp = TcpStream::connect(addr).await.unwrap();
+            let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+            let stream = tokio_rustls::TlsConnector::from(Arc::new(config))
+                .connect(name, tcp)
+                .await
+                .ok()?;
+            let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .ok()?;
+            tokio::spawn(connection);
+            let request = http::Request::post("/mutate")
+                .header("host", "llmslo-injector.llmslo.svc")
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(review.to_string())))
+                .unwrap();
+            Some(sender.send_request(request).await.ok()?.status().as_u16())
+        }
+    };
+    // Anyone else: refused in the handshake (TLS 1.3 tells the client at its first request).
+    assert_eq!(ask(None).await, None);
+    // The API server, with the certificate the CA signed: answered.
+    assert_eq!(ask(Some((client_cert, client_key))).await, Some(200));
+    child.kill().unwrap();
+    child.wait().unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -52,6 +52,7 @@ value_sets=(
     "--set certificates.source=cert-manager --set slo.namespaces={llm,team-b} --set injector.sidecarMode=classic --set podMonitor.allNamespaces=false"
     "--set autoscaling.keda.enabled=true --set autoscaling.keda.scaleTargetRef.name=vllm --set autoscaling.keda.namespace=llm"
     "--set serviceMonitor.enabled=true --set serviceMonitor.selector.app=vllm --set podMonitor.enabled=false --set dashboards.enabled=true --set dashboards.annotations.grafana_folder=LLM"
+    "--set injector.clientCAConfigMap=apiserver-admission-ca --set injector.networkPolicy.enabled=true --set injector.networkPolicy.from[0].ipBlock.cidr=10.0.0.0/24"
 )
 for v in "${versions[@]}"; do
     for values in "${value_sets[@]}"; do

@@ -20,11 +20,20 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-/// Largest AdmissionReview accepted (the API server sends far less).
-const MAX_REVIEW_BYTES: usize = 4 << 20;
+/// Largest AdmissionReview accepted: a Pod is at most about 1.5 MiB (etcd's object limit).
+pub const MAX_REVIEW_BYTES: usize = 3 << 20;
+/// Most JSON values an AdmissionReview may hold (counted before anything is built): a Pod of
+/// many containers holds a few thousand.
+pub const MAX_REVIEW_VALUES: usize = 20_000;
+/// Reviews read and answered at once; each holds its body and its Pod's JSON, so these bound
+/// the webhook's memory. The others wait their turn up to [`REVIEW_WAIT`].
+pub const MAX_REVIEWS_AT_ONCE: usize = 1;
+/// Longest a review waits for its turn, and then for its body: the API server gives up sooner.
+const REVIEW_WAIT: Duration = Duration::from_secs(10);
 
-/// Loads a PEM certificate chain and private key into a TLS acceptor.
-fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, String> {
+/// Loads a PEM certificate chain and private key into a TLS acceptor; with `client_ca`, only
+/// clients presenting a certificate it signed (the API server's) complete the handshake.
+fn tls_acceptor(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<TlsAcceptor, String> {
     let chain = CertificateDer::pem_file_iter(cert)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
         .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
@@ -32,21 +41,50 @@ fn tls_acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, String> {
         return Err(format!("--tls-cert {}: no certificate in the file", cert.display()));
     }
     let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("--tls-key {}: {e}", key.display()))?;
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_no_client_auth()
+        .map_err(|e| e.to_string())?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(path) => builder.with_client_cert_verifier(client_verifier(path, provider)?),
+    };
+    let mut config = builder
         .with_single_cert(chain, key)
         .map_err(|e| format!("the certificate and key do not fit together: {e}"))?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
 }
 
-/// The certificate and key files, re-read when they change (cert-manager renews them in place),
-/// so a renewed certificate is served without a restart.
+/// Verifies clients against the CA certificates in `path`.
+fn client_verifier(
+    path: &Path,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in
+        CertificateDer::pem_file_iter(path).map_err(|e| format!("--client-ca {}: {e}", path.display()))?
+    {
+        let certificate = certificate.map_err(|e| format!("--client-ca {}: {e}", path.display()))?;
+        roots
+            .add(certificate)
+            .map_err(|e| format!("--client-ca {}: {e}", path.display()))?;
+    }
+    if roots.is_empty() {
+        return Err(format!("--client-ca {}: no certificate in the file", path.display()));
+    }
+    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+        .build()
+        .map_err(|e| format!("--client-ca {}: {e}", path.display()))
+}
+
+/// The certificate and key files (and the client CA, when callers must present a certificate),
+/// re-read when they change (cert-manager renews them in place), so a renewed certificate is
+/// served without a restart.
 pub struct TlsFiles {
     cert: PathBuf,
     key: PathBuf,
+    client_ca: Option<PathBuf>,
     current: Mutex<(Option<SystemTime>, TlsAcceptor)>,
 }
 
@@ -60,23 +98,24 @@ impl std::fmt::Debug for TlsFiles {
 }
 
 impl TlsFiles {
-    /// Loads both files; an error names the flag and the file.
-    pub fn load(cert: &Path, key: &Path) -> Result<Self, String> {
-        let acceptor = tls_acceptor(cert, key)?;
+    /// Loads the files; an error names the flag and the file.
+    pub fn load(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Self, String> {
+        let acceptor = tls_acceptor(cert, key, client_ca)?;
         Ok(Self {
             cert: cert.to_path_buf(),
             key: key.to_path_buf(),
-            current: Mutex::new((modified(cert, key), acceptor)),
+            client_ca: client_ca.map(Path::to_path_buf),
+            current: Mutex::new((modified(cert, key, client_ca), acceptor)),
         })
     }
 
     /// The acceptor for a new connection: reloaded first when either file changed. A changed
     /// pair that does not load (caught mid-update) is logged and the previous one kept.
     pub fn acceptor(&self) -> TlsAcceptor {
-        let stamp = modified(&self.cert, &self.key);
+        let stamp = modified(&self.cert, &self.key, self.client_ca.as_deref());
         let mut current = self.current.lock().expect("tls lock");
         if stamp.is_some() && stamp != current.0 {
-            match tls_acceptor(&self.cert, &self.key) {
+            match tls_acceptor(&self.cert, &self.key, self.client_ca.as_deref()) {
                 Ok(acceptor) => {
                     info!(cert = %self.cert.display(), "TLS certificate reloaded");
                     *current = (stamp, acceptor);
@@ -91,25 +130,46 @@ impl TlsFiles {
     }
 }
 
-/// The later modification time of the two files (through symlinks, as Secret volumes use).
-fn modified(cert: &Path, key: &Path) -> Option<SystemTime> {
+/// The latest modification time of the files (through symlinks, as Secret volumes use).
+fn modified(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Option<SystemTime> {
     let time = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    Some(time(cert)?.max(time(key)?))
+    let ca = match client_ca {
+        Some(path) => Some(time(path)?),
+        None => None,
+    };
+    Some(time(cert)?.max(time(key)?).max(ca.unwrap_or(SystemTime::UNIX_EPOCH)))
 }
 
 /// Connections open at once (the API servers keep a few each).
 const WEBHOOK_MAX_CONNECTIONS: usize = 1024;
 
+/// What the webhook answers with: the injection options, and the turns of the reviews.
+#[derive(Debug)]
+pub struct Webhook {
+    options: InjectOptions,
+    turns: tokio::sync::Semaphore,
+}
+
+impl Webhook {
+    /// A webhook injecting as `options` say.
+    pub fn new(options: InjectOptions) -> Self {
+        Self {
+            options,
+            turns: tokio::sync::Semaphore::new(MAX_REVIEWS_AT_ONCE),
+        }
+    }
+}
+
 /// Serves the webhook over TLS on `listener` until `shutdown`.
 pub async fn serve(listener: TcpListener, tls: Arc<TlsFiles>, options: InjectOptions, shutdown: CancellationToken) {
-    let options = Arc::new(options);
+    let webhook = Arc::new(Webhook::new(options));
     crate::serve::serve_with(
         listener,
         move |stream| {
             let acceptor = tls.acceptor();
             async move { acceptor.accept(stream).await }
         },
-        move |request, _peer| handle(request, options.clone()),
+        move |request, _peer| handle(request, webhook.clone()),
         shutdown,
         Duration::from_secs(10),
         crate::serve::ConnectionLimits::new(WEBHOOK_MAX_CONNECTIONS),
@@ -118,10 +178,9 @@ pub async fn serve(listener: TcpListener, tls: Arc<TlsFiles>, options: InjectOpt
 }
 
 /// Answers one HTTP request: POST an AdmissionReview, get one back; `/healthz` for probes.
-pub async fn handle(
-    request: Request<Incoming>,
-    options: Arc<InjectOptions>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+/// Reviews take turns ([`MAX_REVIEWS_AT_ONCE`]), and each is bounded in bytes and in values
+/// before anything is built of it.
+pub async fn handle(request: Request<Incoming>, webhook: Arc<Webhook>) -> Result<Response<Full<Bytes>>, Infallible> {
     if request.method() == Method::GET && request.uri().path() == "/healthz" {
         return Ok(reply(StatusCode::OK, "text/plain", "ok\n".into()));
     }
@@ -132,20 +191,114 @@ pub async fn handle(
             "POST an AdmissionReview\n".into(),
         ));
     }
-    let body = match Limited::new(request.into_body(), MAX_REVIEW_BYTES).collect().await {
-        Ok(body) => body.to_bytes(),
-        Err(e) => {
+    let Ok(Ok(_turn)) = tokio::time::timeout(REVIEW_WAIT, webhook.turns.acquire()).await else {
+        return Ok(reply(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "busy: other reviews are being answered\n".into(),
+        ));
+    };
+    let read = tokio::time::timeout(
+        REVIEW_WAIT,
+        Limited::new(request.into_body(), MAX_REVIEW_BYTES).collect(),
+    );
+    let body = match read.await {
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(e)) => {
             return Ok(reply(
                 StatusCode::BAD_REQUEST,
                 "text/plain",
-                format!("unreadable body: {e}\n"),
+                format!("unreadable body (at most {MAX_REVIEW_BYTES} bytes): {e}\n"),
+            ))
+        }
+        Err(_) => {
+            return Ok(reply(
+                StatusCode::REQUEST_TIMEOUT,
+                "text/plain",
+                "the body did not arrive in time\n".into(),
             ))
         }
     };
-    match review(&body, &options) {
+    if let Err(message) = within_values(&body, MAX_REVIEW_VALUES) {
+        return Ok(reply(StatusCode::BAD_REQUEST, "text/plain", format!("{message}\n")));
+    }
+    match review(&body, &webhook.options) {
         Ok(answer) => Ok(reply(StatusCode::OK, "application/json", answer.to_string())),
         Err(message) => Ok(reply(StatusCode::BAD_REQUEST, "text/plain", format!("{message}\n"))),
     }
+}
+
+/// Checks that `body` holds at most `limit` JSON values, counting them as it skips them:
+/// nothing is built, so a dense array costs its bytes, not a tree.
+fn within_values(body: &[u8], limit: usize) -> Result<(), String> {
+    use serde::de::{DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
+    /// Counts the values of what it visits into a shared count, failing past the limit.
+    struct Count<'a> {
+        seen: &'a std::cell::Cell<usize>,
+        limit: usize,
+    }
+    impl<'de> DeserializeSeed<'de> for Count<'_> {
+        type Value = ();
+        fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<(), D::Error> {
+            deserializer.deserialize_any(self)
+        }
+    }
+    impl<'de> Visitor<'de> for Count<'_> {
+        type Value = ();
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("JSON")
+        }
+        fn visit_bool<E: serde::de::Error>(self, _: bool) -> Result<(), E> {
+            self.one()
+        }
+        fn visit_i64<E: serde::de::Error>(self, _: i64) -> Result<(), E> {
+            self.one()
+        }
+        fn visit_u64<E: serde::de::Error>(self, _: u64) -> Result<(), E> {
+            self.one()
+        }
+        fn visit_f64<E: serde::de::Error>(self, _: f64) -> Result<(), E> {
+            self.one()
+        }
+        fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<(), E> {
+            self.one()
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+            self.one()
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
+            self.one()?;
+            while seq.next_element_seed(self.again())?.is_some() {}
+            Ok(())
+        }
+        fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+            self.one()?;
+            while map.next_key::<serde::de::IgnoredAny>()?.is_some() {
+                map.next_value_seed(self.again())?;
+            }
+            Ok(())
+        }
+    }
+    impl Count<'_> {
+        fn again(&self) -> Self {
+            Count {
+                seen: self.seen,
+                limit: self.limit,
+            }
+        }
+        fn one<E: serde::de::Error>(&self) -> Result<(), E> {
+            self.seen.set(self.seen.get() + 1);
+            if self.seen.get() > self.limit {
+                return Err(E::custom(format!("more than {} JSON values", self.limit)));
+            }
+            Ok(())
+        }
+    }
+    let seen = std::cell::Cell::new(0);
+    let mut reader = serde_json::Deserializer::from_slice(body);
+    Count { seen: &seen, limit }
+        .deserialize(&mut reader)
+        .map_err(|e| format!("not an AdmissionReview llmslo answers: {e}"))
 }
 
 /// The AdmissionReview response for a request body; `Err` only when it is no AdmissionReview.
@@ -321,5 +474,17 @@ mod tests {
         assert!(review(b"{\"request\":{}}", &InjectOptions::with_image("llmslo:test"))
             .unwrap_err()
             .contains("uid"));
+    }
+
+    #[test]
+    fn values_are_counted_without_building_anything() {
+        assert!(within_values(&admission(pod(true), "Pod", "CREATE"), MAX_REVIEW_VALUES).is_ok());
+        let dense = format!("{{\"request\":{{\"object\":[{}0]}}}}", "0,".repeat(30_000));
+        let error = within_values(dense.as_bytes(), MAX_REVIEW_VALUES).unwrap_err();
+        assert!(error.contains("more than 20000 JSON values"), "{error}");
+        assert!(within_values(b"{oops", 10).is_err());
+        // Nested past the reader's depth limit: an error, not a stack overflow.
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        assert!(within_values(deep.as_bytes(), MAX_REVIEW_VALUES).is_err());
     }
 }
