@@ -46,6 +46,8 @@ slos:
 goodput: {require: [ttft-500ms, tpot-50ms]}
 gpu: {enabled: false}
 final_scrape_grace: 0s
+# The load comes from one address, as through a gateway.
+max_in_flight_per_client: 1024
 EOF
 
 # Waits for a started process's log (text, as both are started with) to name its address, and

@@ -357,7 +357,7 @@ async fn an_upload_that_trickles_is_cut_off_at_the_total_body_timeout() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_over_the_in_flight_cap_get_503_and_are_no_ones_fault() {
     let (upstream, _) = start_engine(timed_engine(50, 100)).await;
-    let sidecar = start_sidecar(upstream, "max_in_flight_requests: 3\n").await;
+    let sidecar = start_sidecar(upstream, "max_in_flight_requests: 3\nmax_in_flight_per_client: 3\n").await;
     let addr = sidecar.proxy_addr;
     let streams: Vec<_> = (0..6)
         .map(|_| {
@@ -585,7 +585,7 @@ async fn h2c_stream_multiplication_is_held_to_the_in_flight_cap_in_fds_and_memor
     use llmslo::tools::bench::attacks::Attack;
     let (upstream, _) = start_engine(timed_engine(20, 100)).await;
     // Streams of 5 s: every one the attack opens is still streaming when the next comes.
-    let config = "max_in_flight_requests: 20\nmax_streams_per_connection: 10\n";
+    let config = "max_in_flight_requests: 20\nmax_in_flight_per_client: 20\nmax_streams_per_connection: 10\n";
     let sidecar = process::SidecarProcess::start(upstream, config, None);
     let baseline = sidecar.open_fds();
     // Five h2c connections that each try 150 streams: 10 each are let in (50), 20 forwarded (a margin should a connection be torn down early).
@@ -758,7 +758,11 @@ async fn h2_streams_whose_window_stays_shut_are_released_at_the_send_timeout() {
     use llmslo::tools::bench::attacks::zero_window;
     use std::time::Duration;
     let (upstream, _) = start_engine(timed_engine(10, 100)).await;
-    let sidecar = start_sidecar(upstream, "max_in_flight_requests: 8\nsend_timeout: 2s\n").await;
+    let sidecar = start_sidecar(
+        upstream,
+        "max_in_flight_requests: 8\nmax_in_flight_per_client: 8\nsend_timeout: 2s\n",
+    )
+    .await;
     // One connection, eight streaming requests, every stream's window shut for 10 s.
     let attack = tokio::spawn(zero_window(sidecar.proxy_addr, 1, 8, Duration::from_secs(10)));
     let held = async {
@@ -1499,4 +1503,60 @@ async fn slow_workload_scrapers_hold_two_pages_at_most_and_never_the_proxy() {
     );
     drop(scrapers);
     sidecar.stop();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reopens_stalled_streams_holds_its_share_and_no_more() {
+    use llmslo::tools::bench::attacks::{reopened_zero_window, ATTACKER};
+    use std::time::Duration;
+    let (upstream, _) = start_engine(timed_engine(10, 100)).await;
+    // 40 slots in all, 20 for any one client; streams not taken are let go after 2 s.
+    let sidecar = start_sidecar(upstream, "max_in_flight_requests: 40\nsend_timeout: 2s\n").await;
+    // From an address of its own: four connections of 100 zero-window streams, reopened as
+    // they are let go, for 10 s.
+    let attack = tokio::spawn(reopened_zero_window(
+        sidecar.proxy_addr,
+        ATTACKER,
+        4,
+        100,
+        Duration::from_secs(10),
+    ));
+    let held = async {
+        while sample(&sidecar.metrics.encode(), "llmslo_requests_in_flight", &[]) < 20.0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), held)
+        .await
+        .expect("the attack holds its share");
+    // Every legitimate request over the attack is served.
+    let mut statuses = Vec::new();
+    let started = std::time::Instant::now();
+    while started.elapsed() < Duration::from_secs(8) {
+        statuses.push(
+            post_collect(sidecar.proxy_addr, "/v1/chat/completions", chat_body(2, true, false))
+                .await
+                .0,
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        statuses.len() > 20 && statuses.iter().all(|s| *s == 200),
+        "{statuses:?}"
+    );
+    let m = sidecar.metrics.encode();
+    assert!(
+        sample(
+            &m,
+            "llmslo_requests_refused_total",
+            &[("reason", "client_in_flight_limit")]
+        ) > 0.0,
+        "the attacker was held to its share: {m}"
+    );
+    assert_eq!(
+        sample(&m, "llmslo_requests_refused_total", &[("reason", "in_flight_limit")]),
+        0.0
+    );
+    attack.await.unwrap();
+    sidecar.shutdown().await;
 }

@@ -49,6 +49,7 @@ pub(super) struct FileConfig {
     pub(super) max_connections: Option<usize>,
     pub(super) max_streams_per_connection: Option<u32>,
     pub(super) max_in_flight_requests: Option<usize>,
+    pub(super) max_in_flight_per_client: Option<usize>,
     pub(super) max_event_bytes: Option<usize>,
     #[serde(default, with = "humantime_serde")]
     pub(super) upstream_timeout: Option<Duration>,
@@ -389,6 +390,10 @@ impl Config {
                 .max_streams_per_connection
                 .unwrap_or(defaults::MAX_STREAMS_PER_CONNECTION),
             max_in_flight_requests: f.max_in_flight_requests.unwrap_or(defaults::MAX_IN_FLIGHT_REQUESTS),
+            // Half of all, by default: no one client keeps the others out.
+            max_in_flight_per_client: f
+                .max_in_flight_per_client
+                .unwrap_or_else(|| (f.max_in_flight_requests.unwrap_or(defaults::MAX_IN_FLIGHT_REQUESTS) / 2).max(1)),
             max_event_bytes: f.max_event_bytes.unwrap_or(defaults::MAX_EVENT_BYTES),
             upstream_timeout: f.upstream_timeout.unwrap_or(defaults::UPSTREAM_TIMEOUT),
             stream_idle_timeout: Some(f.stream_idle_timeout.unwrap_or(defaults::STREAM_IDLE_TIMEOUT))

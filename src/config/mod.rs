@@ -172,6 +172,8 @@ pub struct Config {
     /// Requests forwarded at once, over all connections and protocols (503 beyond it); each
     /// holds at most one engine connection.
     pub max_in_flight_requests: usize,
+    /// Of those, the most one client address may hold (429 beyond it).
+    pub max_in_flight_per_client: usize,
     /// Largest stream event (or JSON response) interpreted.
     pub max_event_bytes: usize,
     /// How long the engine may take to send a response head (then 504).

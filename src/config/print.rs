@@ -77,6 +77,7 @@ impl Config {
             "max_connections": self.max_connections,
             "max_streams_per_connection": self.max_streams_per_connection,
             "max_in_flight_requests": self.max_in_flight_requests,
+            "max_in_flight_per_client": self.max_in_flight_per_client,
             "max_event_bytes": self.max_event_bytes,
             "upstream_timeout": human(self.upstream_timeout),
             "stream_idle_timeout": human(self.stream_idle_timeout.unwrap_or_default()),

@@ -49,6 +49,15 @@ impl Config {
         if self.max_in_flight_requests == 0 {
             return Err(ConfigError::invalid("max_in_flight_requests", "must be at least 1"));
         }
+        if self.max_in_flight_per_client == 0 || self.max_in_flight_per_client > self.max_in_flight_requests {
+            return Err(ConfigError::invalid(
+                "max_in_flight_per_client",
+                format!(
+                    "must be from 1 to max_in_flight_requests ({})",
+                    self.max_in_flight_requests
+                ),
+            ));
+        }
         if self.request_body_total_timeout < self.request_body_timeout {
             return Err(ConfigError::invalid(
                 "request_body_total_timeout",

@@ -113,15 +113,20 @@ pub enum RefusalReason {
     /// The sidecar's own open-file limit stopped a connection to the engine: 503 with
     /// Retry-After, never counted as the engine's fault.
     FileDescriptors,
+    /// One client address held its share of the in-flight slots (`max_in_flight_per_client`):
+    /// 429 with Retry-After, so that no one client (holding streams it does not read, say)
+    /// keeps the others out.
+    ClientInFlightLimit,
 }
 
 impl RefusalReason {
     /// Every reason, in label order.
-    pub const ALL: [RefusalReason; 4] = [
+    pub const ALL: [RefusalReason; 5] = [
         RefusalReason::RequestBufferFull,
         RefusalReason::ConnectionLimit,
         RefusalReason::InFlightLimit,
         RefusalReason::FileDescriptors,
+        RefusalReason::ClientInFlightLimit,
     ];
 
     /// The `reason` label value.
@@ -131,6 +136,7 @@ impl RefusalReason {
             RefusalReason::ConnectionLimit => "connection_limit",
             RefusalReason::InFlightLimit => "in_flight_limit",
             RefusalReason::FileDescriptors => "file_descriptors",
+            RefusalReason::ClientInFlightLimit => "client_in_flight_limit",
         }
     }
 
@@ -141,6 +147,7 @@ impl RefusalReason {
             RefusalReason::ConnectionLimit => "max_connections",
             RefusalReason::InFlightLimit => "max_in_flight_requests",
             RefusalReason::FileDescriptors => "open-file",
+            RefusalReason::ClientInFlightLimit => "max_in_flight_per_client",
         }
     }
 }

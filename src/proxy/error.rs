@@ -72,6 +72,7 @@ impl ProxyError {
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::BadUpstreamResponse { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Client(fault) => fault.status(),
+            ProxyError::Overloaded(RefusalReason::ClientInFlightLimit) => StatusCode::TOO_MANY_REQUESTS,
             ProxyError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::ConnectRefused => StatusCode::METHOD_NOT_ALLOWED,
         }

@@ -6,20 +6,21 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use tokio::sync::OwnedSemaphorePermit;
 
-/// `inner`, holding `permit` until it is dropped.
-pub struct Held<B> {
+/// `inner`, holding `permit` (a semaphore's, or any share that gives itself back when dropped)
+/// until it is dropped.
+pub struct Held<B, P = OwnedSemaphorePermit> {
     inner: B,
-    _permit: Option<OwnedSemaphorePermit>,
+    _permit: Option<P>,
 }
 
-impl<B> Held<B> {
+impl<B, P> Held<B, P> {
     /// Wraps `inner`, holding `permit` (when there is one) for its lifetime.
-    pub fn new(inner: B, permit: Option<OwnedSemaphorePermit>) -> Self {
+    pub fn new(inner: B, permit: Option<P>) -> Self {
         Self { inner, _permit: permit }
     }
 }
 
-impl<B: Body + Unpin> Body for Held<B> {
+impl<B: Body + Unpin, P: Unpin> Body for Held<B, P> {
     type Data = B::Data;
     type Error = B::Error;
 

@@ -92,6 +92,8 @@ pub struct ProxySettings {
     pub request_body_min_rate: u64,
     /// Requests forwarded at once (503 beyond it).
     pub max_in_flight_requests: usize,
+    /// Of those, the most one client address may hold (429 beyond it).
+    pub max_in_flight_per_client: usize,
     /// How long the upstream may take to send a response head.
     pub upstream_timeout: Duration,
     /// Longest silence of the upstream within a response body; `None` waits for ever.
@@ -121,7 +123,10 @@ impl Proxy {
         let stack = ServiceBuilder::new()
             .layer(GuardLayer::new(recorder.clone(), guard))
             .layer(ObserveLayer::new(recorder, settings.observe))
-            .layer(AdmitLayer::new(settings.max_in_flight_requests))
+            .layer(AdmitLayer::new(
+                settings.max_in_flight_requests,
+                settings.max_in_flight_per_client,
+            ))
             .layer(ResponseDeadlineLayer::new(settings.upstream_timeout))
             .service(Forward::new(client, &settings.upstream, settings.stream_idle_timeout));
         Self { stack }

@@ -144,6 +144,7 @@ impl Sidecar {
                 request_body_total_timeout: config.request_body_total_timeout,
                 request_body_min_rate: config.request_body_min_rate,
                 max_in_flight_requests: config.max_in_flight_requests,
+                max_in_flight_per_client: config.max_in_flight_per_client,
                 upstream_timeout: config.upstream_timeout,
                 stream_idle_timeout: config.stream_idle_timeout,
                 observe: ObserveSettings {

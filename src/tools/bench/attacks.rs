@@ -15,6 +15,9 @@ const HOLD: Duration = Duration::from_secs(2);
 const SLOT_HOLD: Duration = Duration::from_secs(8);
 /// The chat route every request-shaped attack goes to.
 const CHAT: &str = "/v1/chat/completions";
+/// The client address of the attacks that come from an address of their own (loopback holds
+/// the whole 127.0.0.0/8), apart from the legitimate clients on 127.0.0.1.
+pub const ATTACKER: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
 
 /// One kind of attack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,11 +47,16 @@ pub enum Attack {
     IdleH2,
     /// Uploads that declare a small body and send a byte a second.
     TrickledBodies,
+    /// Zero-window h2c streams from one client address of their own, opened again as soon as
+    /// the sidecar lets them go, to hold every in-flight slot for ever.
+    ReopenedZeroWindow,
+    /// Requests whose `metadata`, `user` and `safety_identifier` are megabytes of dense arrays.
+    DenseRequestFields,
 }
 
 impl Attack {
     /// Every attack, in the order the soak runs them.
-    pub const ALL: [Attack; 12] = [
+    pub const ALL: [Attack; 14] = [
         Attack::HostileModelNames,
         Attack::HalfOpenHeads,
         Attack::PartialPreface,
@@ -61,6 +69,8 @@ impl Attack {
         Attack::ZeroWindow,
         Attack::IdleH2,
         Attack::TrickledBodies,
+        Attack::ReopenedZeroWindow,
+        Attack::DenseRequestFields,
     ];
 
     /// A short name for reports.
@@ -78,6 +88,8 @@ impl Attack {
             Attack::ZeroWindow => "h2 zero window",
             Attack::IdleH2 => "idle h2c connections",
             Attack::TrickledBodies => "trickled bodies",
+            Attack::ReopenedZeroWindow => "reopened zero windows",
+            Attack::DenseRequestFields => "dense request fields",
         }
     }
 
@@ -116,6 +128,8 @@ impl Attack {
             Attack::ZeroWindow => zero_window(addr, 3, 100, SLOT_HOLD).await,
             Attack::IdleH2 => idle_h2(addr, 200, SLOT_HOLD).await,
             Attack::TrickledBodies => trickled_bodies(addr, 200, SLOT_HOLD).await,
+            Attack::ReopenedZeroWindow => reopened_zero_window(addr, ATTACKER, 4, 100, 2 * SLOT_HOLD).await,
+            Attack::DenseRequestFields => dense_request_fields(addr, 4).await,
         }
     }
 }
@@ -369,6 +383,74 @@ pub async fn zero_window(addr: SocketAddr, connections: usize, streams: u32, hol
         readers.spawn(async move { drain_for(&mut stream, hold).await });
     }
     while readers.join_next().await.is_some() {}
+}
+
+/// [`zero_window`]'s connections from the address `from`, opened again as the sidecar closes
+/// them, until `hold` has passed.
+pub async fn reopened_zero_window(
+    addr: SocketAddr,
+    from: std::net::IpAddr,
+    connections: usize,
+    streams: u32,
+    hold: Duration,
+) {
+    let body = served_streaming_chat(50);
+    let shut = frame(h2::SETTINGS, 0, 0, &[0, h2::INITIAL_WINDOW_SIZE, 0, 0, 0, 0]);
+    let until = tokio::time::Instant::now() + hold;
+    let mut attackers = JoinSet::new();
+    for _ in 0..connections {
+        let (body, shut) = (body.clone(), shut.clone());
+        attackers.spawn(async move {
+            while tokio::time::Instant::now() < until {
+                let Ok(mut stream) = connect_from(from, addr).await else {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                };
+                let mut batch = h2::PREFACE.to_vec();
+                batch.extend(&shut);
+                batch.extend(requests(streams, &body));
+                if stream.write_all(&batch).await.is_ok() {
+                    drain_for(
+                        &mut stream,
+                        until.saturating_duration_since(tokio::time::Instant::now()),
+                    )
+                    .await;
+                }
+            }
+        });
+    }
+    while attackers.join_next().await.is_some() {}
+}
+
+/// A TCP connection to `addr` from the address `from`.
+async fn connect_from(from: std::net::IpAddr, addr: SocketAddr) -> std::io::Result<TcpStream> {
+    let socket = match from {
+        std::net::IpAddr::V4(_) => TcpSocket::new_v4()?,
+        std::net::IpAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.bind(SocketAddr::new(from, 0))?;
+    socket.connect(addr).await
+}
+
+/// `n` requests at once, each of about 3.4 MiB whose `metadata`, `user` and
+/// `safety_identifier` are dense arrays: a JSON tree of them would take ten times their bytes.
+pub async fn dense_request_fields(addr: SocketAddr, n: usize) {
+    let dense = format!("[{}0]", "0,".repeat(600_000));
+    let body = format!(
+        r#"{{"model":"sim","messages":[{{"role":"user","content":"hi"}}],"max_tokens":1,"metadata":{{"x":{dense},"user_id":"a"}},"user":{dense},"safety_identifier":{dense}}}"#
+    );
+    let request = std::sync::Arc::new(format!(
+        "POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    ));
+    let mut tasks = JoinSet::new();
+    for _ in 0..n {
+        let request = request.clone();
+        tasks.spawn(async move {
+            let _ = exchange(addr, request.as_bytes()).await;
+        });
+    }
+    while tasks.join_next().await.is_some() {}
 }
 
 /// `n` h2c connections that each make one short request, read its answer, and then stay open

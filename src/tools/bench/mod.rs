@@ -153,7 +153,9 @@ async fn measure(options: &BenchOptions, engine: SocketAddr, dir: PathBuf) -> Re
     let dir = dir.as_path();
     let tokens = options.engine.tokens;
     let workers = options.proxy_workers;
-    let mut proxies = vec![start_sidecar_process(engine, dir, "", Some(workers)).await?.0];
+    // The bench's load comes from one address, as through a gateway: every in-flight slot is its.
+    let one_client = "max_in_flight_per_client: 1024\n";
+    let mut proxies = vec![start_sidecar_process(engine, dir, one_client, Some(workers)).await?.0];
     if let Some(nginx) = &options.nginx {
         let port = free_port()?;
         let conf = dir.join("nginx.conf");
