@@ -365,7 +365,7 @@ impl Reader for RequestFamilies {
                 model: model.clone(),
                 operation,
             }));
-            for outcome in Outcome::CREATED_AT_ZERO {
+            for outcome in Outcome::ALL.into_iter().filter(|o| o.is_created_at_zero()) {
                 let labels = outcome_labels(&labels, outcome);
                 for tenant in &self.tenants {
                     drop(self.requests.get_or_create(&TenantOutcomeLabels {

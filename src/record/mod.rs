@@ -52,16 +52,11 @@ impl Outcome {
         Outcome::Shutdown,
     ];
 
-    /// The outcomes whose series exist from the start: all but `shutdown`, which a sidecar
-    /// sees only as it stops.
-    pub const CREATED_AT_ZERO: [Outcome; 6] = [
-        Outcome::Success,
-        Outcome::UpstreamError,
-        Outcome::ClientError,
-        Outcome::ClientCancelled,
-        Outcome::Timeout,
-        Outcome::ConnectError,
-    ];
+    /// Whether its series exist from the start: all but `shutdown`'s, which a sidecar sees
+    /// only as it stops.
+    pub fn is_created_at_zero(self) -> bool {
+        self != Outcome::Shutdown
+    }
 
     /// Whether a request that ended so says nothing of the service: the client's doing, or
     /// the sidecar's own stop. It is no event of any SLO.
