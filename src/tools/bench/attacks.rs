@@ -1,5 +1,6 @@
 //! What a hostile client can do to a pod's sidecar, each attack bounded in size and time and
-//! aimed at one address on loopback: used by the adversarial tests and by `llmslo soak
+//! aimed at one address on loopback, from an address of its own ([`ATTACKER`], apart from the
+//! legitimate clients on 127.0.0.1): used by the adversarial tests and by `llmslo soak
 //! --attacks`, which interleaves them with real streams.
 
 use std::net::SocketAddr;
@@ -15,8 +16,8 @@ const HOLD: Duration = Duration::from_secs(2);
 const SLOT_HOLD: Duration = Duration::from_secs(8);
 /// The chat route every request-shaped attack goes to.
 const CHAT: &str = "/v1/chat/completions";
-/// The client address of the attacks that come from an address of their own (loopback holds
-/// the whole 127.0.0.0/8), apart from the legitimate clients on 127.0.0.1.
+/// The client address the attacks come from (loopback holds the whole 127.0.0.0/8), apart from
+/// the legitimate clients on 127.0.0.1.
 pub const ATTACKER: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::new(127, 0, 0, 2));
 
 /// One kind of attack.
@@ -138,7 +139,7 @@ impl Attack {
 async fn hold_many(addr: SocketAddr, n: usize, bytes: &[u8]) {
     let mut held = Vec::with_capacity(n);
     for _ in 0..n {
-        if let Ok(mut stream) = TcpStream::connect(addr).await {
+        if let Ok(mut stream) = connect_from(ATTACKER, addr).await {
             let _ = stream.write_all(bytes).await;
             held.push(stream);
         }
@@ -179,7 +180,7 @@ async fn hostile_model_names(addr: SocketAddr) {
 
 /// Sends `request` and reads the answer until the peer closes (bounded).
 async fn exchange(addr: SocketAddr, request: &[u8]) -> std::io::Result<Vec<u8>> {
-    let mut stream = TcpStream::connect(addr).await?;
+    let mut stream = connect_from(ATTACKER, addr).await?;
     stream.write_all(request).await?;
     let mut answer = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(10), stream.read_to_end(&mut answer)).await;
@@ -214,6 +215,9 @@ async fn slow_readers(addr: SocketAddr, n: usize) {
     for _ in 0..n {
         let Ok(socket) = TcpSocket::new_v4() else { continue };
         let _ = socket.set_recv_buffer_size(1024);
+        if socket.bind(SocketAddr::new(ATTACKER, 0)).is_err() {
+            continue;
+        }
         if let Ok(mut stream) = socket.connect(addr).await {
             let _ = stream.write_all(request.as_bytes()).await;
             held.push(stream);
@@ -281,7 +285,7 @@ fn chat_headers() -> Vec<u8> {
 
 /// A connection that has sent the preface and an empty SETTINGS frame.
 async fn h2c(addr: SocketAddr) -> std::io::Result<TcpStream> {
-    let mut stream = TcpStream::connect(addr).await?;
+    let mut stream = connect_from(ATTACKER, addr).await?;
     stream.write_all(h2::PREFACE).await?;
     stream.write_all(&frame(h2::SETTINGS, 0, 0, &[])).await?;
     Ok(stream)
@@ -367,7 +371,7 @@ pub async fn zero_window(addr: SocketAddr, connections: usize, streams: u32, hol
     let shut = frame(h2::SETTINGS, 0, 0, &[0, h2::INITIAL_WINDOW_SIZE, 0, 0, 0, 0]);
     let mut held = Vec::new();
     for _ in 0..connections {
-        let Ok(mut stream) = TcpStream::connect(addr).await else {
+        let Ok(mut stream) = connect_from(ATTACKER, addr).await else {
             continue;
         };
         let mut batch = h2::PREFACE.to_vec();
@@ -473,7 +477,7 @@ pub async fn trickled_bodies(addr: SocketAddr, n: usize, hold: Duration) {
         format!("POST {CHAT} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 4096\r\n\r\n{{");
     let mut held = Vec::with_capacity(n);
     for _ in 0..n {
-        if let Ok(mut stream) = TcpStream::connect(addr).await {
+        if let Ok(mut stream) = connect_from(ATTACKER, addr).await {
             if stream.write_all(head.as_bytes()).await.is_ok() {
                 held.push(stream);
             }
