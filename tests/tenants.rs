@@ -536,3 +536,68 @@ async fn rotated_keys_are_read_without_a_restart_and_a_missing_table_fails_open_
     sidecar.stop();
     std::fs::remove_file(&keys).unwrap();
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_squatted_learned_slot_is_given_back_after_its_idle_time_with_its_series() {
+    let (engine, _stop) = start_engine(timed_engine(1, 1)).await;
+    let sidecar = start_sidecar(
+        engine,
+        "tenants:\n  from: [{header: x-team}]\n  names: [vip]\n  max_tenants: 2\n  forget_after: 1m\n\
+         min_events: 1\nslos:\n  - {name: e2e-1s, objective: 90, e2e: 1s}\ncost:\n  gpu_hour_price: 4.0\n",
+    )
+    .await;
+    model_learned(&sidecar, "sim").await;
+    let addr = sidecar.proxy_addr;
+    let send = |tenant: &'static str| async move {
+        assert_eq!(chat(addr, &[("x-team", tenant)], json!({}), 2).await, 200);
+    };
+    // Two squatters take both learned slots; a tenant that comes later is `other`.
+    send("squat-1").await;
+    send("squat-2").await;
+    send("late").await;
+    let m = settled(&sidecar).await;
+    assert_eq!(sample(&m, "llmslo_requests_total", &[("tenant", "other")]), 1.0);
+    assert_eq!(sample(&m, "llmslo_slo_events_total", &[("tenant", "squat-2")]), 1.0);
+    assert_eq!(sample(&m, "llmslo_tenants_learned", &[]), 2.0);
+    // squat-1 keeps coming; squat-2 falls silent for forget_after.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(25)).await;
+        send("squat-1").await;
+    }
+    let m = settled(&sidecar).await;
+    assert_eq!(sample(&m, "llmslo_tenants_forgotten_total", &[]), 1.0, "{m}");
+    let left: Vec<&str> = m.lines().filter(|l| l.contains("tenant=\"squat-2\"")).collect();
+    assert!(left.is_empty(), "a forgotten tenant's series stay: {left:#?}");
+    // Its slot is free for the tenant that came later, whose series start now.
+    send("late").await;
+    let m = settled(&sidecar).await;
+    assert_eq!(sample(&m, "llmslo_requests_total", &[("tenant", "late")]), 1.0);
+    assert_eq!(sample(&m, "llmslo_slo_events_total", &[("tenant", "late")]), 1.0);
+    assert!(m.contains("llmslo_cost_tenant_share_ratio{tenant=\"late\""), "{m}");
+    assert_eq!(sample(&m, "llmslo_requests_total", &[("tenant", "squat-1")]), 4.0);
+    assert_eq!(sample(&m, "llmslo_tenants_learned", &[]), 2.0);
+    // The squatter coming back finds the slots taken; counted as `other`, nothing lost.
+    send("squat-2").await;
+    let m = settled(&sidecar).await;
+    assert_eq!(sample(&m, "llmslo_requests_total", &[("tenant", "other")]), 2.0);
+    assert_eq!(
+        sample(&m, "llmslo_requests_total", &[("tenant", "squat-1")])
+            + sample(&m, "llmslo_requests_total", &[("tenant", "late")])
+            + sample(&m, "llmslo_requests_total", &[("tenant", "other")]),
+        7.0,
+        "eight requests, less the forgotten tenant's one"
+    );
+    sidecar.shutdown().await;
+}
+
+#[test]
+fn forget_after_is_bounded_and_printed() {
+    let up = "upstream: http://127.0.0.1:1\ntenants:\n  from: [{header: x-team}]\n";
+    for bad in ["0s", "500ms", "31days"] {
+        let error = llmslo::config::Config::from_yaml(&format!("{up}  forget_after: {bad}\n")).unwrap_err();
+        assert_eq!(error.key(), Some("tenants.forget_after"), "{bad}: {error}");
+        assert!(error.to_string().contains("between 1s and 30 days"), "{error}");
+    }
+    let config = llmslo::config::Config::from_yaml(&format!("{up}  forget_after: 6h\n")).unwrap();
+    assert!(config.to_yaml().contains("forget_after: 6h"), "{}", config.to_yaml());
+}

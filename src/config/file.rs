@@ -8,7 +8,9 @@ use crate::cost::{CostKind, CostSettings, CostSlo, DEFAULT_INPUT_TOKEN_WEIGHT};
 use crate::engine::EngineMetricsMode;
 use crate::gpu::GpuSettings;
 use crate::metrics::buckets::BucketOverrides;
-use crate::observe::tenants::{read_key_table, BodyField, SourceSetting, TenantSettings, DEFAULT_MAX_TENANTS};
+use crate::observe::tenants::{
+    read_key_table, BodyField, SourceSetting, TenantSettings, DEFAULT_FORGET_AFTER, DEFAULT_MAX_TENANTS,
+};
 use crate::otel::settings::OtelConfig;
 use crate::record::PerRequestSlos;
 use crate::slo::spec::{GoodputEntry, SloEntry, SloFile, SloSet};
@@ -143,6 +145,8 @@ pub(super) struct TenantsFile {
     from: Vec<TenantSourceFile>,
     names: Option<Vec<String>>,
     max_tenants: Option<usize>,
+    #[serde(default, with = "humantime_serde")]
+    forget_after: Option<Duration>,
 }
 
 /// One entry of `tenants.from`: exactly one of its keys.
@@ -153,6 +157,10 @@ struct TenantSourceFile {
     api_keys: Option<PathBuf>,
     body: Option<String>,
 }
+
+/// The shortest and longest `tenants.forget_after`.
+const FORGET_AFTER_MIN: Duration = Duration::from_secs(1);
+const FORGET_AFTER_MAX: Duration = Duration::from_secs(30 * 86_400);
 
 /// Most tenant labels a sidecar may keep: each multiplies the tenant families' series.
 const MAX_TENANTS_LIMIT: usize = 1000;
@@ -192,10 +200,18 @@ fn tenant_settings(file: Option<TenantsFile>) -> Result<TenantSettings, ConfigEr
         });
     }
     let max_tenants = file.max_tenants.unwrap_or(DEFAULT_MAX_TENANTS);
+    let forget_after = file.forget_after.unwrap_or(DEFAULT_FORGET_AFTER);
+    if !(FORGET_AFTER_MIN..=FORGET_AFTER_MAX).contains(&forget_after) {
+        return Err(ConfigError::invalid(
+            "tenants.forget_after",
+            "must be between 1s and 30 days: how long a learned tenant may be idle before its slot is given back",
+        ));
+    }
     let settings = TenantSettings {
         from,
         names: file.names.unwrap_or_default(),
         max_tenants,
+        forget_after,
     };
     let pinned = settings.pinned_count();
     if pinned + max_tenants > MAX_TENANTS_LIMIT {

@@ -139,6 +139,7 @@ impl Config {
                 "from": from,
                 "names": self.tenants.names,
                 "max_tenants": self.tenants.max_tenants,
+                "forget_after": humantime::format_duration(self.tenants.forget_after).to_string(),
             });
             mapping.insert(
                 "tenants".into(),

@@ -11,7 +11,7 @@
 //! add up to the whole.
 
 use crate::gpu::GpuState;
-use crate::record::{Reader, RequestRecord};
+use crate::record::{LabelText, Reader, RequestRecord};
 use crate::tenant::TenantLabel;
 use crate::window::{Windows, WINDOWS};
 use prometheus_client::collector::Collector;
@@ -306,6 +306,11 @@ impl Reader for CostMeter {
             .entry(TenantLabel(record.tenant.clone()))
             .or_insert_with(|| Windows::new(self.period, now))
             .add(now, [input, output]);
+    }
+
+    fn tenant_forgotten(&self, tenant: &LabelText) {
+        let mut state = self.state.lock().expect("cost lock");
+        state.tokens.remove(&TenantLabel(Some(tenant.clone())));
     }
 }
 

@@ -23,7 +23,8 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Unit;
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, RwLock};
 
 type HistogramFamily<L> = Family<L, Histogram, ClassicAndNative>;
 /// A latency family whose buckets each keep the trace of their latest sampled observation.
@@ -98,6 +99,9 @@ pub struct RequestFamilies {
     tenants: Vec<TenantLabel>,
     /// Where requests' tenants were read from (registered only with tenants).
     tenant_sources: Family<TenantSourceLabels, Counter>,
+    /// Every request label set a tenant's series were made under: where a forgotten tenant's
+    /// series are.
+    tenanted: RwLock<HashSet<RequestLabels>>,
 }
 
 /// The generation APIs `engine` serves, whose series are created at zero for every known
@@ -163,6 +167,7 @@ impl RequestFamilies {
                 None => vec![TenantLabel(None)],
             },
             tenant_sources: Family::default(),
+            tenanted: RwLock::default(),
         };
         families.register(registry);
         if tenants.is_some() {
@@ -403,6 +408,9 @@ impl Reader for RequestFamilies {
         if tenant.0.is_some() {
             let source = record.tenant_source.map_or("none", TenantSource::as_str);
             self.tenant_sources.get_or_create(&TenantSourceLabels { source }).inc();
+            if !self.tenanted.read().expect("tenanted lock").contains(&labels) {
+                self.tenanted.write().expect("tenanted lock").insert(labels.clone());
+            }
         }
         let exemplar = record.trace.map(ExemplarLabels::from);
         if let Some(ttft) = record.ttft {
@@ -453,6 +461,22 @@ impl Reader for RequestFamilies {
                 tenant,
             })
             .inc();
+    }
+
+    fn tenant_forgotten(&self, tenant: &LabelText) {
+        let tenant = TenantLabel(Some(tenant.clone()));
+        for labels in self.tenanted.read().expect("tenanted lock").iter() {
+            let counted = with_tenant(labels, &tenant);
+            for family in [&self.output_tokens, &self.input_tokens, &self.reasoning_tokens] {
+                family.remove(&counted);
+            }
+            for outcome in Outcome::ALL {
+                self.requests.remove(&TenantOutcomeLabels {
+                    outcome: outcome_labels(labels, outcome),
+                    tenant: tenant.clone(),
+                });
+            }
+        }
     }
 }
 

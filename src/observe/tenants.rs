@@ -1,22 +1,31 @@
 //! Whom a request serves: its tenant, from the first configured source that names one (a
 //! header, an API key mapped through a table, a body field), bounded like model names (the
-//! named tenants pinned, the first `max_tenants` others learned, the rest `other`). An API key
-//! is matched on a keyed hash held in memory: the key itself is never kept, logged or
-//! exported.
+//! named tenants pinned, up to `max_tenants` others learned, the rest `other`; a learned
+//! tenant idle for `forget_after` gives its slot back). An API key is matched on a keyed hash
+//! held in memory: the key itself is never kept, logged or exported.
 
 mod keys;
 
-use crate::record::LabelText;
 use crate::record::TenantSource;
+use crate::record::{LabelText, Reader, RequestRecord};
 use http::HeaderMap;
 use keys::KeyTable;
 pub use keys::{read_key_table, KeyFile, KeysRead, MAX_API_KEYS, MAX_API_KEY_FILE_BYTES};
-use std::collections::HashSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::RwLock;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+use std::time::Duration;
+use tokio::time::Instant;
 
 /// `tenants.max_tenants` when none is given.
 pub const DEFAULT_MAX_TENANTS: usize = 20;
+/// `tenants.forget_after` when none is given: how long a learned tenant may be idle before
+/// its slot is given back.
+pub const DEFAULT_FORGET_AFTER: Duration = Duration::from_secs(3600);
 /// The label of a request no source names a tenant for.
 pub const UNKNOWN_TENANT: &str = "unknown";
 /// The label of tenants past the bound, or whose name cannot be a label.
@@ -89,7 +98,7 @@ impl std::fmt::Debug for SourceSetting {
 }
 
 /// How tenants are read and bounded (`tenants:`); no sources means tenants are off.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TenantSettings {
     /// Where the tenant is read from, first match wins.
     pub from: Vec<SourceSetting>,
@@ -97,6 +106,19 @@ pub struct TenantSettings {
     pub names: Vec<String>,
     /// Further tenants learned as they come, before the rest are `other`.
     pub max_tenants: usize,
+    /// How long a learned tenant may send nothing before its slot (and its series) go.
+    pub forget_after: Duration,
+}
+
+impl Default for TenantSettings {
+    fn default() -> Self {
+        Self {
+            from: Vec::new(),
+            names: Vec::new(),
+            max_tenants: DEFAULT_MAX_TENANTS,
+            forget_after: DEFAULT_FORGET_AFTER,
+        }
+    }
 }
 
 impl TenantSettings {
@@ -168,11 +190,24 @@ enum Source {
 pub struct Tenants {
     sources: Vec<Source>,
     pinned: Vec<LabelText>,
-    learned: RwLock<HashSet<LabelText>>,
+    /// Each learned tenant and when it was last seen (a request labelled or ended).
+    learned: RwLock<HashMap<LabelText, LastSeen>>,
     max_learned: usize,
+    forget_after: Duration,
+    /// Held while idle tenants' series go, and by whoever (re)learns a tenant meanwhile: so
+    /// no request of a tenant is counted while its series are being removed.
+    forgetting: Mutex<()>,
+    /// The clock `LastSeen` counts from.
+    epoch: Instant,
+    learned_now: Gauge,
+    forgotten: Counter,
     unknown: LabelText,
     other: LabelText,
 }
+
+/// When a learned tenant was last seen: milliseconds since [`Tenants::epoch`].
+#[derive(Debug)]
+struct LastSeen(AtomicU64);
 
 impl std::fmt::Debug for Tenants {
     /// Never the keys' hashes.
@@ -194,8 +229,13 @@ impl Tenants {
         let mut tenants = Self {
             sources: Vec::new(),
             pinned,
-            learned: RwLock::new(HashSet::new()),
+            learned: RwLock::new(HashMap::new()),
             max_learned: settings.max_tenants,
+            forget_after: settings.forget_after,
+            forgetting: Mutex::new(()),
+            epoch: Instant::now(),
+            learned_now: Gauge::default(),
+            forgotten: Counter::default(),
             unknown: LabelText::from(UNKNOWN_TENANT),
             other: LabelText::from(OTHER_TENANT),
         };
@@ -323,19 +363,115 @@ impl Tenants {
         if !is_plausible(raw) {
             return self.other.clone();
         }
-        if let Some(known) = self.learned.read().expect("tenant set lock").get(raw) {
-            return known.clone();
+        let now = self.millis(Instant::now());
+        {
+            let learned = self.learned.read().expect("tenant set lock");
+            if let Some((known, seen)) = learned.get_key_value(raw) {
+                seen.0.store(now, Ordering::Relaxed);
+                return known.clone();
+            }
+            if learned.len() >= self.max_learned {
+                return self.other.clone();
+            }
         }
+        // Learned after any forgetting under way, so none of its series are removed.
+        let _forgetting = self.forgetting.lock().expect("tenant forgetting lock");
         let mut learned = self.learned.write().expect("tenant set lock");
-        if let Some(known) = learned.get(raw) {
+        if let Some((known, seen)) = learned.get_key_value(raw) {
+            seen.0.store(now, Ordering::Relaxed);
             known.clone()
         } else if learned.len() < self.max_learned {
             let label = LabelText::from(raw);
-            learned.insert(label.clone());
+            learned.insert(label.clone(), LastSeen(AtomicU64::new(now)));
+            self.learned_now.set(learned.len() as i64);
             label
         } else {
             self.other.clone()
         }
+    }
+
+    /// Milliseconds from the epoch to `at`.
+    fn millis(&self, at: Instant) -> u64 {
+        u64::try_from(at.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Gives back the slots of the learned tenants nobody has seen for `forget_after` by
+    /// `now`: `forget` removes each one's series before anyone can learn it again. Returns
+    /// the tenants forgotten.
+    pub fn forget_idle(&self, now: Instant, forget: impl Fn(&LabelText)) -> Vec<LabelText> {
+        let Some(cutoff) = self.millis(now).checked_sub(self.forget_after.as_millis() as u64) else {
+            return Vec::new();
+        };
+        let _forgetting = self.forgetting.lock().expect("tenant forgetting lock");
+        let idle: Vec<LabelText> = {
+            let mut learned = self.learned.write().expect("tenant set lock");
+            let idle: Vec<LabelText> = learned
+                .iter()
+                .filter(|(_, seen)| seen.0.load(Ordering::Relaxed) <= cutoff)
+                .map(|(tenant, _)| tenant.clone())
+                .collect();
+            for tenant in &idle {
+                learned.remove(tenant);
+            }
+            self.learned_now.set(learned.len() as i64);
+            idle
+        };
+        for tenant in &idle {
+            forget(tenant);
+        }
+        self.forgotten.inc_by(idle.len() as u64);
+        idle
+    }
+
+    /// How often to look for idle tenants: a tenth of `forget_after`, between 1 s and 1 min.
+    pub fn forget_every(&self) -> Duration {
+        (self.forget_after / 10).clamp(Duration::from_secs(1), Duration::from_secs(60))
+    }
+
+    /// Registers the learned slots in use and the tenants forgotten.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "llmslo_tenants_learned",
+            "Learned tenant slots in use (at most tenants.max_tenants; the named tenants are not counted)",
+            self.learned_now.clone(),
+        );
+        registry.register(
+            "llmslo_tenants_forgotten",
+            "Learned tenants whose slot was given back after tenants.forget_after without a request, \
+             their series removed",
+            self.forgotten.clone(),
+        );
+    }
+
+    /// Whether `tenant` is a label a learned tenant has (neither pinned nor reserved).
+    fn is_learned_kind(&self, tenant: &LabelText) -> bool {
+        tenant != &self.unknown
+            && tenant != &self.other
+            && self.pinned.binary_search_by(|p| p.as_str().cmp(tenant)).is_err()
+    }
+}
+
+impl Reader for Tenants {
+    /// A learned tenant's request ended: it was seen now. One that outlived its tenant's slot
+    /// (forgotten while it ran) takes the slot back, past the bound if it must, so that the
+    /// series its record makes are forgotten in their turn, never left behind.
+    fn finished(&self, record: &RequestRecord) {
+        let Some(tenant) = record.tenant.as_ref().filter(|t| self.is_learned_kind(t)) else {
+            return;
+        };
+        let now = self.millis(Instant::now());
+        if let Some(seen) = self.learned.read().expect("tenant set lock").get(tenant) {
+            seen.0.store(now, Ordering::Relaxed);
+            return;
+        }
+        let _forgetting = self.forgetting.lock().expect("tenant forgetting lock");
+        let mut learned = self.learned.write().expect("tenant set lock");
+        learned
+            .entry(tenant.clone())
+            .or_insert_with(|| LastSeen(AtomicU64::new(now)))
+            .0
+            .store(now, Ordering::Relaxed);
+        self.learned_now.set(learned.len() as i64);
     }
 }
 
@@ -387,6 +523,7 @@ mod tests {
             from,
             names: names.iter().map(|n| n.to_string()).collect(),
             max_tenants: max,
+            ..TenantSettings::default()
         })
         .unwrap()
     }
@@ -462,6 +599,58 @@ mod tests {
                 "{same}: shared, never copied"
             );
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_learned_slot_is_given_back_after_its_idle_time_and_never_while_in_use() {
+        let t = Tenants::new(&TenantSettings {
+            from: vec![SourceSetting::Header("x-team".parse().unwrap())],
+            names: vec!["vip".into()],
+            max_tenants: 2,
+            forget_after: Duration::from_secs(60),
+        })
+        .unwrap();
+        let label = |raw: &str| t.label(&headers(&[("x-team", raw)]), BodyIds::default()).0;
+        let forgotten = std::sync::Mutex::new(Vec::new());
+        let forget = || {
+            t.forget_idle(Instant::now(), |tenant| {
+                forgotten.lock().unwrap().push(tenant.to_string())
+            })
+        };
+        let ended = |tenant: LabelText| {
+            let mut record = RequestRecord::new("m".into(), crate::record::Operation::Chat, Duration::ZERO);
+            record.tenant = Some(tenant);
+            record
+        };
+        assert_eq!(
+            (label("a"), label("b"), label("c")),
+            ("a".into(), "b".into(), OTHER_TENANT.into())
+        );
+        // b's request is labelled now and runs on past b's slot.
+        let b_runs = ended(label("b"));
+        tokio::time::advance(Duration::from_secs(40)).await;
+        assert_eq!(label("a"), "a", "a seen again at 40 s");
+        tokio::time::advance(Duration::from_secs(19)).await;
+        assert!(forget().is_empty(), "59 s is not idle enough");
+        tokio::time::advance(Duration::from_secs(11)).await;
+        assert_eq!(forget(), ["b"], "b idle 70 s, a 30 s");
+        assert_eq!(*forgotten.lock().unwrap(), ["b"]);
+        assert_eq!(label("c"), "c", "b's slot is free");
+        assert_eq!(label("vip"), "vip");
+        // b's request ends now: b takes a slot back past the bound, so the series its record
+        // makes are forgotten in their turn, never left behind.
+        t.finished(&b_runs);
+        assert_eq!(t.learned_now.get(), 3);
+        assert_eq!(label("d"), OTHER_TENANT, "no slot while three are held");
+        tokio::time::advance(Duration::from_secs(61)).await;
+        let mut all = forget();
+        all.sort();
+        assert_eq!(all, ["a", "b", "c"]);
+        assert_eq!(t.forgotten.get(), 4);
+        assert_eq!(label("d"), "d");
+        t.finished(&ended(label("vip")));
+        t.finished(&ended(UNKNOWN_TENANT.into()));
+        assert_eq!(t.learned_now.get(), 1, "named and reserved tenants take no slot");
     }
 
     #[test]

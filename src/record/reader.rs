@@ -38,6 +38,10 @@ pub trait Reader: Send + Sync {
 
     /// A request ended: its record, exact (recorded once per request).
     fn finished(&self, record: &RequestRecord);
+
+    /// A learned tenant was idle past its time and its slot given back: every series and
+    /// window kept for it goes (they start again at zero if it comes back).
+    fn tenant_forgotten(&self, _tenant: &LabelText) {}
 }
 
 /// Every reader of the sidecar, in the order the assembly gave them.
@@ -76,6 +80,12 @@ impl Reader for Readers {
     fn finished(&self, record: &RequestRecord) {
         for reader in &self.0 {
             reader.finished(record);
+        }
+    }
+
+    fn tenant_forgotten(&self, tenant: &LabelText) {
+        for reader in &self.0 {
+            reader.tenant_forgotten(tenant);
         }
     }
 }

@@ -85,8 +85,10 @@ pub struct Measurement {
     pub engine_view: Arc<EngineView>,
     /// The recent requests `/workload` serves, when kept.
     pub recent: Option<Arc<RecentRequests>>,
-    /// The tenants, when configured, for their key tables' reloads.
+    /// The tenants, when configured, for their key tables' reloads and idle slots.
     tenants: Option<Arc<Tenants>>,
+    /// Every reader, told when a tenant is forgotten.
+    readers: Readers,
     /// The key tables' gauges, when tenants read any.
     key_tables: Option<KeyTablesStatus>,
 }
@@ -96,6 +98,9 @@ impl Measurement {
     pub fn new(settings: MeasurementSettings) -> Self {
         let mut registry = Registry::default();
         let tenants = Tenants::new(&settings.tenants).map(Arc::new);
+        if let Some(tenants) = &tenants {
+            tenants.register(registry.families());
+        }
         let known = tenants.as_ref().map(|t| t.known());
         let key_tables = tenants
             .as_ref()
@@ -129,7 +134,9 @@ impl Measurement {
             )
         });
 
-        let mut readers = settings.extra;
+        // The tenants first: a learned tenant is seen before any series of it is made.
+        let mut readers: Vec<Arc<dyn Reader>> = tenants.iter().map(|t| t.clone() as Arc<dyn Reader>).collect();
+        readers.extend(settings.extra);
         readers.push(families.clone());
         readers.push(slo.clone());
         readers.push(capacity);
@@ -147,11 +154,13 @@ impl Measurement {
         let merged = (settings.engine_metrics == EngineMetricsMode::Merge)
             .then(|| Arc::new(EnginePage(engine_view.clone())) as Arc<dyn Appended>);
         let read = (settings.engine_metrics != EngineMetricsMode::Off).then(|| engine_view.clone());
+        let readers = Readers::new(readers);
         Self {
             recorder: Arc::new(
-                Recorder::new(&settings.recorder, Readers::new(readers), load, read, families.limits())
+                Recorder::new(&settings.recorder, readers.clone(), load, read, families.limits())
                     .with_tenants(tenants.clone()),
             ),
+            readers,
             metrics: Arc::new(registry.into_metrics(merged)),
             slo,
             engine_view,
@@ -180,6 +189,26 @@ impl Measurement {
         }
         if let Some((valid, keys)) = tenants.key_tables_status() {
             status.set(valid, keys);
+        }
+    }
+
+    /// How often to look for idle learned tenants; `None` without tenants.
+    pub fn forget_tenants_every(&self) -> Option<Duration> {
+        self.tenants.as_ref().map(|t| t.forget_every())
+    }
+
+    /// Gives back the slots of learned tenants idle past `tenants.forget_after`, removing
+    /// their series from every reader.
+    pub fn forget_idle_tenants(&self) {
+        let Some(tenants) = &self.tenants else {
+            return;
+        };
+        let forgotten = tenants.forget_idle(tokio::time::Instant::now(), |t| self.readers.tenant_forgotten(t));
+        if !forgotten.is_empty() {
+            info!(
+                tenants = forgotten.len(),
+                "learned tenants idle past tenants.forget_after: their slots are free and their series removed"
+            );
         }
     }
 

@@ -248,6 +248,9 @@ impl Sidecar {
                 tasks.spawn(run_sampler(source, config.gpu.processes, state, shutdown.clone()));
             }
         }
+        if let Some(every) = measurement.forget_tenants_every() {
+            tasks.spawn(forget_idle_tenants(measurement.clone(), every, shutdown.clone()));
+        }
         if config.file.is_some() {
             tasks.spawn(reload::reload_on_change(config.clone(), measurement, shutdown.clone()));
         }
@@ -304,6 +307,16 @@ impl Sidecar {
 
 /// Warns when the config's worst case does not fit the container's memory limit: reaching
 /// its limits at once would have the container killed instead of requests refused.
+/// Looks for idle learned tenants every `every` until shutdown, giving their slots back.
+async fn forget_idle_tenants(measurement: Measurement, every: Duration, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(every) => measurement.forget_idle_tenants(),
+        }
+    }
+}
+
 fn warn_if_over_the_memory_limit(config: &Config) {
     let worker_threads = tokio::runtime::Handle::current().metrics().num_workers();
     let worst = config.worst_case_memory_bytes(worker_threads);

@@ -315,6 +315,28 @@ impl Reader for SloEngine {
         self.create_series(model);
     }
 
+    fn tenant_forgotten(&self, tenant: &LabelText) {
+        let tenant = TenantLabel(Some(tenant.clone()));
+        let mut state = self.state.lock().expect("slo state lock");
+        state.slos.retain(|labels, _| {
+            let keep = labels.tenant != tenant;
+            if !keep {
+                self.events.remove(labels);
+                self.bad_events.remove(labels);
+            }
+            keep
+        });
+        state.goodput.retain(|label, _| {
+            let keep = label.tenant != tenant;
+            if !keep {
+                for family in [&self.goodput_judged, &self.goodput_requests, &self.goodput_tokens] {
+                    family.remove(label);
+                }
+            }
+            keep
+        });
+    }
+
     fn finished(&self, record: &RequestRecord) {
         self.record(record, || *self.decode_fit.lock().expect("decode fit lock"));
     }
