@@ -33,7 +33,9 @@ fn committed_example_rules_match_the_generator() {
 #[test]
 fn committed_tenant_rules_match_the_generator() {
     let generated = committed_rules_match(&[], "tests/rules/tenants.yaml", "tests/rules/tenants.rules.yaml");
-    assert!(generated.contains("sum by (model, tenant)") && generated.contains("llmslo:tenant_bad_event_share"));
+    assert!(
+        generated.contains("sum by (namespace, model, tenant)") && generated.contains("llmslo:tenant_bad_event_share")
+    );
 }
 
 #[test]
@@ -68,7 +70,7 @@ fn committed_comparison_rules_match_the_generator() {
     ]);
     assert_eq!(code, 0);
     assert!(text.contains("record: llmslo:compare_tpot_seconds:p99_rate30m"));
-    assert!(text.contains("sum by (le, model, rollouts_pod_template_hash)"));
+    assert!(text.contains("sum by (le, namespace, model, rollouts_pod_template_hash)"));
 }
 
 #[test]

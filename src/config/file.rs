@@ -12,7 +12,7 @@ use crate::observe::tenants::{
     read_key_table, BodyField, SourceSetting, TenantSettings, DEFAULT_FORGET_AFTER, DEFAULT_MAX_TENANTS,
 };
 use crate::otel::settings::OtelConfig;
-use crate::record::PerRequestSlos;
+use crate::record::{LabelText, PerRequestSlos};
 use crate::slo::spec::{GoodputEntry, SloEntry, SloFile, SloSet};
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -77,6 +77,7 @@ pub(super) struct FileConfig {
     #[serde(default, with = "humantime_serde")]
     pub(super) period: Option<Duration>,
     pub(super) min_events: Option<u64>,
+    pub(super) fleet_labels: Option<Vec<String>>,
     #[serde(default)]
     pub(super) slos: Vec<SloEntry>,
     pub(super) goodput: Option<GoodputEntry>,
@@ -503,7 +504,12 @@ pub(super) fn slo_set(f: &mut FileConfig) -> Result<SloSet, ConfigError> {
     };
     let per_tenant = f.tenants.as_ref().is_some_and(|t| !t.from.is_empty());
     let cost = cost_settings(f.cost.as_ref())?;
+    let fleet_labels = match f.fleet_labels.take() {
+        Some(labels) => labels.into_iter().map(LabelText::from).collect(),
+        None => crate::slo::spec::default_fleet_labels(),
+    };
     SloSet::validate(f.service.take(), f.period, f.min_events, file)
+        .and_then(|set| set.with_fleet_labels(fleet_labels))
         .map(|set| SloSet {
             per_tenant,
             cost_slos: cost.slos,

@@ -94,6 +94,7 @@ impl Config {
             "service": self.slos.service,
             "period": human(self.slos.period),
             "min_events": self.slos.min_events,
+            "fleet_labels": self.slos.fleet_labels.iter().map(|l| l.as_str()).collect::<Vec<_>>(),
             "gpu": {
                 "enabled": self.gpu.enabled,
                 "interval": human(self.gpu.interval),

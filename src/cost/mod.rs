@@ -117,13 +117,25 @@ struct State {
     tokens: BTreeMap<TenantLabel, Windows<2>>,
 }
 
+/// The SLO file's service as it is now (a reload may change it).
+pub type ServiceName = Box<dyn Fn() -> LabelText + Send + Sync>;
+
 /// The live cost of the pod.
-#[derive(Debug)]
 pub struct CostMeter {
     settings: CostSettings,
     period: Duration,
     gpu: Option<Arc<GpuState>>,
+    service: ServiceName,
     state: Mutex<State>,
+}
+
+impl std::fmt::Debug for CostMeter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CostMeter")
+            .field("settings", &self.settings)
+            .field("service", &(self.service)())
+            .finish_non_exhaustive()
+    }
 }
 
 /// One window's figures.
@@ -154,11 +166,13 @@ pub struct CostSnapshot {
 
 impl CostMeter {
     /// A meter pricing as `settings` say, reading the GPUs' names and energy from `gpu`
-    /// (when GPU telemetry is on), its counters registered in `registry`.
+    /// (when GPU telemetry is on), its counters registered in `registry`; its cost counter is
+    /// labelled with the SLO file's service as `service` says it now.
     pub fn new(
         settings: CostSettings,
         period: Duration,
         gpu: Option<Arc<GpuState>>,
+        service: ServiceName,
         registry: &mut Registry,
     ) -> Arc<Self> {
         let now = Instant::now();
@@ -166,6 +180,7 @@ impl CostMeter {
             settings,
             period,
             gpu,
+            service,
             state: Mutex::new(State {
                 spent: Spent {
                     history: VecDeque::from([(now, 0.0)]),
@@ -315,6 +330,11 @@ impl Reader for CostMeter {
 }
 
 #[derive(Debug, EncodeLabelSet)]
+struct ServiceLabels {
+    slo_service: LabelText,
+}
+
+#[derive(Debug, EncodeLabelSet)]
 struct WindowLabels {
     window: &'static str,
 }
@@ -347,12 +367,20 @@ impl Collector for CostCollector {
             None,
             gauge,
         )?)?;
-        ConstCounter::new(s.total).encode(encoder.encode_descriptor(
-            "llmslo_cost",
-            "What the pod's accelerators (and their energy) cost since the sidecar started",
-            None,
-            MetricType::Counter,
-        )?)?;
+        // The service tells two services' pods apart in one namespace (their cost rules).
+        ConstCounter::new(s.total).encode(
+            encoder
+                .encode_descriptor(
+                    "llmslo_cost",
+                    "What the pod's accelerators (and their energy) cost since the sidecar started, by the SLO \
+                     file's service",
+                    None,
+                    MetricType::Counter,
+                )?
+                .encode_family(&ServiceLabels {
+                    slo_service: (self.0.service)(),
+                })?,
+        )?;
         let per_window = |encoder: &mut DescriptorEncoder, name: &str, help: &str, read: fn(&WindowCost) -> f64| {
             let mut family = encoder.encode_descriptor(name, help, None, gauge)?;
             for w in &s.windows {

@@ -9,6 +9,7 @@ fn meter(settings: CostSettings) -> Arc<CostMeter> {
         settings,
         Duration::from_secs(30 * 24 * 3600),
         None,
+        Box::new(|| LabelText::from("chat")),
         &mut Registry::default(),
     )
 }
@@ -140,6 +141,7 @@ async fn each_gpu_model_has_its_price_and_its_energy_is_priced_by_the_kwh() {
         settings,
         Duration::from_secs(86_400),
         Some(gpu.clone()),
+        Box::new(|| LabelText::from("chat")),
         &mut Registry::default(),
     );
     publish(1_000_000.0);

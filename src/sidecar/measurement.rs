@@ -126,10 +126,12 @@ impl Measurement {
                 .register_collector(Box::new(GpuCollector(gpu.clone())));
         }
         let cost = settings.cost.enabled().then(|| {
+            let slo = slo.clone();
             CostMeter::new(
                 settings.cost.clone(),
                 settings.slos.period,
                 settings.gpu.clone(),
+                Box::new(move || slo.set().service.clone()),
                 registry.families(),
             )
         });

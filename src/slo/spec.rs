@@ -190,7 +190,29 @@ pub struct SloSet {
     pub cost_slos: Vec<CostSlo>,
     /// An input token's GPU time relative to an output token's (`cost.input_token_weight`).
     pub input_token_weight: f64,
+    /// The target labels that say where a pod runs (`fleet_labels`, default `namespace`): every
+    /// fleet rule keeps them, so each namespace (cluster, …) is judged and alerted on its own.
+    pub fleet_labels: Vec<LabelText>,
 }
+
+/// `fleet_labels` when none are given.
+pub fn default_fleet_labels() -> Vec<LabelText> {
+    vec![LabelText::from("namespace")]
+}
+
+/// Labels the rules use for something else, or that name one pod: never a fleet label.
+const NOT_FLEET_LABELS: [&str; 10] = [
+    "model",
+    "le",
+    "slo",
+    "slo_service",
+    "tenant",
+    "instance",
+    "pod",
+    "outcome",
+    "operation",
+    "window",
+];
 
 impl SloSet {
     /// Whether the SLO at `index` decides goodput, the knee and the capacity: listed under
@@ -217,12 +239,46 @@ impl Default for SloSet {
             per_tenant: false,
             cost_slos: Vec::new(),
             input_token_weight: DEFAULT_INPUT_TOKEN_WEIGHT,
+            fleet_labels: default_fleet_labels(),
         }
     }
 }
 
 /// A validation error: the key path and what is wrong.
 pub type SpecError = (String, String);
+
+impl SloSet {
+    /// The set with `labels` as its fleet labels, each a Prometheus label name the rules do
+    /// not use for something else, given once.
+    pub fn with_fleet_labels(self, labels: Vec<LabelText>) -> Result<Self, SpecError> {
+        for (i, label) in labels.iter().enumerate() {
+            let key = format!("fleet_labels[{i}]");
+            let name = label.as_str();
+            let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && !name.starts_with("__");
+            if !valid {
+                return Err((
+                    key,
+                    format!("`{name}` is not a Prometheus label name (letters, digits and _)"),
+                ));
+            }
+            if NOT_FLEET_LABELS.contains(&name) || name.starts_with("sloth_") {
+                return Err((
+                    key,
+                    format!("`{name}` is a label the rules use for something else, or names one pod; name where pods run, like namespace or cluster"),
+                ));
+            }
+            if labels[..i].contains(label) {
+                return Err((key, format!("`{name}` is given twice")));
+            }
+        }
+        Ok(Self {
+            fleet_labels: labels,
+            ..self
+        })
+    }
+}
 
 impl SloSet {
     /// Validates the written entries with the top-level `service`, `period` and `min_events`.
@@ -346,6 +402,7 @@ impl SloSet {
             per_tenant: false,
             cost_slos: Vec::new(),
             input_token_weight: DEFAULT_INPUT_TOKEN_WEIGHT,
+            fleet_labels: default_fleet_labels(),
         })
     }
 
