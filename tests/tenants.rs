@@ -187,7 +187,7 @@ async fn each_tenant_has_its_own_exact_burn_rate_and_goodput() {
     let (engine, _stop) = start_engine(timed_engine(100, 20)).await;
     let sidecar = start_sidecar(
         engine,
-        "tenants:\n  from: [{header: x-team}]\nmin_events: 1\nslos:\n  - {name: e2e-1s, objective: 90, e2e: 1s}\n",
+        "tenants:\n  from: [{header: x-team}]\n  gauges: true\nmin_events: 1\nslos:\n  - {name: e2e-1s, objective: 90, e2e: 1s}\n",
     )
     .await;
     model_learned(&sidecar, "sim").await;

@@ -148,6 +148,8 @@ pub(super) struct TenantsFile {
     max_tenants: Option<usize>,
     #[serde(default, with = "humantime_serde")]
     forget_after: Option<Duration>,
+    #[serde(default)]
+    gauges: bool,
 }
 
 /// One entry of `tenants.from`: exactly one of its keys.
@@ -213,6 +215,7 @@ fn tenant_settings(file: Option<TenantsFile>) -> Result<TenantSettings, ConfigEr
         names: file.names.unwrap_or_default(),
         max_tenants,
         forget_after,
+        gauges: file.gauges,
     };
     let pinned = settings.pinned_count();
     if pinned + max_tenants > MAX_TENANTS_LIMIT {

@@ -141,6 +141,7 @@ impl Config {
                 "names": self.tenants.names,
                 "max_tenants": self.tenants.max_tenants,
                 "forget_after": humantime::format_duration(self.tenants.forget_after).to_string(),
+                "gauges": self.tenants.gauges,
             });
             mapping.insert(
                 "tenants".into(),

@@ -83,7 +83,7 @@ pub struct RequestFamilies {
     tpot: ExemplarFamily<RequestLabels>,
     inter_chunk: HistogramFamily<RequestLabels>,
     tokens_per_chunk: HistogramFamily<RequestLabels>,
-    duration: ExemplarFamily<OutcomeLabels>,
+    duration: ExemplarFamily<RequestLabels>,
     token_usage: HistogramFamily<TokenLabels>,
     phases: phases::EnginePhases,
     requests: Family<TenantOutcomeLabels, Counter>,
@@ -102,22 +102,8 @@ pub struct RequestFamilies {
     /// Every request label set a tenant's series were made under: where a forgotten tenant's
     /// series are.
     tenanted: RwLock<HashSet<RequestLabels>>,
-}
-
-/// The generation APIs `engine` serves, whose series are created at zero for every known
-/// model. TGI has no Responses or Messages API; the other engines serve chat, completions
-/// and both (vLLM and SGLang natively; llama.cpp the Messages API). Non-generation routes get
-/// their series on first use.
-fn served_generation(engine: Engine) -> &'static [Operation] {
-    match engine {
-        Engine::Tgi => &[Operation::Chat, Operation::TextCompletion, Operation::Generate],
-        _ => &[
-            Operation::Chat,
-            Operation::TextCompletion,
-            Operation::Responses,
-            Operation::Messages,
-        ],
-    }
+    /// The models and APIs whose series exist: created when the first request of each starts.
+    operations: RwLock<HashSet<RequestLabels>>,
 }
 
 /// One request's part in the families while it runs: it counts in flight, and its gaps go to
@@ -168,6 +154,7 @@ impl RequestFamilies {
             },
             tenant_sources: Family::default(),
             tenanted: RwLock::default(),
+            operations: RwLock::default(),
         };
         families.register(registry);
         if tenants.is_some() {
@@ -211,7 +198,8 @@ impl RequestFamilies {
         self.duration.register(
             registry,
             "gen_ai_server_request_duration",
-            "Time from the request head to the end of the response (or its abort)",
+            "Time from the request head to the end of the response (or its abort), whatever its outcome \
+             (llmslo_requests_total counts the outcomes)",
             Unit::Seconds,
         );
         let r = &mut registry.families;
@@ -342,48 +330,49 @@ fn token_labels(labels: &RequestLabels, token_type: &'static str) -> TokenLabels
     }
 }
 
-impl Reader for RequestFamilies {
-    /// Creates every series of `model` at zero, so dashboards and alerts never miss one
-    /// (once the engine is known, so that no `provider="unknown"` series linger).
-    fn model_known(&self, model: &LabelText, provider: Option<Engine>) {
-        let Some(engine) = provider else {
+impl RequestFamilies {
+    /// Creates the series of `labels` (a model on one API) at zero, the first time a request
+    /// of it starts: so that a scrape during the first request already sees them, and a fleet
+    /// pays only for the APIs it serves.
+    fn operation_seen(&self, labels: &RequestLabels) {
+        if self.operations.read().expect("operations lock").contains(labels) {
             return;
-        };
-        for &operation in served_generation(engine) {
-            let labels = self.request_labels(model, operation, provider);
+        }
+        if !self.operations.write().expect("operations lock").insert(labels.clone()) {
+            return;
+        }
+        self.duration.create(labels);
+        // Streaming latency is generation's: an embeddings request has no first token.
+        if labels.operation.is_generation() {
             for family in [&self.ttft, &self.answer_ttft, &self.tpot] {
-                family.create(&labels);
+                family.create(labels);
             }
             for family in [&self.inter_chunk, &self.tokens_per_chunk] {
-                drop(family.get_or_create(&labels));
-            }
-            for tenant in &self.tenants {
-                let labels = with_tenant(&labels, tenant);
-                for family in [&self.output_tokens, &self.input_tokens, &self.reasoning_tokens] {
-                    drop(family.get_or_create(&labels));
-                }
-            }
-            for token_type in ["input", "output"] {
-                drop(self.token_usage.get_or_create(&token_labels(&labels, token_type)));
-            }
-            drop(self.in_flight.get_or_create(&InFlightLabels {
-                model: model.clone(),
-                operation,
-            }));
-            for outcome in Outcome::ALL.into_iter().filter(|o| o.is_created_at_zero()) {
-                let labels = outcome_labels(&labels, outcome);
-                for tenant in &self.tenants {
-                    drop(self.requests.get_or_create(&TenantOutcomeLabels {
-                        outcome: labels.clone(),
-                        tenant: tenant.clone(),
-                    }));
-                }
-                self.duration.create(&labels);
+                drop(family.get_or_create(labels));
             }
         }
+        for tenant in &self.tenants {
+            let counted = with_tenant(labels, tenant);
+            for family in [&self.output_tokens, &self.input_tokens, &self.reasoning_tokens] {
+                drop(family.get_or_create(&counted));
+            }
+            for outcome in Outcome::ALL.into_iter().filter(|o| o.is_created_at_zero()) {
+                drop(self.requests.get_or_create(&TenantOutcomeLabels {
+                    outcome: outcome_labels(labels, outcome),
+                    tenant: tenant.clone(),
+                }));
+            }
+        }
+        for token_type in ["input", "output"] {
+            drop(self.token_usage.get_or_create(&token_labels(labels, token_type)));
+        }
     }
+}
 
+impl Reader for RequestFamilies {
     fn started(&self, request: &Started<'_>) -> Option<Arc<dyn Ongoing>> {
+        let labels = self.request_labels(request.model, request.operation, request.provider);
+        self.operation_seen(&labels);
         let gauge = self
             .in_flight
             .get_or_create(&InFlightLabels {
@@ -391,7 +380,6 @@ impl Reader for RequestFamilies {
                 operation: request.operation,
             })
             .clone();
-        let labels = self.request_labels(request.model, request.operation, request.provider);
         Some(Arc::new(InFlightRequest {
             inter_chunk: self.inter_chunk.get_or_create(&labels).clone(),
             _in_flight: GaugeGuard::new(gauge),
@@ -453,11 +441,10 @@ impl Reader for RequestFamilies {
         if let Some(source) = record.count_source {
             self.count_sources.get_or_create(&CountSourceLabels { source }).inc();
         }
-        let labels = outcome_labels(&labels, record.outcome);
         self.duration.observe(&labels, record.e2e.as_secs_f64(), exemplar);
         self.requests
             .get_or_create(&TenantOutcomeLabels {
-                outcome: labels,
+                outcome: outcome_labels(&labels, record.outcome),
                 tenant,
             })
             .inc();
@@ -518,16 +505,28 @@ mod tests {
     }
 
     #[test]
-    fn configured_models_are_pre_created_at_zero() {
-        let text = metrics(&["llama"]).1.encode();
+    fn an_apis_series_appear_at_zero_when_its_first_request_starts() {
+        let (families, m) = metrics(&["llama"]);
+        assert!(
+            !m.encode().contains("operation="),
+            "no API asked for yet: no series for one"
+        );
+        let running = families.started(&Started {
+            model: &"llama".into(),
+            operation: Operation::Chat,
+            provider: Some(Engine::Vllm),
+        });
+        let text = m.encode();
         assert!(text.contains(
             "llmslo_requests_total{model=\"llama\",operation=\"chat\",provider=\"vllm\",outcome=\"upstream_error\"} 0"
         ));
         assert!(text.contains(
-            "gen_ai_server_time_per_output_token_seconds_count{model=\"llama\",operation=\"text_completion\",provider=\"vllm\"} 0"
+            "gen_ai_server_time_per_output_token_seconds_count{model=\"llama\",operation=\"chat\",provider=\"vllm\"} 0"
         ));
+        assert!(!text.contains("text_completion"), "only the API asked for: {text}");
         assert!(text.contains("llmslo_build_info{version=\"0.1.0\"} 1"));
         assert!(text.ends_with("# EOF\n"));
+        drop(running);
     }
 
     #[test]
@@ -568,7 +567,7 @@ mod tests {
             format!("llmslo_input_tokens_total{{{l}}} 7"),
             format!("gen_ai_client_token_usage_sum{{{l},token_type=\"output\"}} 21.0"),
             format!("llmslo_requests_total{{{l},outcome=\"success\"}} 1"),
-            format!("gen_ai_server_request_duration_seconds_count{{{l},outcome=\"success\"}} 1"),
+            format!("gen_ai_server_request_duration_seconds_count{{{l}}} 1"),
             "llmslo_requests_in_flight{model=\"llama\",operation=\"chat\"} 0".to_string(),
             "llmslo_unmeasured_responses_total{reason=\"decode_error\"} 1".to_string(),
         ] {

@@ -108,6 +108,9 @@ pub struct TenantSettings {
     pub max_tenants: usize,
     /// How long a learned tenant may send nothing before its slot (and its series) go.
     pub forget_after: Duration,
+    /// Whether the SLO window gauges (burn rate, budget, attainment, goodput) are per tenant
+    /// too; the counters always are.
+    pub gauges: bool,
 }
 
 impl Default for TenantSettings {
@@ -117,6 +120,7 @@ impl Default for TenantSettings {
             names: Vec::new(),
             max_tenants: DEFAULT_MAX_TENANTS,
             forget_after: DEFAULT_FORGET_AFTER,
+            gauges: false,
         }
     }
 }
@@ -608,6 +612,7 @@ mod tests {
             names: vec!["vip".into()],
             max_tenants: 2,
             forget_after: Duration::from_secs(60),
+            gauges: false,
         })
         .unwrap();
         let label = |raw: &str| t.label(&headers(&[("x-team", raw)]), BodyIds::default()).0;

@@ -111,7 +111,12 @@ impl Measurement {
                 status.register(registry.families());
                 status
             });
-        let slo = SloEngine::with_tenants(settings.slos.clone(), known.clone(), registry.families());
+        let slo = SloEngine::with_tenants(
+            settings.slos.clone(),
+            known.clone(),
+            settings.tenants.gauges,
+            registry.families(),
+        );
         let load = Arc::new(LoadMeter::default());
         let capacity = CapacityEngine::new(settings.capacity_window, slo.clone(), load.clone(), registry.families());
         let engine_view = EngineView::new(settings.engine_metrics);

@@ -10,6 +10,7 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -50,11 +51,28 @@ impl SloEngine {
                 .to_vec(),
             ..Snapshot::default()
         };
+        // Per tenant only when asked: otherwise each model's gauges sum its tenants' windows.
+        let gauge_labels = |tenant: &TenantLabel| {
+            if self.tenant_gauges {
+                tenant.clone()
+            } else {
+                TenantLabel(None)
+            }
+        };
+        let mut slos: BTreeMap<SloLabels, ([[u64; 2]; 7], [u64; 2])> = BTreeMap::new();
         for (labels, windows) in &mut state.slos {
+            let key = SloLabels {
+                tenant: gauge_labels(&labels.tenant),
+                ..labels.clone()
+            };
+            let (sums, period) = slos.entry(key).or_insert(([[0; 2]; 7], [0; 2]));
+            add(sums, windows.sums(now));
+            add(std::slice::from_mut(period), [windows.period_sum(now)]);
+        }
+        for (labels, (sums, [events, bad])) in slos {
             let Some(slo) = set.slos.iter().find(|s| s.name == labels.slo) else {
                 continue;
             };
-            let sums = windows.sums(now);
             for ((name, _), [events, bad]) in WINDOWS.iter().zip(sums) {
                 let ratio = if events < set.min_events {
                     f64::NAN
@@ -66,18 +84,25 @@ impl SloEngine {
                     .burn_rate
                     .push((labels.clone(), name, ratio / slo.error_budget()));
             }
-            let [events, bad] = windows.period_sum(now);
             let spent = if events == 0 {
                 0.0
             } else {
                 bad as f64 / events as f64 / slo.error_budget()
             };
-            snapshot.budget_remaining.push((labels.clone(), 1.0 - spent));
+            snapshot.budget_remaining.push((labels, 1.0 - spent));
         }
         // Nothing judges goodput without SLOs: every goodput gauge is NaN.
         let judging = set.judges_goodput();
+        let mut goodput: BTreeMap<ServiceModelLabels, [[u64; 3]; 7]> = BTreeMap::new();
         for (labels, windows) in &mut state.goodput {
-            for ((name, length), [judged, good, tokens]) in WINDOWS.iter().zip(windows.sums(now)) {
+            let key = ServiceModelLabels {
+                tenant: gauge_labels(&labels.tenant),
+                ..labels.clone()
+            };
+            add(goodput.entry(key).or_insert([[0; 3]; 7]), windows.sums(now));
+        }
+        for (labels, sums) in goodput {
+            for ((name, length), [judged, good, tokens]) in WINDOWS.iter().zip(sums) {
                 let seconds = uptime.min(*length).as_secs_f64().max(1e-9);
                 let per_second = |n: u64| if judging { n as f64 / seconds } else { f64::NAN };
                 snapshot.goodput_rps.push((labels.clone(), name, per_second(good)));
@@ -91,6 +116,15 @@ impl SloEngine {
             }
         }
         snapshot
+    }
+}
+
+/// Adds each window's counts of `more` to `into`'s.
+fn add<const N: usize>(into: &mut [[u64; N]], more: impl IntoIterator<Item = [u64; N]>) {
+    for (sum, counts) in into.iter_mut().zip(more) {
+        for (a, b) in sum.iter_mut().zip(counts) {
+            *a += b;
+        }
     }
 }
 

@@ -103,17 +103,26 @@ pub struct SloEngine {
     decode_fit: Mutex<Option<cause::DecodeFit>>,
     /// The tenant labels whose series are created at zero: `[None]` without tenants.
     tenants: Vec<TenantLabel>,
+    /// Whether the window gauges are per tenant too (`tenants.gauges`); otherwise each
+    /// model's gauges sum its tenants, and only the counters carry `tenant`.
+    tenant_gauges: bool,
 }
 
 impl SloEngine {
     /// An engine for `set`, registering its counters and gauges in `registry`.
     pub fn new(set: SloSet, registry: &mut Registry) -> Arc<Self> {
-        Self::with_tenants(set, None, registry)
+        Self::with_tenants(set, None, false, registry)
     }
 
-    /// [`SloEngine::new`], with a `tenant` label on every SLO and goodput series when
-    /// `tenants` (those known from the start) are given.
-    pub fn with_tenants(set: SloSet, tenants: Option<Vec<LabelText>>, registry: &mut Registry) -> Arc<Self> {
+    /// [`SloEngine::new`], with a `tenant` label on every SLO and goodput counter when
+    /// `tenants` (those known from the start) are given, and on the window gauges too when
+    /// `tenant_gauges`.
+    pub fn with_tenants(
+        set: SloSet,
+        tenants: Option<Vec<LabelText>>,
+        tenant_gauges: bool,
+        registry: &mut Registry,
+    ) -> Arc<Self> {
         let engine = Arc::new(Self {
             set: RwLock::new(Arc::new(set)),
             started: Instant::now(),
@@ -129,6 +138,7 @@ impl SloEngine {
                 Some(known) => known.into_iter().map(|t| TenantLabel(Some(t))).collect(),
                 None => vec![TenantLabel(None)],
             },
+            tenant_gauges,
         });
         registry.register(
             "llmslo_slo_events",
