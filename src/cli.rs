@@ -522,6 +522,9 @@ impl Cli {
                         for note in rules::left_out(&config.slos) {
                             eprintln!("llmslo: {note}");
                         }
+                        if let Some(note) = config.tenants.fleet_note() {
+                            eprintln!("llmslo: {note}");
+                        }
                         let workers = worker_threads;
                         eprintln!(
                             "llmslo: worst-case memory with these limits and {workers} worker thread{}: {} MiB (keep the container's limit above it)",

@@ -601,3 +601,31 @@ fn forget_after_is_bounded_and_printed() {
     let config = llmslo::config::Config::from_yaml(&format!("{up}  forget_after: 6h\n")).unwrap();
     assert!(config.to_yaml().contains("forget_after: 6h"), "{}", config.to_yaml());
 }
+
+#[test]
+fn check_config_says_whether_tenants_mean_the_same_on_every_pod() {
+    let dir = std::env::temp_dir();
+    let check = |name: &str, tenants: &str| {
+        let path = dir.join(format!("llmslo-fleet-tenants-{}-{name}.yaml", std::process::id()));
+        std::fs::write(
+            &path,
+            format!("upstream: http://127.0.0.1:1\ntenants:\n  from: [{{header: x-team}}]\n{tenants}"),
+        )
+        .unwrap();
+        let (code, _, stderr) = llmslo_output(&["check-config", path.to_str().unwrap()]);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(code, 0, "{stderr}");
+        stderr
+    };
+    let pinned = check("pinned", "  names: [search, chat-app]\n  max_tenants: 0\n");
+    assert!(
+        pinned.contains("tenants: the same on every pod: the 2 named tenants"),
+        "{pinned}"
+    );
+    let learned = check("learned", "  names: [search]\n");
+    assert!(
+        learned.contains("the 1 named tenants are the same on every pod; up to 20 more are learned per pod")
+            && learned.contains("set max_tenants: 0"),
+        "{learned}"
+    );
+}

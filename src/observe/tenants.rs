@@ -133,6 +133,31 @@ impl TenantSettings {
         self.pinned_names().len()
     }
 
+    /// Whether the tenant labels mean the same on every pod, in words for `check-config`
+    /// (`None` when tenants are off): the named tenants do; learned ones are each pod's own.
+    pub fn fleet_note(&self) -> Option<String> {
+        if self.from.is_empty() {
+            return None;
+        }
+        let pinned = self.pinned_count();
+        Some(if self.max_tenants == 0 {
+            format!(
+                "tenants: the same on every pod: the {pinned} named tenants (names and API-key tables); \
+                 any other is `other`"
+            )
+        } else {
+            format!(
+                "tenants: the {pinned} named tenants are the same on every pod; up to {} more are learned \
+                 per pod (the first seen there, given back after {} without a request), so learned names and \
+                 `other` differ between pods and a learned tenant's fleet burn counts only the pods that \
+                 learned it. For the same set everywhere, name the tenants (names, or an API-key table) \
+                 and set max_tenants: 0",
+                self.max_tenants,
+                humantime::format_duration(self.forget_after)
+            )
+        })
+    }
+
     /// The pinned tenant names, sorted, each once.
     fn pinned_names(&self) -> Vec<String> {
         let tables = self.from.iter().filter_map(|source| match source {
