@@ -99,10 +99,8 @@ pub struct RequestFamilies {
     tenants: Vec<TenantLabel>,
     /// Where requests' tenants were read from (registered only with tenants).
     tenant_sources: Family<TenantSourceLabels, Counter>,
-    /// Every request label set a tenant's series were made under: where a forgotten tenant's
-    /// series are.
-    tenanted: RwLock<HashSet<RequestLabels>>,
-    /// The models and APIs whose series exist: created when the first request of each starts.
+    /// The models and APIs whose series exist (created when the first request of each starts,
+    /// or ends): where a forgotten tenant's series are.
     operations: RwLock<HashSet<RequestLabels>>,
 }
 
@@ -153,7 +151,6 @@ impl RequestFamilies {
                 None => vec![TenantLabel(None)],
             },
             tenant_sources: Family::default(),
-            tenanted: RwLock::default(),
             operations: RwLock::default(),
         };
         families.register(registry);
@@ -391,14 +388,12 @@ impl Reader for RequestFamilies {
             self.unmeasured.get_or_create(&UnmeasuredLabels { reason }).inc();
         }
         let labels = self.request_labels(&record.model, record.operation, record.provider);
+        self.operation_seen(&labels);
         let tenant = TenantLabel(record.tenant.clone());
         let counted = with_tenant(&labels, &tenant);
         if tenant.0.is_some() {
             let source = record.tenant_source.map_or("none", TenantSource::as_str);
             self.tenant_sources.get_or_create(&TenantSourceLabels { source }).inc();
-            if !self.tenanted.read().expect("tenanted lock").contains(&labels) {
-                self.tenanted.write().expect("tenanted lock").insert(labels.clone());
-            }
         }
         let exemplar = record.trace.map(ExemplarLabels::from);
         if let Some(ttft) = record.ttft {
@@ -452,7 +447,7 @@ impl Reader for RequestFamilies {
 
     fn tenant_forgotten(&self, tenant: &LabelText) {
         let tenant = TenantLabel(Some(tenant.clone()));
-        for labels in self.tenanted.read().expect("tenanted lock").iter() {
+        for labels in self.operations.read().expect("operations lock").iter() {
             let counted = with_tenant(labels, &tenant);
             for family in [&self.output_tokens, &self.input_tokens, &self.reasoning_tokens] {
                 family.remove(&counted);
