@@ -60,6 +60,8 @@ fn busy_metrics() -> Metrics {
                     tenant: None,
                     tenant_source: None,
                     targets: Default::default(),
+                    served: None,
+                    ttft_parts: None,
                 });
             }
         }

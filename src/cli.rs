@@ -3,12 +3,14 @@
 use crate::config::{Config, EngineSetting, LogFormat, Overrides};
 use crate::k8s::inject::{self, InjectOptions, SidecarMode};
 use crate::k8s::webhook;
+use crate::record::Role;
 use crate::sidecar::{termination_signal, Sidecar};
 use crate::slo::rules::{self, RulesFormat};
 use crate::tools::bench;
 use crate::tools::demo::{self, DemoOptions};
 use crate::tools::simulate::batching::BatchingOptions;
 use crate::tools::simulate::delay::Delay;
+use crate::tools::simulate::disagg::PdOptions;
 use crate::tools::simulate::shape::Flavor;
 use crate::tools::simulate::{SimEngine, SimOptions};
 use clap::{Args, Parser, Subcommand};
@@ -54,7 +56,16 @@ impl Cli {
         let matches = without_empty_env(Self::command()).get_matches();
         let mut cli = Self::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
         let sub = matches.subcommand().map(|(_, m)| m);
-        for key in ["upstream", "listen", "metrics_listen", "engine", "log", "log_format"] {
+        for key in [
+            "upstream",
+            "listen",
+            "metrics_listen",
+            "engine",
+            "log",
+            "log_format",
+            "role",
+            "prefill_relay",
+        ] {
             let source = [sub, Some(&matches)]
                 .into_iter()
                 .flatten()
@@ -274,6 +285,12 @@ struct Endpoints {
     /// [default: auto].
     #[arg(long, env = "LLMSLO_ENGINE")]
     engine: Option<String>,
+    /// The pod's role in disaggregated serving: aggregated, prefill or decode [default: aggregated].
+    #[arg(long, env = "LLMSLO_ROLE")]
+    role: Option<String>,
+    /// Address of the prefill relay of a decode pod's sidecar, like 127.0.0.1:8299 [default: off].
+    #[arg(long, env = "LLMSLO_PREFILL_RELAY")]
+    prefill_relay: Option<String>,
 }
 
 impl Endpoints {
@@ -294,6 +311,15 @@ impl Endpoints {
                 )
             })?),
         };
+        let role = match self.role {
+            None => None,
+            Some(name) => Some(Role::from_label(&name).filter(|_| name != "both").ok_or_else(|| {
+                format!(
+                    "{}: `{name}` is not a role: aggregated, prefill or decode",
+                    crate::config::origin_label("role", from_env.contains(&"role"))
+                )
+            })?),
+        };
         Ok(Overrides {
             upstream: self.upstream,
             listen: self.listen,
@@ -301,6 +327,8 @@ impl Endpoints {
             log,
             log_format,
             engine,
+            role,
+            prefill_relay: self.prefill_relay,
             from_env,
         })
     }
@@ -371,6 +399,17 @@ struct SimulateArgs {
     /// latency) beside its usage, as vLLM does with --enable-per-request-metrics.
     #[arg(long)]
     per_request_metrics: bool,
+    /// Follow vLLM's kv_transfer_params as an engine of a disaggregated pair (run two: the
+    /// prefill and the decode engine): a prefill leg answers where its KV blocks are, a decode
+    /// leg skips the prefill and waits for the transfer (not with --batching).
+    #[arg(long, conflicts_with = "batching")]
+    pd: bool,
+    /// With --pd: prefill time per prompt token, added to the TTFT of what prefills here.
+    #[arg(long, default_value = "200us", value_parser = duration, requires = "pd")]
+    pd_prefill_per_token: Duration,
+    /// With --pd: KV transfer time per prompt token, waited by a decode leg.
+    #[arg(long, default_value = "20us", value_parser = duration, requires = "pd")]
+    pd_transfer_per_token: Duration,
 }
 
 #[derive(Debug, Args)]
@@ -619,6 +658,10 @@ impl Cli {
                         step_jitter: args.step_jitter,
                     }),
                     per_request_metrics: args.per_request_metrics,
+                    pd: args.pd.then_some(PdOptions {
+                        prefill_per_token: args.pd_prefill_per_token,
+                        transfer_per_token: args.pd_transfer_per_token,
+                    }),
                 });
                 // The bound address, which `--listen 127.0.0.1:0` leaves to the system to choose.
                 let listen = listener.local_addr().unwrap_or(args.listen);

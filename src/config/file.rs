@@ -88,6 +88,8 @@ pub(super) struct FileConfig {
     pub(super) cost: Option<CostFile>,
     pub(super) per_request_slos: Option<PerRequestSlosEntry>,
     pub(super) workload: Option<WorkloadFile>,
+    pub(super) role: Option<crate::record::Role>,
+    pub(super) prefill_relay: Option<String>,
 }
 
 /// `per_request_slos:` as written: `off`, `stricter` or `trusted`; `false` is `off`, and
@@ -453,6 +455,11 @@ impl Config {
             cost: cost_settings(f.cost.as_ref())?,
             per_request_slos: f.per_request_slos.map(|e| e.0).unwrap_or_default(),
             recent_requests: f.workload.and_then(|w| w.recent_requests).unwrap_or(0),
+            role: o.role.or(f.role).unwrap_or_default(),
+            prefill_relay: match o.prefill_relay.or(f.prefill_relay) {
+                Some(address) => Some(parse_addr("prefill_relay", &address)?),
+                None => None,
+            },
             file: None,
             file_error: None,
             overrides,

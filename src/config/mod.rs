@@ -91,6 +91,10 @@ pub struct Overrides {
     pub log_format: Option<LogFormat>,
     /// `--engine` / `LLMSLO_ENGINE`.
     pub engine: Option<EngineSetting>,
+    /// `--role` / `LLMSLO_ROLE`.
+    pub role: Option<crate::record::Role>,
+    /// `--prefill-relay` / `LLMSLO_PREFILL_RELAY`.
+    pub prefill_relay: Option<String>,
     /// The keys above whose value came from the environment rather than a flag.
     pub from_env: Vec<&'static str>,
 }
@@ -106,6 +110,8 @@ impl Overrides {
             "log" => self.log.is_some(),
             "log_format" => self.log_format.is_some(),
             "engine" => self.engine.is_some(),
+            "role" => self.role.is_some(),
+            "prefill_relay" => self.prefill_relay.is_some(),
             _ => false,
         };
         given.then(|| origin_label(key, self.from_env.contains(&key)))
@@ -219,6 +225,11 @@ pub struct Config {
     pub cost: CostSettings,
     /// `workload.recent_requests`: generation requests kept for `/workload` (0: off).
     pub recent_requests: usize,
+    /// `role`: the pod's role in disaggregated serving.
+    pub role: crate::record::Role,
+    /// `prefill_relay`: where a decode pod's sidecar relays (and times) the prefill legs of the
+    /// requests it forwards; `None` is off.
+    pub prefill_relay: Option<std::net::SocketAddr>,
     /// The file it was read from, re-read on reload.
     pub file: Option<PathBuf>,
     /// The flags and environment it was merged with, applied again on reload.

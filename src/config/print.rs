@@ -104,6 +104,8 @@ impl Config {
             },
             "capacity": {"window": human(self.capacity_window)},
             "workload": {"recent_requests": self.recent_requests},
+            "role": self.role.as_str(),
+            "prefill_relay": self.prefill_relay.map(|a| a.to_string()),
         });
         let mut mapping: serde_yaml::Mapping = serde_json::from_value(value).expect("plain JSON maps to YAML");
         if self.buckets != BucketOverrides::default() {

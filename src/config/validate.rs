@@ -108,6 +108,21 @@ impl Config {
                 ),
             ));
         }
+        if self.prefill_relay.is_some() && self.role != crate::record::Role::Decode {
+            return Err(ConfigError::invalid(
+                "prefill_relay",
+                "relays the prefill legs a decode pod's routing sidecar sends: set role: decode too",
+            ));
+        }
+        if self
+            .prefill_relay
+            .is_some_and(|a| a.ip().is_unspecified() || a.port() == 0)
+        {
+            return Err(ConfigError::invalid(
+                "prefill_relay",
+                "the routing sidecar is told this address: give one it can reach, like 127.0.0.1:8299 or the pod's IP",
+            ));
+        }
         if self.gpu.library_path.is_empty() {
             return Err(ConfigError::invalid("gpu.library_path", "must name a library"));
         }

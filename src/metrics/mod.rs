@@ -6,6 +6,7 @@
 pub mod buckets;
 pub mod classic_text;
 pub mod config_status;
+pub mod disagg;
 pub mod format;
 pub mod labels;
 pub mod limits;

@@ -6,11 +6,12 @@ use super::models::ModelNames;
 use super::tenants::{BodyIds, TenantFields, Tenants};
 use crate::capacity::meter::{InFlight, LoadMeter};
 use crate::engine::EngineView;
+use crate::metrics::disagg::DisaggFamilies;
 use crate::metrics::limits::LimitCounters;
 use crate::provider::Provider;
 use crate::record::{
-    Engine, EngineMoment, LabelText, Ongoing, Operation, PerRequestSlos, Reader, Readers, RequestRecord,
-    RequestTargets, Started, TenantSource,
+    Engine, EngineMoment, LabelText, LegPhase, Ongoing, Operation, PerRequestSlos, Reader, Readers, RequestRecord,
+    RequestTargets, Role, Started, TenantSource,
 };
 use http::{HeaderMap, HeaderName};
 use std::sync::Arc;
@@ -69,6 +70,9 @@ pub struct Recorder {
     /// Whom requests serve, when tenants are configured.
     tenants: Option<Arc<Tenants>>,
     per_request_slos: PerRequestSlos,
+    /// Where the legs of disaggregated requests are counted, and the pod's role.
+    disaggregation: Option<Arc<DisaggFamilies>>,
+    role: Role,
 }
 
 /// What a request holds from its start to its end.
@@ -107,6 +111,8 @@ impl Recorder {
             load,
             engine_view,
             limits,
+            disaggregation: None,
+            role: Role::default(),
         };
         recorder.announce_models();
         recorder
@@ -116,6 +122,18 @@ impl Recorder {
     pub fn with_tenants(mut self, tenants: Option<Arc<Tenants>>) -> Self {
         self.tenants = tenants;
         self
+    }
+
+    /// Counts legs into `families`, for a pod in `role`.
+    pub fn with_disaggregation(mut self, role: Role, families: Arc<DisaggFamilies>) -> Self {
+        self.role = role;
+        self.disaggregation = Some(families);
+        self
+    }
+
+    /// The pod's role in disaggregated serving.
+    pub fn role(&self) -> Role {
+        self.role
     }
 
     /// The request's tenant label and the source that named it, when tenants are configured.
@@ -191,9 +209,17 @@ impl Recorder {
     /// Starts recording a request that arrived at `now`: labels its model (a name not known
     /// yet is `other` until the engine answers it successfully) and counts it in flight.
     pub fn start(&self, raw_model: Option<&str>, operation: Operation, now: Instant) -> RequestHandles {
+        let mut handles = self.start_leg(raw_model, operation, now);
+        handles.ongoing = self.started(&handles.model, operation);
+        handles
+    }
+
+    /// Starts recording a leg of a disaggregated request: labelled and counted in the engine's
+    /// load as a request is, but no reader sees it start.
+    pub fn start_leg(&self, raw_model: Option<&str>, operation: Operation, now: Instant) -> RequestHandles {
         let (model, candidate) = self.models.label(raw_model);
         RequestHandles {
-            ongoing: self.started(&model, operation),
+            ongoing: None,
             load: operation
                 .is_generation()
                 .then(|| InFlight::arrive(self.load.clone(), now)),
@@ -215,7 +241,9 @@ impl Recorder {
         }
         if model != handles.model {
             // The load meter is the engine's: the request stays counted as it arrived.
-            handles.ongoing = self.started(&model, handles.operation);
+            if handles.ongoing.is_some() {
+                handles.ongoing = self.started(&model, handles.operation);
+            }
             handles.model = model;
         }
     }
@@ -236,6 +264,13 @@ impl Recorder {
     /// Hands a finished request's record to every reader.
     pub fn finish(&self, record: &RequestRecord) {
         self.readers.finished(record);
+    }
+
+    /// Counts a finished leg in the legs' own families: no reader sees it.
+    pub fn finish_leg(&self, record: &RequestRecord, phase: LegPhase) {
+        if let Some(families) = &self.disaggregation {
+            families.leg_finished(record, phase);
+        }
     }
 }
 

@@ -11,8 +11,8 @@ use super::tokens::TokenCounter;
 use super::{messages, openai, responses, tgi};
 use crate::otel::spans::RequestSpan;
 use crate::record::{
-    CountSource, Engine, EngineContext, EngineMoment, LabelText, Ongoing, Operation, Outcome, Protocol, RequestRecord,
-    RequestTargets, TenantSource, TraceRef, UnmeasuredReason,
+    CountSource, Engine, EngineContext, EngineMoment, LabelText, LegPhase, Ongoing, Operation, Outcome, PrefillTimer,
+    Protocol, RequestRecord, RequestTargets, Served, TenantSource, TraceRef, TtftParts, UnmeasuredReason,
 };
 use bytes::Bytes;
 use http::{header, HeaderMap, StatusCode};
@@ -57,6 +57,12 @@ pub struct RequestTracker {
     tenant: Option<(LabelText, Option<TenantSource>)>,
     /// The latency targets it states itself.
     targets: RequestTargets,
+    /// The leg of a disaggregated request it is, if it is one (then it is no user request).
+    leg: Option<LegPhase>,
+    /// How it was served, for a user request.
+    served: Option<Served>,
+    /// Its prefill leg's claim on the relay, when its leg is relayed.
+    relay: Option<Box<dyn PrefillTimer>>,
 }
 
 /// The trace a request's observations point to (its exemplars).
@@ -148,6 +154,30 @@ impl RequestTracker {
         max_event_bytes: usize,
     ) -> Self {
         let handles = recorder.start(raw_model, operation, t0);
+        Self::with_handles(recorder, handles, t0, max_event_bytes, None)
+    }
+
+    /// Starts tracking a leg of a disaggregated request (`phase`): timed as a request is, but
+    /// counted in the legs' own families, never as a user request.
+    pub fn start_leg(
+        recorder: Arc<Recorder>,
+        raw_model: Option<&str>,
+        operation: Operation,
+        phase: LegPhase,
+        t0: Instant,
+        max_event_bytes: usize,
+    ) -> Self {
+        let handles = recorder.start_leg(raw_model, operation, t0);
+        Self::with_handles(recorder, handles, t0, max_event_bytes, Some(phase))
+    }
+
+    fn with_handles(
+        recorder: Arc<Recorder>,
+        handles: RequestHandles,
+        t0: Instant,
+        max_event_bytes: usize,
+        leg: Option<LegPhase>,
+    ) -> Self {
         Self {
             engine_at_arrival: recorder.engine_moment(),
             recorder,
@@ -161,7 +191,16 @@ impl RequestTracker {
             trace: Trace::None,
             tenant: None,
             targets: RequestTargets::default(),
+            leg,
+            served: None,
+            relay: None,
         }
+    }
+
+    /// Notes how the request was served, and its prefill leg's relay ticket when relayed.
+    pub fn served(&mut self, served: Served, relay: Option<Box<dyn PrefillTimer>>) {
+        self.served = Some(served);
+        self.relay = relay;
     }
 
     /// Labels the request with its tenant, and the targets it states (from its head and body).
@@ -417,6 +456,15 @@ impl RequestTracker {
             engine_waiting_at_arrival = record.engine_context.and_then(|c| c.waiting_at_arrival),
             "request finished"
         );
+        if let Some(phase) = self.leg {
+            self.recorder.finish_leg(&record, phase);
+            return;
+        }
+        record.served = self.served;
+        if self.served == Some(Served::Disaggregated) {
+            let prefill = self.relay.take().and_then(|ticket| ticket.prefill());
+            record.ttft_parts = record.ttft.map(|ttft| TtftParts::split(ttft, prefill, record.engine));
+        }
         if let Trace::Span(span) = std::mem::take(&mut self.trace) {
             span.finish(&record);
         }

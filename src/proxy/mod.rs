@@ -21,6 +21,7 @@ pub mod held;
 pub mod idle;
 pub mod observe;
 pub mod peek;
+pub mod relay;
 pub mod request_body;
 
 use crate::observe::recorder::Recorder;

@@ -16,6 +16,7 @@
 use super::defaults;
 use super::error::ProxyError;
 use super::peek::{self, PeekError, Peeked, RequestFields};
+use super::relay::{self, PrefillRelay};
 use super::request_body::{ClientFault, FaultSlot, NotedBody};
 use super::{ProxyBody, UpstreamBody};
 use crate::metrics::RefusalReason;
@@ -30,6 +31,7 @@ use crate::provider;
 use crate::record::Engine;
 use crate::record::Operation;
 use crate::record::Outcome;
+use crate::record::{PrefillTimer, Role, Served};
 use crate::upstream::{BoxError, Replayable};
 use bytes::Bytes;
 use http::{header, HeaderMap, Request, Response};
@@ -59,6 +61,9 @@ pub struct ObserveSettings {
     /// Starts a span per generation request (OTLP traces on); without it, observations point
     /// at the client's own trace, when its `traceparent` names a sampled one.
     pub spans: Option<RequestSpans>,
+    /// Relays the prefill legs of the requests it forwards, to time them (a decode pod's
+    /// sidecar in front of the routing sidecar).
+    pub relay: Option<Arc<PrefillRelay>>,
 }
 
 impl Default for ObserveSettings {
@@ -71,6 +76,7 @@ impl Default for ObserveSettings {
             inject_usage: defaults::INJECT_USAGE,
             tokenizer: None,
             spans: None,
+            relay: None,
         }
     }
 }
@@ -194,7 +200,22 @@ impl Shared {
                 return Ok(ProxyError::Overloaded(RefusalReason::RequestBufferFull).into_response());
             }
         };
-        let mut tracker = self.track(operation, &parts.headers, &fields, t0);
+        let mut tracker = match fields.leg {
+            Some(phase) => RequestTracker::start_leg(
+                self.recorder.clone(),
+                fields.model.as_deref(),
+                operation,
+                phase,
+                t0,
+                self.settings.max_event_bytes,
+            ),
+            None => {
+                let mut tracker = self.track(operation, &parts.headers, &fields, t0);
+                let (served, relay) = self.served(&mut parts.headers);
+                tracker.served(served, relay);
+                tracker
+            }
+        };
         if injected_usage {
             tracker.strip_usage_chunk();
         }
@@ -202,6 +223,7 @@ impl Shared {
             tracker.count_with(tokenizer.clone());
         }
         match &self.settings.spans {
+            Some(_) if fields.leg.is_some() => {}
             Some(spans) => {
                 let span = spans.start(&mut parts.headers, operation, tracker.model());
                 tracker.trace_with(span);
@@ -282,6 +304,27 @@ impl Shared {
         if let Some(engine) = provider::from_headers(response.headers()).or(native_tgi) {
             self.recorder.learn_engine(engine);
         }
+    }
+
+    /// How a user request is served: disaggregated when the router named a prefill pod (its
+    /// leg then diverted to the relay, when there is one), else as the pod's role says.
+    fn served(&self, headers: &mut HeaderMap) -> (Served, Option<Box<dyn PrefillTimer>>) {
+        if self.settings.relay.is_some() {
+            // Only llmslo tags a request for its relay.
+            headers.remove(&relay::RELAY_HEADER);
+        }
+        if !relay::names_prefill_pod(headers) {
+            let served = match self.recorder.role() {
+                Role::Decode => Served::DecodeOnly,
+                Role::Aggregated | Role::Prefill => Served::Aggregated,
+            };
+            return (served, None);
+        }
+        let ticket = self.settings.relay.as_ref().and_then(|relay| relay.divert(headers));
+        (
+            Served::Disaggregated,
+            ticket.map(|t| Box::new(t) as Box<dyn PrefillTimer>),
+        )
     }
 
     /// Starts tracking a request with its model, its tenant and the targets it states.

@@ -5,6 +5,7 @@ use super::held::Held;
 use super::request_body::ClientFault;
 use super::UpstreamBody;
 use crate::observe::tenants::TenantFields;
+use crate::record::LegPhase;
 use crate::upstream::BoxError;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -33,6 +34,8 @@ pub struct RequestFields {
     pub user: Option<String>,
     /// Anthropic's `metadata.user_id`, when a string and a tenant source.
     pub metadata_user_id: Option<String>,
+    /// The leg of a disaggregated request it is, when its `kv_transfer_params` say so.
+    pub leg: Option<LegPhase>,
 }
 
 /// Longest string value kept of a field. A longer one keeps its first bytes up to this bound,
@@ -52,7 +55,7 @@ impl<'de> Visitor<'de> for FieldsVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RequestFields, A::Error> {
         let wanted = self.0;
         let mut fields = RequestFields::default();
-        let mut seen = [false; 6];
+        let mut seen = [false; 7];
         while let Some(key) = map.next_key::<Key>()? {
             // A field named twice is ambiguous (engines disagree on which counts): no fields.
             if let Some(slot) = key.slot() {
@@ -71,6 +74,7 @@ impl<'de> Visitor<'de> for FieldsVisitor {
                 Key::Metadata if wanted.metadata_user_id => {
                     fields.metadata_user_id = map.next_value::<UserIdOrNone>()?.0
                 }
+                Key::KvTransferParams => fields.leg = map.next_value::<LegOrNone>()?.0,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -88,6 +92,7 @@ enum Key {
     SafetyIdentifier,
     User,
     Metadata,
+    KvTransferParams,
     Other,
 }
 
@@ -101,6 +106,7 @@ impl Key {
             Key::SafetyIdentifier => Some(3),
             Key::User => Some(4),
             Key::Metadata => Some(5),
+            Key::KvTransferParams => Some(6),
             Key::Other => None,
         }
     }
@@ -122,6 +128,7 @@ impl<'de> Deserialize<'de> for Key {
                     "safety_identifier" => Key::SafetyIdentifier,
                     "user" => Key::User,
                     "metadata" => Key::Metadata,
+                    "kv_transfer_params" => Key::KvTransferParams,
                     _ => Key::Other,
                 })
             }
@@ -244,6 +251,106 @@ impl<'de> Deserialize<'de> for MemberName {
             }
         }
         deserializer.deserialize_identifier(NameVisitor)
+    }
+}
+
+/// The leg `kv_transfer_params` make of a request, as vLLM's KV connectors read them:
+/// `do_remote_decode: true` is a prefill leg, else `do_remote_prefill: true` a decode leg. Any
+/// other value (null, no flag set, flags that are not booleans) makes no leg.
+struct LegOrNone(Option<LegPhase>);
+
+impl<'de> Deserialize<'de> for LegOrNone {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct LegVisitor;
+        impl<'de> Visitor<'de> for LegVisitor {
+            type Value = LegOrNone;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LegOrNone, A::Error> {
+                let (mut remote_decode, mut remote_prefill) = (false, false);
+                while let Some(flag) = map.next_key::<Capped>()? {
+                    let set = map.next_value::<FlagOrNone>()?.0 == Some(true);
+                    match flag.0.as_str() {
+                        "do_remote_decode" => remote_decode |= set,
+                        "do_remote_prefill" => remote_prefill |= set,
+                        _ => {}
+                    }
+                }
+                Ok(LegOrNone(if remote_decode {
+                    Some(LegPhase::Prefill)
+                } else if remote_prefill {
+                    Some(LegPhase::Decode)
+                } else {
+                    None
+                }))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<LegOrNone, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(LegOrNone(None))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<LegOrNone, E> {
+                Ok(LegOrNone(None))
+            }
+            fn visit_bool<E: de::Error>(self, _: bool) -> Result<LegOrNone, E> {
+                Ok(LegOrNone(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<LegOrNone, E> {
+                Ok(LegOrNone(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<LegOrNone, E> {
+                Ok(LegOrNone(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<LegOrNone, E> {
+                Ok(LegOrNone(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<LegOrNone, E> {
+                Ok(LegOrNone(None))
+            }
+        }
+        deserializer.deserialize_any(LegVisitor)
+    }
+}
+
+/// A boolean's value; any other JSON value is skipped and reads as absent.
+struct FlagOrNone(Option<bool>);
+
+impl<'de> Deserialize<'de> for FlagOrNone {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct FlagVisitor;
+        impl<'de> Visitor<'de> for FlagVisitor {
+            type Value = FlagOrNone;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("any JSON value")
+            }
+            fn visit_bool<E: de::Error>(self, value: bool) -> Result<FlagOrNone, E> {
+                Ok(FlagOrNone(Some(value)))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<FlagOrNone, A::Error> {
+                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(FlagOrNone(None))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<FlagOrNone, A::Error> {
+                while seq.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(FlagOrNone(None))
+            }
+            fn visit_str<E: de::Error>(self, _: &str) -> Result<FlagOrNone, E> {
+                Ok(FlagOrNone(None))
+            }
+            fn visit_i64<E: de::Error>(self, _: i64) -> Result<FlagOrNone, E> {
+                Ok(FlagOrNone(None))
+            }
+            fn visit_u64<E: de::Error>(self, _: u64) -> Result<FlagOrNone, E> {
+                Ok(FlagOrNone(None))
+            }
+            fn visit_f64<E: de::Error>(self, _: f64) -> Result<FlagOrNone, E> {
+                Ok(FlagOrNone(None))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<FlagOrNone, E> {
+                Ok(FlagOrNone(None))
+            }
+        }
+        deserializer.deserialize_any(FlagVisitor)
     }
 }
 
@@ -528,6 +635,43 @@ mod tests {
         user: true,
         metadata_user_id: true,
     };
+
+    #[test]
+    fn kv_transfer_params_make_a_leg_as_vllms_connectors_read_them() {
+        let leg = |params: &str| {
+            parse_fields(
+                format!(r#"{{"model":"m","kv_transfer_params":{params}}}"#).as_bytes(),
+                NONE,
+            )
+            .leg
+        };
+        // What llm-d's routing sidecar sends the prefill pod, and then the decode engine.
+        let prefill =
+            r#"{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null}"#;
+        let decode = r#"{"do_remote_prefill":true,"do_remote_decode":false,"remote_engine_id":"e","remote_block_ids":[1,2],"remote_host":"10.0.0.5","remote_port":5600}"#;
+        assert_eq!(leg(prefill), Some(LegPhase::Prefill));
+        assert_eq!(leg(decode), Some(LegPhase::Decode));
+        for none in [
+            "null",
+            "{}",
+            r#"{"do_remote_decode":"yes"}"#,
+            r#"{"do_remote_prefill":[true]}"#,
+            "[1]",
+            "true",
+            "7",
+        ] {
+            assert_eq!(leg(none), None, "{none}");
+        }
+        let fields = parse_fields(br#"{"model":"m","stream":true}"#, NONE);
+        assert_eq!(
+            (fields.leg, fields.model.as_deref()),
+            (None, Some("m")),
+            "no params, a user request"
+        );
+        // Named twice: ambiguous, nothing read (the request is measured as a user request).
+        let twice = format!(r#"{{"model":"m","kv_transfer_params":{prefill},"kv_transfer_params":{prefill}}}"#);
+        assert_eq!(parse_fields(twice.as_bytes(), NONE), RequestFields::default());
+    }
 
     /// Starts peeking a body that declares `declared` bytes and sends `sent` of them.
     async fn slow_upload(

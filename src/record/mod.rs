@@ -5,6 +5,7 @@
 //!
 //! This module is the ground floor: it imports nothing else of the crate.
 
+mod disagg;
 mod engine;
 mod label_text;
 mod load;
@@ -12,6 +13,7 @@ mod operation;
 mod reader;
 mod trace;
 
+pub use disagg::{LegPhase, PrefillTimer, Role, Served, TtftPart, TtftParts};
 pub use engine::{Engine, EngineContext, EngineMoment, EngineTiming, Fault};
 pub use label_text::LabelText;
 pub use load::RequestLoad;
@@ -145,6 +147,10 @@ pub struct RequestRecord {
     /// The latency targets the request carried itself (`x-llm-d-slo-ttft-ms` and the like),
     /// when per-request SLOs are on.
     pub targets: RequestTargets,
+    /// How it was served, when the pod is in disaggregated serving or the router said.
+    pub served: Option<Served>,
+    /// The parts of its TTFT, for a disaggregated request that reached its first token.
+    pub ttft_parts: Option<TtftParts>,
 }
 
 impl RequestRecord {
@@ -172,6 +178,8 @@ impl RequestRecord {
             tenant: None,
             tenant_source: None,
             targets: RequestTargets::default(),
+            served: None,
+            ttft_parts: None,
         }
     }
 

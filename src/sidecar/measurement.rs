@@ -11,13 +11,14 @@ use crate::engine::{EngineCollector, EngineMetricsMode, EngineView};
 use crate::gpu::{GpuCollector, GpuState};
 use crate::metrics::buckets::BucketOverrides;
 use crate::metrics::config_status::KeyTablesStatus;
+use crate::metrics::disagg::DisaggFamilies;
 use crate::metrics::requests::{Edges, RequestFamilies};
 use crate::metrics::{Appended, Metrics, Registry};
 use crate::observe::recorder::{Recorder, RecorderSettings};
 use crate::observe::tenants::{KeysRead, TenantSettings, Tenants};
 use crate::otel::metrics::{Boundaries, OtelMetrics};
 use crate::proto;
-use crate::record::{Reader, Readers};
+use crate::record::{Reader, Readers, Role};
 use crate::slo::spec::SloSet;
 use crate::slo::SloEngine;
 use crate::workload::recent::RecentRequests;
@@ -49,6 +50,8 @@ pub struct MeasurementSettings {
     pub gpu: Option<Arc<GpuState>>,
     /// Generation requests kept for `/workload` (0: none).
     pub recent_requests: usize,
+    /// The pod's role in disaggregated serving.
+    pub role: Role,
     /// Readers beyond llmslo's own (the demo's table, a per-request log): each sees every
     /// request before llmslo's readers do.
     pub extra: Vec<Arc<dyn Reader>>,
@@ -67,6 +70,7 @@ impl Default for MeasurementSettings {
             otlp: None,
             gpu: None,
             recent_requests: 0,
+            role: Role::default(),
             extra: Vec::new(),
         }
     }
@@ -125,6 +129,7 @@ impl Measurement {
             .register_collector(Box::new(EngineCollector(engine_view.clone())));
         let edges = Edges::new(&settings.buckets, &settings.slos);
         let families = Arc::new(RequestFamilies::new(&edges, &settings.buckets, known, &mut registry));
+        let disaggregation = Arc::new(DisaggFamilies::new(settings.role, edges.ttft.clone(), &mut registry));
         if let Some(gpu) = &settings.gpu {
             registry
                 .families()
@@ -145,6 +150,7 @@ impl Measurement {
         let mut readers: Vec<Arc<dyn Reader>> = tenants.iter().map(|t| t.clone() as Arc<dyn Reader>).collect();
         readers.extend(settings.extra);
         readers.push(families.clone());
+        readers.push(disaggregation.clone());
         readers.push(slo.clone());
         readers.push(capacity);
         if let Some(cost) = cost {
@@ -165,7 +171,8 @@ impl Measurement {
         Self {
             recorder: Arc::new(
                 Recorder::new(&settings.recorder, readers.clone(), load, read, families.limits())
-                    .with_tenants(tenants.clone()),
+                    .with_tenants(tenants.clone())
+                    .with_disaggregation(settings.role, disaggregation),
             ),
             readers,
             metrics: Arc::new(registry.into_metrics(merged)),

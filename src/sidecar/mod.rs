@@ -18,6 +18,7 @@ use crate::observe::tenants::Tenants;
 use crate::observe::tokens::TokenCounter;
 use crate::otel::export::Telemetry;
 use crate::proxy::observe::ObserveSettings;
+use crate::proxy::relay::PrefillRelay;
 use crate::proxy::{Proxy, ProxySettings};
 use crate::record::Reader;
 use crate::serve::{serve, ConnectionLimits, KeepAlive};
@@ -72,6 +73,10 @@ impl Sidecar {
     /// [`Sidecar::start`], with `readers` reading every request beside llmslo's own.
     pub async fn start_with(config: &Config, readers: Vec<Arc<dyn Reader>>) -> std::io::Result<Self> {
         let proxy_listener = bind(config.listen, "the proxy", "--listen").await?;
+        let relay_listener = match config.prefill_relay {
+            Some(address) => Some(bind(address, "the prefill relay", "--prefill-relay").await?),
+            None => None,
+        };
         let metrics_listener = bind(config.metrics_listen, "/metrics", "--metrics-listen").await?;
         warn_if_over_the_memory_limit(config);
         let proxy_addr = proxy_listener.local_addr()?;
@@ -98,6 +103,7 @@ impl Sidecar {
             otlp: telemetry.meter(),
             gpu: gpu.clone(),
             recent_requests: config.recent_requests,
+            role: config.role,
             extra: readers,
         });
         let metrics = measurement.metrics.clone();
@@ -132,6 +138,10 @@ impl Sidecar {
             }
             None => None,
         };
+        let relay = match &relay_listener {
+            Some(listener) => Some(PrefillRelay::new(listener.local_addr()?, config.upstream_timeout)),
+            None => None,
+        };
         // The window is a backstop for a stalled probe; failures turn readiness off sooner.
         let readiness = Arc::new(Readiness::new(config.health_interval * 3 + Duration::from_secs(2)));
         let proxy = Arc::new(Proxy::new(
@@ -154,6 +164,7 @@ impl Sidecar {
                     inject_usage: config.inject_usage,
                     tokenizer,
                     spans: telemetry.spans(),
+                    relay: relay.clone(),
                 },
             },
         ));
@@ -181,6 +192,25 @@ impl Sidecar {
                 live_when_full: false,
             },
         ));
+        if let (Some(listener), Some(relay)) = (relay_listener, relay) {
+            info!(address = %listener.local_addr()?, "relaying and timing the prefill legs of the requests forwarded");
+            // Stopped with the metrics port, once the proxy has drained: its streams' legs
+            // are relayed to the end.
+            tasks.spawn(serve(
+                listener,
+                move |request, _peer| {
+                    let relay = relay.clone();
+                    async move { Ok::<_, std::convert::Infallible>(relay.relay(request).await) }
+                },
+                shutdown.clone(),
+                config.drain_timeout,
+                ConnectionLimits {
+                    send_timeout: Some(config.send_timeout),
+                    idle_timeout: Some(config.connection_idle_timeout),
+                    ..ConnectionLimits::new(config.max_connections)
+                },
+            ));
+        }
         let port = metrics_port::MetricsPort {
             metrics: metrics.clone(),
             readiness: readiness.clone(),

@@ -17,11 +17,17 @@
 //! decode) and the fit, if any, says it would have met the threshold alone; else `unknown` (on
 //! an engine that does not batch, capping the batch is no cure).
 //!
+//! Disaggregated requests (the router named a prefill pod), where llmslo timed the parts of the
+//! TTFT: the largest measured part names its pool or step: `prefill_pool` (the prefill leg),
+//! `decode_queue`, `kv_transfer` (the decode engine's scheduling to first token) or
+//! `outside_engine` (coordination); `unknown` when what was not measured is larger. A TPOT
+//! breach of a decode pool's request that no narrower rule explains is `decode_pool`.
+//!
 //! End to end: whichever of the wait for the first token and the decode after it was longer
 //! is judged by the rule of that phase.
 
 use super::spec::SloKind;
-use crate::record::RequestRecord;
+use crate::record::{RequestRecord, Served, TtftPart, TtftParts};
 use std::time::Duration;
 
 /// Why a request failed a latency SLO.
@@ -38,18 +44,34 @@ pub enum Cause {
     Preemption,
     /// The time went outside the engine: network, HTTP, tokenisation, a slow client.
     OutsideEngine,
+    /// A disaggregated request's prefill leg was the largest part of its TTFT: the prefill
+    /// pool (its queue, its prefill): scale the prefill pool.
+    PrefillPool,
+    /// The decode engine took longest from scheduling to the first token of a disaggregated
+    /// request: pulling the KV blocks (the transfer) and the first step.
+    KvTransfer,
+    /// A disaggregated request waited longest in the decode engine's queue: scale the decode
+    /// pool.
+    DecodeQueue,
+    /// A decode pool's request decoded too slowly, and nothing narrower is known: the decode
+    /// pool (prefill cannot slow a decode).
+    DecodePool,
     /// The evidence does not say.
     Unknown,
 }
 
 impl Cause {
     /// Every cause, in label order.
-    pub const ALL: [Cause; 6] = [
+    pub const ALL: [Cause; 10] = [
         Cause::Queueing,
         Cause::Prefill,
         Cause::DecodeContention,
         Cause::Preemption,
         Cause::OutsideEngine,
+        Cause::PrefillPool,
+        Cause::KvTransfer,
+        Cause::DecodeQueue,
+        Cause::DecodePool,
         Cause::Unknown,
     ];
 
@@ -61,6 +83,10 @@ impl Cause {
             Cause::DecodeContention => "decode_contention",
             Cause::Preemption => "preemption",
             Cause::OutsideEngine => "outside_engine",
+            Cause::PrefillPool => "prefill_pool",
+            Cause::KvTransfer => "kv_transfer",
+            Cause::DecodeQueue => "decode_queue",
+            Cause::DecodePool => "decode_pool",
             Cause::Unknown => "unknown",
         }
     }
@@ -148,6 +174,9 @@ pub fn diagnose(kind: SloKind, record: &RequestRecord, fit: Option<DecodeFit>) -
 
 /// The wait for the first token (or the first answer token) that took `waited`.
 fn first_token(record: &RequestRecord, waited: Option<Duration>) -> Diagnosis {
+    if let (Some(parts), Some(ttft)) = (record.ttft_parts, record.ttft) {
+        return disaggregated_first_token(&parts, ttft, waited.unwrap_or(ttft));
+    }
     let stated = record
         .engine
         .and_then(|e| Some((e.queue?, e.prefill?, e.outside(record.ttft)?)));
@@ -172,8 +201,43 @@ fn first_token(record: &RequestRecord, waited: Option<Duration>) -> Diagnosis {
     }
 }
 
-/// The decode, judged against a TPOT `threshold` when the SLO has one.
+/// A disaggregated request's wait for its first token (or its first answer token, `waited`):
+/// the largest of its measured parts names the pool or step that caused it; when what was not
+/// measured (or reasoning after the first token) is larger than every measured part, the cause
+/// is `unknown`.
+fn disaggregated_first_token(parts: &TtftParts, ttft: Duration, waited: Duration) -> Diagnosis {
+    let measured: f64 = parts.each().iter().filter_map(|(_, v)| *v).sum();
+    let unmeasured = (ttft.as_secs_f64() - measured).max(0.0);
+    let reasoning = waited.saturating_sub(ttft).as_secs_f64();
+    let cause_of = |part| match part {
+        TtftPart::Prefill => Cause::PrefillPool,
+        TtftPart::DecodeQueue => Cause::DecodeQueue,
+        TtftPart::KvTransfer => Cause::KvTransfer,
+        TtftPart::Coordination => Cause::OutsideEngine,
+    };
+    let largest = parts
+        .each()
+        .into_iter()
+        .filter_map(|(part, v)| Some((v?, cause_of(part))))
+        .chain([(unmeasured, Cause::Unknown), (reasoning, Cause::Unknown)])
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map_or(Cause::Unknown, |(_, cause)| cause);
+    diagnosis(largest, Evidence::Request)
+}
+
+/// The decode, judged against a TPOT `threshold` when the SLO has one: on a decode pool's
+/// request, what no narrower rule names is the decode pool's.
 fn decode(record: &RequestRecord, threshold: Option<Duration>, fit: Option<DecodeFit>) -> Diagnosis {
+    let found = engine_decode(record, threshold, fit);
+    let decode_pool = matches!(record.served, Some(Served::Disaggregated | Served::DecodeOnly));
+    if decode_pool && found.cause == Cause::Unknown {
+        return diagnosis(Cause::DecodePool, found.evidence);
+    }
+    found
+}
+
+/// The decode of one engine, judged against a TPOT `threshold` when the SLO has one.
+fn engine_decode(record: &RequestRecord, threshold: Option<Duration>, fit: Option<DecodeFit>) -> Diagnosis {
     let engine_tpot = record.engine.and_then(|e| e.tpot);
     let made_in_time = match (engine_tpot, threshold, record.tpot()) {
         (Some(engine), Some(threshold), _) => engine <= threshold.as_secs_f64(),
@@ -347,6 +411,55 @@ mod tests {
             Cause::Unknown,
             "it had the engine to itself"
         );
+    }
+
+    #[test]
+    fn a_disaggregated_breach_is_charged_to_the_part_that_took_longest() {
+        let split = |prefill: Option<u64>, queue: f64, kv: f64| {
+            let mut r = record(1000, 20, 3000);
+            r.served = Some(Served::Disaggregated);
+            r.engine = timing(queue, kv, 0.02);
+            r.ttft_parts = Some(TtftParts::split(ms(1000), prefill.map(ms), r.engine));
+            r
+        };
+        let cause = |r: &RequestRecord| diagnose(TTFT, r, None);
+        assert_eq!(
+            cause(&split(Some(800), 0.05, 0.05)),
+            diagnosis(Cause::PrefillPool, Evidence::Request)
+        );
+        assert_eq!(cause(&split(Some(100), 0.7, 0.05)).cause, Cause::DecodeQueue);
+        assert_eq!(cause(&split(Some(100), 0.05, 0.7)).cause, Cause::KvTransfer);
+        assert_eq!(
+            cause(&split(Some(100), 0.05, 0.05)).cause,
+            Cause::OutsideEngine,
+            "800 ms coordinating"
+        );
+        // The prefill leg not relayed: 900 ms unmeasured outweigh the decode engine's parts.
+        assert_eq!(cause(&split(None, 0.05, 0.05)).cause, Cause::Unknown);
+        assert_eq!(cause(&split(None, 0.6, 0.05)).cause, Cause::DecodeQueue);
+    }
+
+    #[test]
+    fn a_decode_pools_slow_decode_is_the_decode_pools() {
+        let mut r = record(100, 80, 2000);
+        assert_eq!(
+            diagnose(TPOT, &r, None).cause,
+            Cause::Unknown,
+            "an aggregated engine: unknown"
+        );
+        for served in [Served::Disaggregated, Served::DecodeOnly] {
+            r.served = Some(served);
+            assert_eq!(diagnose(TPOT, &r, None).cause, Cause::DecodePool);
+        }
+        r.engine = timing(0.0, 0.05, 0.03);
+        assert_eq!(
+            diagnose(TPOT, &r, None).cause,
+            Cause::OutsideEngine,
+            "made in time, slowed on the way"
+        );
+        r.served = Some(Served::Aggregated);
+        r.engine = None;
+        assert_eq!(diagnose(TPOT, &r, None).cause, Cause::Unknown);
     }
 
     #[test]

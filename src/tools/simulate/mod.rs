@@ -6,6 +6,7 @@
 
 pub mod batching;
 pub mod delay;
+pub mod disagg;
 pub mod exposition;
 mod pace;
 mod request;
@@ -18,6 +19,7 @@ use crate::record::Operation;
 use batching::{Batcher, BatchingOptions, Occupancy};
 use bytes::Bytes;
 use delay::Delay;
+use disagg::{KvRequest, PdOptions};
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Frame, Incoming};
@@ -90,6 +92,8 @@ pub struct SimOptions {
     /// `--enable-per-request-metrics` (queue, scheduling to first token, mean inter-token
     /// latency).
     pub per_request_metrics: bool,
+    /// One half of a disaggregated pair (prefill or decode engine), outside batching mode.
+    pub pd: Option<PdOptions>,
 }
 
 impl Default for SimOptions {
@@ -108,6 +112,7 @@ impl Default for SimOptions {
             seed: 0,
             batching: None,
             per_request_metrics: false,
+            pd: None,
         }
     }
 }
@@ -275,6 +280,18 @@ impl SimEngine {
         if !(1..=16).contains(&choices) || (choices > 1 && single) {
             return bad_request("n must be between 1 and 16 (and 1 for /generate, /v1/responses and /v1/messages)");
         }
+        let kv = match self.options.pd {
+            Some(_) => KvRequest::of(parsed.kv_transfer_params.as_ref()),
+            None => KvRequest::None,
+        };
+        if kv == KvRequest::DecodeWithoutBlocks {
+            let body = error_body(
+                "KV transfer failed: kv_transfer_params name no prefilled KV blocks",
+                "InternalServerError",
+                500,
+            );
+            return json_response(StatusCode::INTERNAL_SERVER_ERROR, body.to_string());
+        }
         let (serial, mut rng) = self.next_request();
         let fault = self.draw_fault(&mut rng);
         if fault == Fault::Http500 {
@@ -304,6 +321,8 @@ impl SimEngine {
             choices,
             include_usage: parsed.stream_options.is_some_and(|o| o.include_usage),
             fault,
+            kv,
+            serial,
         };
         let streaming = match operation {
             Operation::Generate => native_stream,
@@ -436,10 +455,20 @@ impl SimEngine {
         match self.batcher.get() {
             Some(batcher) => Pacer::Batch(batcher.submit(plan.prompt_tokens, plan.max_tokens, plan.choices)),
             None => Pacer::Delays {
-                due: Instant::now() + self.options.ttft.sample(rng),
+                due: Instant::now() + self.first_token(plan, rng),
                 tpot: self.options.tpot,
                 per_chunk: self.options.tokens_per_chunk.max(1),
             },
+        }
+    }
+
+    /// The time to a request's first token outside batching mode: the TTFT drawn, or what
+    /// its part in a disaggregated pair takes.
+    fn first_token(&self, plan: &Plan, rng: &mut SmallRng) -> Duration {
+        let ttft = self.options.ttft.sample(rng);
+        match self.options.pd {
+            Some(pd) => pd.first_token(plan.kv, plan.prompt_tokens, ttft, self.options.tpot.sample(rng)),
+            None => ttft,
         }
     }
 
@@ -481,7 +510,10 @@ impl SimEngine {
         }
         let texts: Vec<String> = (0..plan.choices).map(|_| words(&mut rng, plan.max_tokens)).collect();
         let completion_tokens = u64::from(plan.max_tokens) * u64::from(plan.choices);
-        let body = shape.whole(&texts, plan.prompt_tokens, completion_tokens);
+        let mut body = shape.whole(&texts, plan.prompt_tokens, completion_tokens);
+        if plan.kv == KvRequest::Prefill {
+            body["kv_transfer_params"] = disagg::prefilled(plan.serial, plan.prompt_tokens);
+        }
         json_response(StatusCode::OK, body.to_string())
     }
 }
@@ -501,6 +533,9 @@ struct Plan {
     choices: u32,
     include_usage: bool,
     fault: Fault,
+    /// What its `kv_transfer_params` ask (in a disaggregated pair).
+    kv: KvRequest,
+    serial: u64,
 }
 
 fn unix_now() -> u64 {

@@ -30,6 +30,8 @@ pub(super) struct GenerationRequest {
     pub(super) inputs: Option<serde_json::Value>,
     /// TGI native: `max_new_tokens` and friends.
     pub(super) parameters: Option<TgiParameters>,
+    /// vLLM's disaggregated-serving parameters.
+    pub(super) kv_transfer_params: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Deserialize)]

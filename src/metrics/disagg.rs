@@ -1,0 +1,236 @@
+//! The families of disaggregated serving: the pod's role, the legs it served (never user
+//! requests), how its user requests were served and the parts of their first token, and the
+//! warnings a sidecar raises when it sits where it cannot see what the user waited for.
+
+use super::native::ClassicAndNative;
+use super::Registry;
+use crate::metrics::buckets::Buckets;
+use crate::record::{LabelText, LegPhase, Outcome, Reader, RequestRecord, Role, Served};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Unit;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tracing::warn;
+
+/// `role`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RoleLabels {
+    role: &'static str,
+}
+
+/// `model`, `phase`, `outcome`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct LegOutcomeLabels {
+    model: LabelText,
+    phase: &'static str,
+    outcome: &'static str,
+}
+
+/// `model`, `phase`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct LegLabels {
+    model: LabelText,
+    phase: &'static str,
+}
+
+/// `model`, `served`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ServedLabels {
+    model: LabelText,
+    served: &'static str,
+}
+
+/// `model`, `part`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PartLabels {
+    model: LabelText,
+    part: &'static str,
+}
+
+/// `reason`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PlacementLabels {
+    reason: &'static str,
+}
+
+/// Why a sidecar's placement keeps it from seeing what the user waited for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// It sees decode legs: it sits between the routing sidecar and the engine, so its TTFT
+    /// leaves out prefill and the KV transfer.
+    BehindRoutingSidecar,
+    /// Its role is `prefill`, yet a streamed user request came: the router sends users here.
+    UserRequestOnPrefillPod,
+}
+
+impl Placement {
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Placement::BehindRoutingSidecar => "behind_routing_sidecar",
+            Placement::UserRequestOnPrefillPod => "user_request_on_prefill_pod",
+        }
+    }
+
+    fn message(self) -> &'static str {
+        match self {
+            Placement::BehindRoutingSidecar => {
+                "this sidecar sees decode legs (do_remote_prefill): it sits between the routing sidecar and the \
+                 engine, so its TTFT leaves out the prefill and the KV transfer; put it in front of the routing \
+                 sidecar, on the port clients use (llmslo_placement_warning)"
+            }
+            Placement::UserRequestOnPrefillPod => {
+                "role is prefill, yet a streamed user request came (no kv_transfer_params): it is measured as a \
+                 user request; check the router sends users only to decode pods (llmslo_placement_warning)"
+            }
+        }
+    }
+}
+
+/// The disaggregation families.
+#[derive(Debug)]
+pub struct DisaggFamilies {
+    role: Role,
+    legs: Family<LegOutcomeLabels, Counter>,
+    leg_first_token: Family<LegLabels, Histogram, ClassicAndNative>,
+    served: Family<ServedLabels, Counter>,
+    ttft_parts: Family<PartLabels, Histogram, ClassicAndNative>,
+    unmeasured_parts: Family<PartLabels, Counter>,
+    placement: Family<PlacementLabels, Gauge>,
+    warned: [AtomicBool; 2],
+}
+
+impl DisaggFamilies {
+    /// The families of a pod in `role`, with `ttft` as the latency edges, registered in
+    /// `registry`.
+    pub fn new(role: Role, ttft: Buckets, registry: &mut Registry) -> Self {
+        let families = Self {
+            role,
+            legs: Family::default(),
+            leg_first_token: Family::new_with_constructor(ClassicAndNative(ttft.clone())),
+            served: Family::default(),
+            ttft_parts: Family::new_with_constructor(ClassicAndNative(ttft)),
+            unmeasured_parts: Family::default(),
+            placement: Family::default(),
+            warned: [AtomicBool::new(false), AtomicBool::new(false)],
+        };
+        let roles: Family<RoleLabels, Gauge> = Family::default();
+        roles.get_or_create(&RoleLabels { role: role.as_str() }).set(1);
+        let r = registry.families();
+        r.register(
+            "llmslo_role",
+            "The pod's role in disaggregated serving (aggregated, prefill or decode), always 1",
+            roles,
+        );
+        r.register(
+            "llmslo_legs",
+            "Legs of disaggregated requests this pod's engine served (kv_transfer_params): never user requests",
+            families.legs.clone(),
+        );
+        r.register_with_unit(
+            "llmslo_leg_first_token",
+            "A leg's wait for its first token: a prefill leg's whole answer, a decode leg's first streamed token",
+            Unit::Seconds,
+            families.leg_first_token.clone(),
+        );
+        r.register(
+            "llmslo_requests_served",
+            "User requests by how they were served: disaggregated (the router named a prefill pod), decode_only, \
+             aggregated",
+            families.served.clone(),
+        );
+        r.register_with_unit(
+            "llmslo_ttft_part",
+            "The parts of a disaggregated request's TTFT: prefill (the leg), decode_queue, kv_transfer \
+             (the decode engine's scheduling to first token), coordination (the rest)",
+            Unit::Seconds,
+            families.ttft_parts.clone(),
+        );
+        r.register(
+            "llmslo_ttft_part_unmeasured",
+            "Disaggregated requests whose TTFT part could not be measured (never estimated)",
+            families.unmeasured_parts.clone(),
+        );
+        r.register(
+            "llmslo_placement_warning",
+            "1 when the sidecar sits where it cannot see what users waited for, by reason",
+            families.placement.clone(),
+        );
+        families
+    }
+
+    /// Counts a finished leg: it is no user request, and reaches no other reader.
+    pub fn leg_finished(&self, record: &RequestRecord, phase: LegPhase) {
+        let labels = LegLabels {
+            model: record.model.clone(),
+            phase: phase.as_str(),
+        };
+        self.legs
+            .get_or_create(&LegOutcomeLabels {
+                model: record.model.clone(),
+                phase: phase.as_str(),
+                outcome: record.outcome.as_str(),
+            })
+            .inc();
+        let first_token = match phase {
+            LegPhase::Prefill => (record.outcome == Outcome::Success).then_some(record.e2e),
+            LegPhase::Decode => record.ttft,
+        };
+        if let Some(wait) = first_token {
+            self.leg_first_token.get_or_create(&labels).observe(wait.as_secs_f64());
+        }
+        if phase == LegPhase::Decode {
+            self.warn(Placement::BehindRoutingSidecar);
+        }
+    }
+
+    /// Raises `placement`'s warning: once in the log, for good on `/metrics`.
+    fn warn(&self, placement: Placement) {
+        let index = placement as usize;
+        if !self.warned[index].swap(true, Ordering::Relaxed) {
+            warn!("{}", placement.message());
+            self.placement
+                .get_or_create(&PlacementLabels {
+                    reason: placement.as_str(),
+                })
+                .set(1);
+        }
+    }
+}
+
+impl Reader for DisaggFamilies {
+    fn finished(&self, record: &RequestRecord) {
+        if self.role == Role::Prefill && record.count_source.is_some() {
+            self.warn(Placement::UserRequestOnPrefillPod);
+        }
+        let Some(served) = record.served else {
+            return;
+        };
+        if self.role != Role::Aggregated || served != Served::Aggregated {
+            self.served
+                .get_or_create(&ServedLabels {
+                    model: record.model.clone(),
+                    served: served.as_str(),
+                })
+                .inc();
+        }
+        let Some(parts) = record.ttft_parts else {
+            return;
+        };
+        for (part, value) in parts.each() {
+            let labels = PartLabels {
+                model: record.model.clone(),
+                part: part.as_str(),
+            };
+            match value {
+                Some(seconds) => self.ttft_parts.get_or_create(&labels).observe(seconds),
+                None => {
+                    self.unmeasured_parts.get_or_create(&labels).inc();
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! The prefill relay of a decode pod's sidecar. In disaggregated serving the router names a
+//! prefill pod in `x-prefiller-host-port`, and the routing sidecar behind llmslo sends the
+//! prompt there as a prefill leg. With the relay on, llmslo names itself instead (its relay
+//! address) and tags the request; the routing sidecar copies the request's headers onto the
+//! leg, so the leg comes to the relay, which sends it on to the prefill pod the router named
+//! and times it: the prefill part of that very request's TTFT, measured in one process.
+//!
+//! The relay only ever sends a leg to the address the router gave a request in flight here;
+//! a leg for any other request (or none) is refused.
+
+use super::ProxyBody;
+use crate::record::PrefillTimer;
+use bytes::Bytes;
+use http::header::{self, HeaderName, HeaderValue};
+use http::uri::Authority;
+use http::{HeaderMap, Request, Response, StatusCode, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+use tracing::debug;
+
+/// The header llm-d's router names the prefill pod in; the older name before it.
+pub static PREFILLER_HEADERS: [HeaderName; 2] = [
+    HeaderName::from_static("x-prefiller-host-port"),
+    HeaderName::from_static("x-prefiller-url"),
+];
+
+/// The header that tags a request, and so its prefill leg, with its relay entry.
+pub static RELAY_HEADER: HeaderName = HeaderName::from_static("x-llmslo-relay");
+
+/// Longest `x-prefiller-host-port` value relayed (a DNS name and a port).
+const MAX_TARGET_BYTES: usize = 260;
+
+/// Whether the router named a prefill pod for this request.
+pub fn names_prefill_pod(headers: &HeaderMap) -> bool {
+    PREFILLER_HEADERS.iter().any(|name| {
+        headers
+            .get_all(name)
+            .iter()
+            .any(|v| !v.as_bytes().trim_ascii().is_empty())
+    })
+}
+
+/// The relay: the requests in flight whose prefill legs it expects, and its client.
+#[derive(Debug)]
+pub struct PrefillRelay {
+    /// The address the routing sidecar is given instead of the prefill pod's.
+    advertised: HeaderValue,
+    /// Keyed by a random id: a leg cannot name another request's entry by guessing.
+    pending: Mutex<HashMap<u64, Arc<Pending>>>,
+    client: Client<HttpConnector, Incoming>,
+    /// How long the prefill pod may take to answer a leg.
+    timeout: Duration,
+}
+
+/// One request's expected leg.
+#[derive(Debug)]
+struct Pending {
+    /// The prefill pod the router named.
+    target: Authority,
+    /// How long its leg took, once it answered successfully.
+    prefill: Mutex<Option<Duration>>,
+}
+
+/// A request's claim on the relay: its prefill leg's time once relayed; dropped with the
+/// request, after which its leg is refused.
+#[derive(Debug)]
+pub struct RelayTicket {
+    relay: Arc<PrefillRelay>,
+    id: u64,
+    pending: Arc<Pending>,
+}
+
+impl PrefillTimer for RelayTicket {
+    /// From the relay receiving the leg to the prefill pod's answer, when it was relayed and
+    /// answered successfully.
+    fn prefill(&self) -> Option<Duration> {
+        *self.pending.prefill.lock().expect("relay entry lock")
+    }
+}
+
+impl Drop for RelayTicket {
+    fn drop(&mut self) {
+        self.relay.pending.lock().expect("relay table lock").remove(&self.id);
+    }
+}
+
+impl PrefillRelay {
+    /// A relay listening on `address`, waiting `timeout` at most for a prefill pod's answer.
+    pub fn new(address: SocketAddr, timeout: Duration) -> Arc<Self> {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(Duration::from_secs(10)));
+        connector.set_nodelay(true);
+        Arc::new(Self {
+            advertised: HeaderValue::from_str(&address.to_string()).expect("a socket address is a header value"),
+            pending: Mutex::default(),
+            client: Client::builder(TokioExecutor::new())
+                .pool_idle_timeout(Duration::from_secs(4))
+                .build(connector),
+            timeout,
+        })
+    }
+
+    /// When the router named one prefill pod, names the relay instead and tags the request;
+    /// the ticket says how long its leg took. Several pods named (the routing sidecar then
+    /// picks one itself), an address that is not `host:port`, or the older URL header: the
+    /// request goes on untouched and its prefill part is unmeasured.
+    pub fn divert(self: &Arc<Self>, headers: &mut HeaderMap) -> Option<RelayTicket> {
+        let name = &PREFILLER_HEADERS[0];
+        let mut values = headers.get_all(name).iter();
+        let (value, None) = (values.next()?, values.next()) else {
+            return None;
+        };
+        let text = value.to_str().ok()?.trim();
+        if text.len() > MAX_TARGET_BYTES || text.contains([',', '@', '/']) {
+            return None;
+        }
+        let target: Authority = text.parse().ok()?;
+        target.port_u16()?;
+        let pending = Arc::new(Pending {
+            target,
+            prefill: Mutex::new(None),
+        });
+        let id = {
+            let mut table = self.pending.lock().expect("relay table lock");
+            let id = std::iter::repeat_with(rand::random::<u64>)
+                .find(|id| !table.contains_key(id))
+                .expect("a free id");
+            table.insert(id, pending.clone());
+            id
+        };
+        headers.insert(name, self.advertised.clone());
+        headers.insert(&RELAY_HEADER, HeaderValue::from(id));
+        Some(RelayTicket {
+            relay: self.clone(),
+            id,
+            pending,
+        })
+    }
+
+    /// Requests whose legs the relay expects now.
+    pub fn pending(&self) -> usize {
+        self.pending.lock().expect("relay table lock").len()
+    }
+
+    /// Sends a prefill leg on to the prefill pod its request's router named, and notes how
+    /// long the pod took to answer.
+    pub async fn relay(self: Arc<Self>, mut request: Request<Incoming>) -> Response<ProxyBody> {
+        let arrived = Instant::now();
+        let id = request
+            .headers()
+            .get(&RELAY_HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let pending = id.and_then(|id| self.pending.lock().expect("relay table lock").get(&id).cloned());
+        let Some(pending) = pending else {
+            return refusal(
+                StatusCode::NOT_FOUND,
+                "no request in flight here expects this prefill leg: llmslo relays only the legs of requests it forwards",
+            );
+        };
+        let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
+        let uri = Uri::builder()
+            .scheme("http")
+            .authority(pending.target.clone())
+            .path_and_query(path)
+            .build();
+        let Ok(uri) = uri else {
+            return refusal(StatusCode::BAD_REQUEST, "the prefill leg's path is not a valid URI");
+        };
+        *request.uri_mut() = uri;
+        let headers = request.headers_mut();
+        headers.remove(&RELAY_HEADER);
+        headers.remove(header::HOST);
+        match tokio::time::timeout(self.timeout, self.client.request(request)).await {
+            Ok(Ok(response)) => {
+                if response.status().is_success() {
+                    *pending.prefill.lock().expect("relay entry lock") = Some(arrived.elapsed());
+                }
+                response.map(|body| body.map_err(Into::into).boxed_unsync())
+            }
+            Ok(Err(error)) => {
+                debug!(%error, "the prefill pod could not be reached");
+                refusal(StatusCode::BAD_GATEWAY, "the prefill pod could not be reached")
+            }
+            Err(_) => refusal(StatusCode::GATEWAY_TIMEOUT, "the prefill pod sent no answer in time"),
+        }
+    }
+}
+
+/// The relay's own answer, in the OpenAI error shape.
+fn refusal(status: StatusCode, message: &str) -> Response<ProxyBody> {
+    let body = serde_json::json!({"error": {"message": message, "type": "prefill_relay", "code": status.as_u16()}});
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(
+            Full::new(Bytes::from(body.to_string()))
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        )
+        .expect("static response parts are valid")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn relay() -> Arc<PrefillRelay> {
+        PrefillRelay::new("127.0.0.1:9".parse().unwrap(), Duration::from_secs(1))
+    }
+
+    fn headers(values: &[&str]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for v in values {
+            headers.append(&PREFILLER_HEADERS[0], HeaderValue::from_str(v).unwrap());
+        }
+        headers
+    }
+
+    #[tokio::test]
+    async fn one_named_prefill_pod_is_diverted_to_the_relay_until_the_request_ends() {
+        let relay = relay();
+        let mut h = headers(&["10.0.0.5:8000"]);
+        let ticket = relay.divert(&mut h).expect("diverted");
+        assert_eq!(h.get(&PREFILLER_HEADERS[0]).unwrap(), "127.0.0.1:9");
+        assert!(h.contains_key(&RELAY_HEADER));
+        assert_eq!((relay.pending(), ticket.prefill()), (1, None));
+        drop(ticket);
+        assert_eq!(relay.pending(), 0, "a finished request's leg is refused from then on");
+    }
+
+    /// Serves `relay` on a port of its own: the address it was made for.
+    async fn serve_relay() -> (Arc<PrefillRelay>, tokio_util::sync::CancellationToken) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let relay = PrefillRelay::new(listener.local_addr().unwrap(), Duration::from_secs(5));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let serving = relay.clone();
+        tokio::spawn(crate::serve::serve(
+            listener,
+            move |request, _| {
+                let relay = serving.clone();
+                async move { Ok::<_, std::convert::Infallible>(relay.relay(request).await) }
+            },
+            stop.clone(),
+            Duration::from_secs(1),
+            crate::serve::ConnectionLimits::new(16),
+        ));
+        (relay, stop)
+    }
+
+    /// POSTs a prefill leg to the relay, tagged with `id`: its status and body.
+    async fn leg(relay: &PrefillRelay, id: Option<&str>) -> (StatusCode, String) {
+        let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+        let body = r#"{"model":"sim","prompt":"hello","max_tokens":1,"stream":false,
+                       "kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false}}"#;
+        let mut request = Request::post(format!("http://{}/v1/completions", relay.advertised.to_str().unwrap()))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .unwrap();
+        if let Some(id) = id {
+            request.headers_mut().insert(&RELAY_HEADER, id.parse().unwrap());
+        }
+        let response = client.request(request).await.unwrap();
+        let status = response.status();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn a_leg_is_relayed_to_the_prefill_pod_its_request_named_and_timed_and_no_other_leg_is() {
+        let engine = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let prefill_pod = engine.local_addr().unwrap();
+        let sim = crate::tools::simulate::SimOptions {
+            pd: Some(crate::tools::simulate::disagg::PdOptions {
+                prefill_per_token: Duration::ZERO,
+                transfer_per_token: Duration::ZERO,
+            }),
+            ttft: crate::tools::simulate::delay::Delay::Fixed(Duration::from_millis(30)),
+            ..Default::default()
+        };
+        let stop_engine = tokio_util::sync::CancellationToken::new();
+        tokio::spawn(crate::tools::simulate::SimEngine::new(sim).serve(engine, stop_engine.clone()));
+        let (relay, stop) = serve_relay().await;
+
+        for (id, why) in [
+            (None, "untagged"),
+            (Some("12345"), "no such request"),
+            (Some("x"), "not an id"),
+        ] {
+            let (status, body) = leg(&relay, id).await;
+            assert_eq!(status, StatusCode::NOT_FOUND, "{why}");
+            assert!(body.contains("prefill_relay"), "{body}");
+        }
+        let mut headers = headers(&[&prefill_pod.to_string()]);
+        let ticket = relay.divert(&mut headers).unwrap();
+        let id = headers.get(&RELAY_HEADER).unwrap().to_str().unwrap().to_string();
+        let (status, body) = leg(&relay, Some(&id)).await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert!(
+            body.contains("remote_block_ids"),
+            "the prefill pod's answer, passed on: {body}"
+        );
+        let prefill = ticket.prefill().expect("timed");
+        assert!(prefill >= Duration::from_millis(30), "{prefill:?}");
+        drop(ticket);
+        assert_eq!(
+            leg(&relay, Some(&id)).await.0,
+            StatusCode::NOT_FOUND,
+            "its request ended"
+        );
+        stop.cancel();
+        stop_engine.cancel();
+    }
+
+    #[tokio::test]
+    async fn what_cannot_be_relayed_goes_on_untouched() {
+        let relay = relay();
+        for values in [
+            &["10.0.0.5:8000,10.0.0.6:8000"][..],
+            &["10.0.0.5:8000", "10.0.0.6:8000"],
+            &["10.0.0.5"],
+            &["http://10.0.0.5:8000/x"],
+            &["user@10.0.0.5:8000"],
+            &[""],
+        ] {
+            let mut h = headers(values);
+            let before = h.clone();
+            assert!(relay.divert(&mut h).is_none(), "{values:?}");
+            assert_eq!(h, before);
+        }
+        assert!(names_prefill_pod(&headers(&["10.0.0.5:8000"])));
+        assert!(!names_prefill_pod(&headers(&[" "])));
+        assert!(!names_prefill_pod(&HeaderMap::new()));
+        assert_eq!(relay.pending(), 0);
+    }
+}

@@ -1,0 +1,208 @@
+//! Disaggregated serving as the record sees it: a pod's role, the legs one user request is
+//! split into across pods, how a user request was served, and the parts its first token was
+//! made of.
+
+use super::EngineTiming;
+use std::time::Duration;
+
+/// What a pod does in disaggregated serving (`role`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Prefill and decode in one engine: every request is a user request.
+    #[default]
+    Aggregated,
+    /// A prefill pool's pod: it should see only prefill legs.
+    Prefill,
+    /// A decode pool's pod: it takes the client's stream (in front of the routing sidecar).
+    Decode,
+}
+
+impl Role {
+    /// The `role` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Aggregated => "aggregated",
+            Role::Prefill => "prefill",
+            Role::Decode => "decode",
+        }
+    }
+
+    /// The role a Kubernetes pod label value names (llm-d's `llm-d.ai/role`), if any.
+    pub fn from_label(value: &str) -> Option<Self> {
+        match value {
+            "prefill" => Some(Role::Prefill),
+            "decode" => Some(Role::Decode),
+            "both" | "aggregated" => Some(Role::Aggregated),
+            _ => None,
+        }
+    }
+}
+
+/// Which leg of a disaggregated request a request is, read from its `kv_transfer_params`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LegPhase {
+    /// `do_remote_decode: true`: the prompt's prefill, its KV cache kept for a decode pod.
+    Prefill,
+    /// `do_remote_prefill: true`: the decode, pulling the KV cache a prefill pod made.
+    Decode,
+}
+
+impl LegPhase {
+    /// Both phases, in label order.
+    pub const ALL: [LegPhase; 2] = [LegPhase::Prefill, LegPhase::Decode];
+
+    /// The `phase` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LegPhase::Prefill => "prefill",
+            LegPhase::Decode => "decode",
+        }
+    }
+}
+
+/// How a user request was served (`served`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Served {
+    /// One engine did both phases.
+    Aggregated,
+    /// The router named a prefill pod (`x-prefiller-host-port`): prefill there, decode here.
+    Disaggregated,
+    /// A decode pod did both phases itself: the router named no prefill pod.
+    DecodeOnly,
+}
+
+impl Served {
+    /// Every value, in label order.
+    pub const ALL: [Served; 3] = [Served::Aggregated, Served::Disaggregated, Served::DecodeOnly];
+
+    /// The `served` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Served::Aggregated => "aggregated",
+            Served::Disaggregated => "disaggregated",
+            Served::DecodeOnly => "decode_only",
+        }
+    }
+}
+
+/// What timed a request's prefill leg (the decode pod's relay): held while the request runs.
+pub trait PrefillTimer: Send + Sync + std::fmt::Debug {
+    /// The prefill leg's time, once it was timed and answered successfully.
+    fn prefill(&self) -> Option<Duration>;
+}
+
+/// One part of a disaggregated request's time to first token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TtftPart {
+    /// The prefill leg, from the routing sidecar sending it to its answer: the prefill pod's
+    /// queue and prefill, and the network between.
+    Prefill,
+    /// The decode engine's queue (its own `queue_time_ms`).
+    DecodeQueue,
+    /// The decode engine from scheduling to the first token: pulling the KV blocks and the
+    /// first step (its own `time_to_first_token_ms`).
+    KvTransfer,
+    /// The rest: the routing sidecar, the network, HTTP.
+    Coordination,
+}
+
+impl TtftPart {
+    /// Every part, in label order.
+    pub const ALL: [TtftPart; 4] = [
+        TtftPart::Prefill,
+        TtftPart::DecodeQueue,
+        TtftPart::KvTransfer,
+        TtftPart::Coordination,
+    ];
+
+    /// The `part` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TtftPart::Prefill => "prefill",
+            TtftPart::DecodeQueue => "decode_queue",
+            TtftPart::KvTransfer => "kv_transfer",
+            TtftPart::Coordination => "coordination",
+        }
+    }
+}
+
+/// The parts of a disaggregated request's TTFT, in seconds; `None` is a part not measured.
+/// The coordination part is what is left once every other part is known, so when all four are
+/// known they add up to the TTFT.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TtftParts {
+    /// The prefill leg, when llmslo relayed it.
+    pub prefill: Option<f64>,
+    /// The decode engine's queue, when its answer states it.
+    pub decode_queue: Option<f64>,
+    /// The decode engine's scheduling to first token, when its answer states it.
+    pub kv_transfer: Option<f64>,
+    /// The rest, when every other part is known.
+    pub coordination: Option<f64>,
+}
+
+impl TtftParts {
+    /// Splits `ttft` with the prefill leg llmslo timed and the decode engine's own account.
+    pub fn split(ttft: Duration, prefill: Option<Duration>, engine: Option<EngineTiming>) -> Self {
+        let prefill = prefill.map(|d| d.as_secs_f64());
+        let decode_queue = engine.and_then(|e| e.queue);
+        let kv_transfer = engine.and_then(|e| e.prefill);
+        let coordination = match (prefill, decode_queue, kv_transfer) {
+            (Some(p), Some(q), Some(k)) => Some((ttft.as_secs_f64() - p - q - k).max(0.0)),
+            _ => None,
+        };
+        Self {
+            prefill,
+            decode_queue,
+            kv_transfer,
+            coordination,
+        }
+    }
+
+    /// Each part with its value (`None`: not measured).
+    pub fn each(&self) -> [(TtftPart, Option<f64>); 4] {
+        [
+            (TtftPart::Prefill, self.prefill),
+            (TtftPart::DecodeQueue, self.decode_queue),
+            (TtftPart::KvTransfer, self.kv_transfer),
+            (TtftPart::Coordination, self.coordination),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_parts_add_up_to_the_ttft_only_when_each_is_known() {
+        let engine = EngineTiming {
+            queue: Some(0.05),
+            prefill: Some(0.08),
+            ..EngineTiming::default()
+        };
+        let ttft = Duration::from_millis(400);
+        let parts = TtftParts::split(ttft, Some(Duration::from_millis(200)), Some(engine));
+        let sum: f64 = parts.each().iter().map(|(_, v)| v.unwrap()).sum();
+        assert!((sum - 0.4).abs() < 1e-9, "{parts:?}");
+        assert!((parts.coordination.unwrap() - 0.07).abs() < 1e-9);
+        let unrelayed = TtftParts::split(ttft, None, Some(engine));
+        assert_eq!(
+            (unrelayed.prefill, unrelayed.coordination),
+            (None, None),
+            "never a guess"
+        );
+        assert_eq!(unrelayed.decode_queue, Some(0.05));
+        let silent_engine = TtftParts::split(ttft, Some(Duration::from_millis(200)), None);
+        assert_eq!(silent_engine.coordination, None);
+    }
+
+    #[test]
+    fn roles_come_from_llm_d_pod_labels() {
+        assert_eq!(Role::from_label("prefill"), Some(Role::Prefill));
+        assert_eq!(Role::from_label("decode"), Some(Role::Decode));
+        assert_eq!(Role::from_label("both"), Some(Role::Aggregated));
+        assert_eq!(Role::from_label("encode"), None);
+    }
+}
