@@ -12,6 +12,7 @@
 //! Kubernetes 1.32, named ports of init containers are not resolved for Services. A
 //! declaration only names a port of the pod's shared network namespace, where llmslo listens.
 
+use crate::record::Role;
 use serde_json::{json, Map, Value};
 
 /// The injected sidecar's memory request and limit unless `llmslo.io/memory` says otherwise:
@@ -383,23 +384,54 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
             ))
         }
     };
-    let (engine_index, engine_number, service_name) =
-        match find_engine_port(spec, annotation(annotations::ENGINE_PORT).as_deref())? {
-            EnginePort::Declared { container, port } => {
-                let entry = &mut spec.get_mut("containers").expect("found above")[container]["ports"][port];
-                let number = entry["containerPort"]
-                    .as_u64()
-                    .ok_or("the engine's port has no containerPort")?;
-                let name = entry["name"].as_str().map(str::to_string);
-                // The engine keeps listening where it did; its port entry is renamed.
-                entry["name"] = json!(ENGINE_PORT_NAME);
-                (container, number, name)
-            }
-            EnginePort::Undeclared(number) => (0, number, None),
-        };
-    let used = [used_ports(spec), vec![engine_number]].concat();
-    let listen = free_port(&used, 8080);
+    // In front of llm-d's routing sidecar when the pod has one: llmslo takes its port.
+    let routing = router::find(spec);
+    let (engine_index, engine_number, service_name, listen, used) = match routing {
+        Some(routing) => {
+            let used = used_ports(spec);
+            let moved = free_port(&used, routing.port + 100);
+            let name = router::move_to(spec, routing, moved);
+            (0, moved, name, routing.port, [used, vec![moved]].concat())
+        }
+        None => {
+            let (index, number, name) = match find_engine_port(spec, annotation(annotations::ENGINE_PORT).as_deref())? {
+                EnginePort::Declared { container, port } => {
+                    let entry = &mut spec.get_mut("containers").expect("found above")[container]["ports"][port];
+                    let number = entry["containerPort"]
+                        .as_u64()
+                        .ok_or("the engine's port has no containerPort")?;
+                    let name = entry["name"].as_str().map(str::to_string);
+                    // The engine keeps listening where it did; its port entry is renamed.
+                    entry["name"] = json!(ENGINE_PORT_NAME);
+                    (container, number, name)
+                }
+                EnginePort::Undeclared(number) => (0, number, None),
+            };
+            let used = [used_ports(spec), vec![number]].concat();
+            (index, number, name, free_port(&used, 8080), used)
+        }
+    };
     let metrics = free_port(&[used.as_slice(), &[listen]].concat(), 9464);
+    let serving = match routing {
+        Some(routing) => {
+            let port = free_port(&[used.as_slice(), &[listen, metrics]].concat(), 8299);
+            // The relay's address is what the routing sidecar is told: with SSRF protection it
+            // allows only its pool's pods, so the pod's own IP.
+            let host = if routing.ssrf_protected {
+                "$(POD_IP)"
+            } else {
+                "127.0.0.1"
+            };
+            Serving {
+                role: Some(Role::Decode),
+                relay: Some(format!("{host}:{port}")),
+            }
+        }
+        None => Serving {
+            role: router::role(&meta),
+            relay: None,
+        },
+    };
 
     if let Some(name) = &service_name {
         keep_probes_on_the_engine(spec, name);
@@ -409,7 +441,7 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
         {"name": facing, "containerPort": listen, "protocol": "TCP"},
         {"name": METRICS_PORT_NAME, "containerPort": metrics, "protocol": "TCP"},
     ]);
-    let mut sidecar = sidecar_container(options, &annotation, engine_number, listen, metrics)?;
+    let mut sidecar = sidecar_container(options, &annotation, engine_number, listen, metrics, &serving)?;
     match mode {
         SidecarMode::Classic => {
             sidecar["ports"] = sidecar_ports;
@@ -459,7 +491,7 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
         .as_object_mut()
         .ok_or("annotations is not a map")?;
     annotations.insert(annotations::INJECTED.into(), json!(env!("CARGO_PKG_VERSION")));
-    if service_name.is_none() {
+    if service_name.is_none() && routing.is_none() {
         annotations.insert(
             NOTE.into(),
             json!("the engine's port had no name: point Services at targetPort llmslo-http to go through llmslo"),
@@ -627,12 +659,21 @@ fn free_port(used: &[u64], preferred: u64) -> u64 {
     (preferred..).find(|p| !used.contains(p)).expect("some port is free")
 }
 
+/// How the injected sidecar serves in disaggregated serving.
+struct Serving {
+    /// The pod's role, when llm-d names one or the pod has a routing sidecar.
+    role: Option<Role>,
+    /// The prefill relay's address, in front of a routing sidecar.
+    relay: Option<String>,
+}
+
 fn sidecar_container(
     options: &InjectOptions,
     annotation: &dyn Fn(&str) -> Option<String>,
     engine_port: u64,
     listen: u64,
     metrics: u64,
+    serving: &Serving,
 ) -> Result<Value, String> {
     let engine = annotation(annotations::ENGINE).unwrap_or_else(|| "auto".into());
     if !["auto", "vllm", "tgi", "sglang", "llamacpp", "openai"].contains(&engine.as_str()) {
@@ -654,6 +695,15 @@ fn sidecar_container(
         None => {}
         Some("all") => env.push(json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})),
         Some(other) => return Err(format!("annotation {}: `{other}` is not `all`", annotations::GPUS)),
+    }
+    if let Some(role) = serving.role {
+        env.push(json!({"name": "LLMSLO_ROLE", "value": role.as_str()}));
+    }
+    if let Some(relay) = &serving.relay {
+        if relay.starts_with("$(POD_IP)") {
+            env.push(json!({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}));
+        }
+        env.push(json!({"name": "LLMSLO_PREFILL_RELAY", "value": relay}));
     }
     let mut mounts = Vec::new();
     if annotation(annotations::CONFIG_MAP).is_some() {
@@ -696,6 +746,8 @@ fn sidecar_container(
     }
     Ok(container)
 }
+
+mod router;
 
 #[cfg(test)]
 mod tests;

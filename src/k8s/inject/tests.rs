@@ -524,3 +524,116 @@ fn the_defaults_fit_the_memory_limit_the_injector_gives() {
     assert!(merge.worst_case_memory_bytes(1) < limit);
     assert_eq!(DEFAULT_MEMORY_LIMIT, format!("{}Mi", limit >> 20));
 }
+
+/// An llm-d decode pod as llm-d's chart makes it: the routing sidecar as a native sidecar on
+/// the port routers use, the engine behind it.
+const LLM_D_DECODE: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: qwen-decode}
+spec:
+  selector: {matchLabels: {app: qwen}}
+  template:
+    metadata:
+      labels: {app: qwen, llm-d.ai/role: decode, llmslo.io/inject: "true"}
+    spec:
+      initContainers:
+        - name: routing-proxy
+          image: ghcr.io/llm-d/llm-d-routing-sidecar:v0.4.0
+          args: [--port=8000, --vllm-port=8200, --connector=nixlv2]
+          ports: [{containerPort: 8000}]
+          restartPolicy: Always
+      containers:
+        - name: vllm
+          image: ghcr.io/llm-d/llm-d-cuda:v0.3.1
+          args: [--port, "8200", --kv-transfer-config, '{"kv_connector":"NixlConnector","kv_role":"kv_both"}']
+          ports: [{containerPort: 8200}]
+"#;
+
+#[test]
+fn in_an_llm_d_decode_pod_llmslo_takes_the_routing_sidecars_port_and_relays_its_prefill_legs() {
+    let d = inject(LLM_D_DECODE, SidecarMode::Native);
+    let spec = &d["spec"]["template"]["spec"];
+    let llmslo = &spec["initContainers"][0];
+    let routing = &spec["initContainers"][1];
+    assert_eq!(
+        (&llmslo["name"], &routing["name"]),
+        (&json!("llmslo"), &json!("routing-proxy"))
+    );
+    let args: Vec<&str> = llmslo["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    // Clients (the router, by number) reach llmslo; llmslo the routing sidecar; it the engine.
+    assert_eq!(
+        args,
+        [
+            "run",
+            "--upstream",
+            "http://127.0.0.1:8100",
+            "--listen",
+            "0.0.0.0:8000",
+            "--metrics-listen",
+            "0.0.0.0:9464"
+        ]
+    );
+    assert_eq!(
+        routing["args"],
+        json!(["--port=8100", "--vllm-port=8200", "--connector=nixlv2"])
+    );
+    assert_eq!(
+        routing["ports"],
+        json!([{"containerPort": 8100, "name": ENGINE_PORT_NAME}])
+    );
+    let env = llmslo["env"].as_array().unwrap();
+    let value = |name: &str| env.iter().find(|e| e["name"] == name).map(|e| e["value"].clone());
+    assert_eq!(value("LLMSLO_ROLE"), Some(json!("decode")));
+    assert_eq!(value("LLMSLO_PREFILL_RELAY"), Some(json!("127.0.0.1:8299")));
+    assert_eq!(value("POD_IP"), None);
+    let declared = spec["containers"][0]["ports"].as_array().unwrap();
+    assert!(declared.contains(&json!({"name": "llmslo-http", "containerPort": 8000, "protocol": "TCP"})));
+    assert!(d["spec"]["template"]["metadata"]["annotations"].get(NOTE).is_none());
+
+    // With SSRF protection the routing sidecar only sends legs to its pool's pods: the relay
+    // is on the pod's IP.
+    let protected = LLM_D_DECODE.replace(
+        "--connector=nixlv2]",
+        "--connector=nixlv2, -enable-ssrf-protection=true]",
+    );
+    let d = inject(&protected, SidecarMode::Native);
+    let env = d["spec"]["template"]["spec"]["initContainers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let value = |name: &str| env.iter().find(|e| e["name"] == name).cloned();
+    assert_eq!(value("LLMSLO_PREFILL_RELAY").unwrap()["value"], "$(POD_IP):8299");
+    let pod_ip = env
+        .iter()
+        .position(|e| e["name"] == "POD_IP")
+        .expect("POD_IP from the downward API");
+    let relay = env.iter().position(|e| e["name"] == "LLMSLO_PREFILL_RELAY").unwrap();
+    assert!(pod_ip < relay, "defined before the value that names it");
+}
+
+#[test]
+fn a_pods_llm_d_role_label_becomes_its_role() {
+    let prefill = DEPLOYMENT.replace("labels: {app: vllm,", "labels: {app: vllm, llm-d.ai/role: prefill,");
+    let d = inject(&prefill, SidecarMode::Native);
+    let env = d["spec"]["template"]["spec"]["initContainers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        env.contains(&json!({"name": "LLMSLO_ROLE", "value": "prefill"})),
+        "{env:?}"
+    );
+    assert!(!env.iter().any(|e| e["name"] == "LLMSLO_PREFILL_RELAY"));
+    let d = inject(DEPLOYMENT, SidecarMode::Native);
+    let env = d["spec"]["template"]["spec"]["initContainers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(!env.iter().any(|e| e["name"] == "LLMSLO_ROLE"), "no label, no role");
+}

@@ -1,0 +1,148 @@
+//! llm-d's routing sidecar in a decode pod: it takes the client's stream on the port the
+//! router sends to, sends the prompt to a prefill pod, then the request to the local engine.
+//! llmslo belongs in front of it, where the client's stream enters the pod: llmslo takes the
+//! routing sidecar's port (routers reach pods by number), the routing sidecar moves to a free
+//! port, and llmslo runs as the decode pod it is, relaying the prefill legs to time them.
+
+use crate::record::Role;
+use serde_json::{json, Map, Value};
+
+/// The port llm-d's routing sidecar listens on when its arguments name none.
+const DEFAULT_PORT: u64 = 8000;
+/// The pod label llm-d names a pod's role with.
+pub const ROLE_LABEL: &str = "llm-d.ai/role";
+
+/// A routing sidecar found in a pod spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RoutingSidecar {
+    /// `containers` or `initContainers` (a native sidecar).
+    list: &'static str,
+    index: usize,
+    /// The port it listens on: the one clients use.
+    pub(super) port: u64,
+    /// Whether it allows only prefill pods of its InferencePool (then the relay must be on the
+    /// pod's IP, which the pool holds; loopback is refused).
+    pub(super) ssrf_protected: bool,
+}
+
+/// llm-d's routing sidecar, by its image or the names llm-d's charts give it.
+fn is_routing_sidecar(container: &Value) -> bool {
+    let image = container["image"].as_str().unwrap_or_default();
+    let name = container["name"].as_str().unwrap_or_default();
+    image.contains("llm-d-routing-sidecar") || matches!(name, "routing-proxy" | "llm-d-routing-sidecar")
+}
+
+/// The value of flag `name` (Go's flag package: `-name`, `--name`, `=value` or the next
+/// argument) and where it is.
+fn flag<'a>(args: &'a [Value], name: &str) -> Option<(usize, usize, &'a str)> {
+    let forms = [format!("-{name}"), format!("--{name}")];
+    args.iter().enumerate().find_map(|(i, arg)| {
+        let arg = arg.as_str()?;
+        forms.iter().find_map(|form| match arg.strip_prefix(form.as_str()) {
+            Some(value) if value.starts_with('=') => Some((i, 1, &value[1..])),
+            Some("") => args.get(i + 1)?.as_str().map(|value| (i, 2, value)),
+            _ => None,
+        })
+    })
+}
+
+/// Finds llm-d's routing sidecar in a pod spec.
+pub(super) fn find(spec: &Map<String, Value>) -> Option<RoutingSidecar> {
+    ["initContainers", "containers"].into_iter().find_map(|list| {
+        let containers = spec.get(list)?.as_array()?;
+        let index = containers.iter().position(is_routing_sidecar)?;
+        let args = containers[index]["args"].as_array().cloned().unwrap_or_default();
+        let port = match flag(&args, "port") {
+            Some((_, _, value)) => value.parse().ok()?,
+            None => DEFAULT_PORT,
+        };
+        let ssrf_protected = flag(&args, "enable-ssrf-protection").is_some_and(|(_, _, v)| v == "true")
+            || args
+                .iter()
+                .any(|a| a == "-enable-ssrf-protection" || a == "--enable-ssrf-protection");
+        Some(RoutingSidecar {
+            list,
+            index,
+            port,
+            ssrf_protected,
+        })
+    })
+}
+
+/// Moves the routing sidecar to `port`: its `--port` argument and its port entry. Returns the
+/// name its port entry had (llmslo's port takes it, so Services by name reach llmslo).
+pub(super) fn move_to(spec: &mut Map<String, Value>, sidecar: RoutingSidecar, port: u64) -> Option<String> {
+    let container = &mut spec.get_mut(sidecar.list).expect("found there")[sidecar.index];
+    let mut args = container["args"].as_array().cloned().unwrap_or_default();
+    match flag(&args, "port") {
+        Some((at, len, _)) => {
+            args.splice(at..at + len, [json!(format!("--port={port}"))]);
+        }
+        None => args.push(json!(format!("--port={port}"))),
+    }
+    container["args"] = json!(args);
+    let entries = container.get_mut("ports").and_then(Value::as_array_mut);
+    let entry = entries
+        .into_iter()
+        .flatten()
+        .find(|p| p["containerPort"].as_u64() == Some(sidecar.port))?;
+    entry["containerPort"] = json!(port);
+    let name = entry["name"].as_str().map(str::to_string);
+    entry["name"] = json!(super::ENGINE_PORT_NAME);
+    name
+}
+
+/// The role llm-d's pod label names, if any.
+pub(super) fn role(metadata: &Value) -> Option<Role> {
+    metadata["labels"][ROLE_LABEL].as_str().and_then(Role::from_label)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(args: Value) -> Map<String, Value> {
+        json!({
+            "initContainers": [{"name": "routing-proxy", "image": "ghcr.io/llm-d/llm-d-routing-sidecar:v0.4.0",
+                                "args": args, "ports": [{"containerPort": 8000}], "restartPolicy": "Always"}],
+            "containers": [{"name": "vllm", "image": "vllm/vllm-openai", "ports": [{"containerPort": 8200}]}],
+        })
+        .as_object()
+        .unwrap()
+        .clone()
+    }
+
+    #[test]
+    fn its_port_is_read_in_every_form_go_flags_take_and_moved() {
+        for args in [
+            json!(["--port=8000", "--vllm-port=8200"]),
+            json!(["-port", "8000", "--vllm-port=8200"]),
+            json!(["--vllm-port=8200"]),
+        ] {
+            let mut s = spec(args.clone());
+            let found = find(&s).expect("found");
+            assert_eq!((found.port, found.ssrf_protected), (8000, false), "{args}");
+            assert_eq!(move_to(&mut s, found, 8100), None, "its port had no name");
+            let moved = &s["initContainers"][0];
+            assert!(
+                moved["args"].as_array().unwrap().contains(&json!("--port=8100")),
+                "{moved}"
+            );
+            assert!(!moved["args"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|a| a == "8000" || a == "--port=8000"));
+            assert_eq!(moved["ports"][0]["containerPort"], 8100);
+            assert_eq!(find(&s).unwrap().port, 8100);
+        }
+        let protected = spec(json!(["--port=9000", "-enable-ssrf-protection=true"]));
+        assert_eq!(
+            (find(&protected).unwrap().port, find(&protected).unwrap().ssrf_protected),
+            (9000, true)
+        );
+        assert_eq!(find(&spec(json!(["--port=eighty"]))), None, "a port that is no number");
+        let plain = json!({"containers": [{"name": "vllm", "image": "vllm/vllm-openai"}]});
+        assert_eq!(find(plain.as_object().unwrap()), None);
+    }
+}
