@@ -3,6 +3,7 @@
 
 pub mod process;
 pub mod prometheus;
+pub mod routing;
 pub mod tls;
 
 use bytes::Bytes;

@@ -1,0 +1,386 @@
+//! Disaggregated serving, end to end on 127.0.0.1: a client → llmslo (role decode, in front
+//! of the routing sidecar, relaying the prefill legs) → a routing sidecar that follows llm-d's
+//! protocol → the decode engine; the prefill legs go through the relay to llmslo in front of
+//! the prefill engine. Both engines are the simulator following vLLM's `kv_transfer_params`.
+//! Each user request is counted once, with the TTFT the client waited for, split into parts
+//! that add up to it; legs are legs; a breach is charged to the pool that caused it; and a
+//! sidecar placed behind the routing sidecar says so.
+
+mod common;
+
+use bytes::Bytes;
+use common::routing::{start_routing_sidecar, start_routing_sidecar_at};
+use common::*;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use llmslo::config::Config;
+use llmslo::record::{Reader, RequestRecord, Served};
+use llmslo::sidecar::Sidecar;
+use llmslo::tools::simulate::delay::Delay;
+use llmslo::tools::simulate::disagg::PdOptions;
+use llmslo::tools::simulate::SimOptions;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+type Http = hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
+
+/// Keeps every record the front sidecar makes.
+#[derive(Debug, Default)]
+struct Records(Mutex<Vec<RequestRecord>>);
+
+impl Reader for Records {
+    fn finished(&self, record: &RequestRecord) {
+        self.0.lock().unwrap().push(record.clone());
+    }
+}
+
+fn engine(ttft_ms: u64, tpot_ms: u64) -> SimOptions {
+    SimOptions {
+        ttft: Delay::Fixed(Duration::from_millis(ttft_ms)),
+        tpot: Delay::Fixed(Duration::from_millis(tpot_ms)),
+        per_request_metrics: true,
+        pd: Some(PdOptions {
+            prefill_per_token: Duration::from_micros(100),
+            transfer_per_token: Duration::from_micros(50),
+        }),
+        ..SimOptions::default()
+    }
+}
+
+/// The sidecar in front of the routing sidecar at `router`: role decode, relaying prefill legs.
+async fn front(router: SocketAddr, slos: &str, records: Arc<Records>) -> Sidecar {
+    let yaml = format!(
+        "upstream: http://{router}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nengine: vllm\n\
+         final_scrape_grace: 0s\nrole: decode\nprefill_relay: 127.0.0.1:{}\n{slos}",
+        free_port()
+    );
+    Sidecar::start_with(&Config::from_yaml(&yaml).unwrap(), vec![records])
+        .await
+        .unwrap()
+}
+
+/// Streams a chat request of about `prompt_tokens` to `proxy`, naming `prefill` as the
+/// prefill pod when given, on `client` (one per test, kept alive: its TTFT holds no connection
+/// setup); returns the client's TTFT (to the first frame with answer text).
+async fn ask(
+    client: &Http,
+    proxy: SocketAddr,
+    prompt_tokens: usize,
+    max_tokens: u32,
+    prefill: Option<SocketAddr>,
+) -> Duration {
+    let body = serde_json::json!({
+        "model": "sim",
+        "messages": [{"role": "user", "content": "x".repeat(4 * prompt_tokens)}],
+        "max_tokens": max_tokens,
+        "stream": true,
+    });
+    let mut request = Request::post(format!("http://{proxy}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    if let Some(prefill) = prefill {
+        request
+            .headers_mut()
+            .insert("x-prefiller-host-port", prefill.to_string().parse().unwrap());
+    }
+    let sent = Instant::now();
+    let response = client.request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    let mut first = None;
+    let mut text = String::new();
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.unwrap().into_data() else { continue };
+        let chunk = String::from_utf8_lossy(&data);
+        if first.is_none() && chunk.contains("\"content\":\" ") {
+            first = Some(sent.elapsed());
+        }
+        text.push_str(&chunk);
+    }
+    assert!(text.ends_with("data: [DONE]\n\n"), "{text}");
+    first.expect("an answer token")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_user_request_is_counted_once_with_the_ttft_the_client_waited_for_split_into_its_parts() {
+    let (prefill_engine, _p) = start_engine(engine(40, 5)).await;
+    let (decode_engine, _d) = start_engine(engine(40, 5)).await;
+    // llmslo in front of the prefill engine, with its default role and an SLO of its own.
+    let prefill_side = start_sidecar(prefill_engine, "slos:\n  - {name: ttft, objective: 99, ttft: 300ms}\n").await;
+    // llmslo where it does not belong: between the routing sidecar and the decode engine.
+    let behind = start_sidecar(decode_engine, "").await;
+    let router = start_routing_sidecar(behind.proxy_addr).await;
+    let records = Arc::new(Records::default());
+    let http = client();
+    let slos = "slos:\n  - {name: ttft, objective: 99, ttft: 300ms}\n  - {name: tpot, objective: 99, tpot: 30ms}\n";
+    let front = front(router, slos, records.clone()).await;
+
+    // One request first, not compared: every connection on the way is then open.
+    ask(&http, front.proxy_addr, 100, 2, Some(prefill_side.proxy_addr)).await;
+    let prompts = [100, 200, 300, 400, 500, 600, 700, 800];
+    let mut client_ttfts = Vec::new();
+    for tokens in prompts {
+        client_ttfts.push(ask(&http, front.proxy_addr, tokens, 16, Some(prefill_side.proxy_addr)).await);
+    }
+    for _ in 0..2 {
+        ask(&http, front.proxy_addr, 100, 16, None).await;
+    }
+    let front_page = settled(&front).await;
+    let prefill_page = settled(&prefill_side).await;
+    let behind_page = settled(&behind).await;
+
+    // Counted once: ten user requests at the front, none at the prefill pod.
+    assert_eq!(sample(&front_page, "llmslo_requests_total", &[]), 11.0, "{front_page}");
+    assert_eq!(
+        sample(
+            &front_page,
+            "llmslo_requests_served_total",
+            &[("served", "disaggregated")]
+        ),
+        9.0
+    );
+    assert_eq!(
+        sample(
+            &front_page,
+            "llmslo_requests_served_total",
+            &[("served", "decode_only")]
+        ),
+        2.0
+    );
+    assert_eq!(
+        sample(&prefill_page, "llmslo_requests_total", &[]),
+        0.0,
+        "{prefill_page}"
+    );
+    assert_eq!(
+        sample(
+            &prefill_page,
+            "llmslo_legs_total",
+            &[("phase", "prefill"), ("outcome", "success")]
+        ),
+        9.0
+    );
+    assert_eq!(
+        sample(
+            &prefill_page,
+            "llmslo_leg_first_token_seconds_count",
+            &[("phase", "prefill")]
+        ),
+        9.0
+    );
+    // The prefill pod's SLO never saw a leg.
+    assert_eq!(sample(&prefill_page, "llmslo_slo_events_total", &[]), 0.0);
+    assert_eq!(sample(&prefill_page, "llmslo_placement_warning", &[]), 0.0);
+    // The sidecar behind the routing sidecar sees decode legs, counts them as legs, and warns.
+    assert_eq!(
+        sample(&behind_page, "llmslo_legs_total", &[("phase", "decode")]),
+        9.0,
+        "{behind_page}"
+    );
+    assert_eq!(
+        sample(&behind_page, "llmslo_requests_total", &[]),
+        2.0,
+        "the decode_only requests"
+    );
+    assert_eq!(
+        sample(
+            &behind_page,
+            "llmslo_placement_warning",
+            &[("reason", "behind_routing_sidecar")]
+        ),
+        1.0
+    );
+    assert_eq!(sample(&front_page, "llmslo_placement_warning", &[]), 0.0);
+    assert_eq!(sample(&front_page, "llmslo_role", &[("role", "decode")]), 1.0);
+
+    let records = records.0.lock().unwrap()[1..].to_vec();
+    assert_eq!(records.len(), 10);
+    for (record, client) in records.iter().zip(&client_ttfts) {
+        assert_eq!(record.served, Some(Served::Disaggregated));
+        let ttft = record.ttft.unwrap();
+        let gap = ttft.as_secs_f64() - client.as_secs_f64();
+        assert!(gap.abs() <= 0.002, "llmslo {ttft:?} against the client's {client:?}");
+        let parts = record.ttft_parts.expect("the parts of a disaggregated TTFT");
+        let each: Vec<f64> = parts
+            .each()
+            .iter()
+            .map(|(_, v)| v.expect("every part measured"))
+            .collect();
+        let sum: f64 = each.iter().sum();
+        assert!((sum - ttft.as_secs_f64()).abs() < 1e-6, "{parts:?} add up to {ttft:?}");
+        // The leg is inside the TTFT: at least the prefill engine's 40 ms.
+        assert!(parts.prefill.unwrap() >= 0.040 && parts.prefill.unwrap() < ttft.as_secs_f64());
+    }
+    for record in &records[8..] {
+        assert_eq!((record.served, record.ttft_parts), (Some(Served::DecodeOnly), None));
+    }
+    // Longer prompts, longer prefill legs: the part follows the prefill engine's own cost.
+    let prefill_of = |r: &RequestRecord| r.ttft_parts.unwrap().prefill.unwrap();
+    assert!(prefill_of(&records[7]) > prefill_of(&records[0]) + 0.05, "{records:?}");
+    assert_eq!(
+        sample(
+            &front_page,
+            "llmslo_ttft_part_seconds_count",
+            &[("part", "coordination")]
+        ),
+        9.0
+    );
+    assert_eq!(sample(&front_page, "llmslo_ttft_part_unmeasured_total", &[]), 0.0);
+    for sidecar in [front, prefill_side, behind] {
+        sidecar.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_slow_prefill_pool_burns_ttft_and_a_slow_decode_pool_burns_tpot_each_charged_to_its_pool() {
+    let (prefill_engine, _p) = start_engine(engine(350, 5)).await;
+    let (decode_engine, _d) = start_engine(engine(40, 50)).await;
+    let prefill_side = start_sidecar(prefill_engine, "").await;
+    let router = start_routing_sidecar(decode_engine).await;
+    let slos = "slos:\n  - {name: ttft, objective: 99, ttft: 300ms}\n  - {name: tpot, objective: 99, tpot: 30ms}\n";
+    let front = front(router, slos, Arc::default()).await;
+    let http = client();
+    for _ in 0..4 {
+        ask(&http, front.proxy_addr, 100, 6, Some(prefill_side.proxy_addr)).await;
+    }
+    let page = settled(&front).await;
+    let charged = |slo: &str, cause: &str| {
+        sample(
+            &page,
+            "llmslo_slo_bad_events_by_cause_total",
+            &[("slo", slo), ("cause", cause)],
+        )
+    };
+    assert_eq!(
+        sample(&page, "llmslo_slo_bad_events_total", &[("slo", "ttft")]),
+        4.0,
+        "{page}"
+    );
+    assert_eq!(charged("ttft", "prefill_pool"), 4.0, "{page}");
+    assert_eq!(sample(&page, "llmslo_slo_bad_events_total", &[("slo", "tpot")]), 4.0);
+    assert_eq!(charged("tpot", "decode_pool"), 4.0, "{page}");
+    front.shutdown().await;
+    prefill_side.shutdown().await;
+}
+
+/// An llm-d decode pod as llm-d's chart makes it, on ports `router` and `engine`.
+fn llm_d_decode_pod(router: u16, engine: u16) -> String {
+    format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: qwen-decode}}
+spec:
+  selector: {{matchLabels: {{app: qwen}}}}
+  template:
+    metadata:
+      labels: {{app: qwen, llm-d.ai/role: decode, llmslo.io/inject: "true"}}
+    spec:
+      initContainers:
+        - name: routing-proxy
+          image: ghcr.io/llm-d/llm-d-routing-sidecar:v0.4.0
+          args: [--port={router}, --vllm-port={engine}, --connector=nixlv2]
+          ports: [{{containerPort: {router}}}]
+          restartPolicy: Always
+      containers:
+        - name: vllm
+          image: ghcr.io/llm-d/llm-d-cuda:v0.3.1
+          args: [--port, "{engine}"]
+          ports: [{{containerPort: {engine}}}]
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_injected_llm_d_decode_pod_chains_client_llmslo_routing_sidecar_engine_on_the_ports_inject_chose() {
+    let (router_port, engine_port) = (free_port(), free_port());
+    let options = llmslo::k8s::inject::InjectOptions::with_image("registry.example/llmslo:test");
+    let injected = llmslo::k8s::inject::inject_yaml(&llm_d_decode_pod(router_port, engine_port), &options).unwrap();
+    let pod: serde_json::Value = serde_yaml::from_str(&injected.output).unwrap();
+    let init = &pod["spec"]["template"]["spec"]["initContainers"];
+    let args = |c: &serde_json::Value| -> Vec<String> {
+        c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect()
+    };
+    let (llmslo_args, routing_args) = (args(&init[0]), args(&init[1]));
+    let after = |flag: &str| llmslo_args[llmslo_args.iter().position(|a| a == flag).unwrap() + 1].clone();
+    let env = |name: &str| {
+        init[0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].as_str().unwrap().to_string())
+    };
+    let port_of = |address: &str| address.rsplit(':').next().unwrap().parse::<u16>().unwrap();
+    let routing_port = routing_args
+        .iter()
+        .find_map(|a| a.strip_prefix("--port="))
+        .unwrap()
+        .parse::<u16>()
+        .unwrap();
+    let vllm_port = routing_args
+        .iter()
+        .find_map(|a| a.strip_prefix("--vllm-port="))
+        .unwrap()
+        .parse::<u16>()
+        .unwrap();
+    // The chain inject wrote: clients' port → llmslo → the routing sidecar's new port → the engine.
+    assert_eq!(port_of(&after("--listen")), router_port);
+    assert_eq!(port_of(&after("--upstream")), routing_port);
+    assert_ne!(routing_port, router_port);
+    assert_eq!(vllm_port, engine_port);
+
+    // The same pieces, on those ports.
+    let decode_engine = tokio::net::TcpListener::bind(("127.0.0.1", engine_port)).await.unwrap();
+    let (prefill_engine, _p) = start_engine(engine(40, 5)).await;
+    let prefill_side = start_sidecar(prefill_engine, "").await;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(llmslo::tools::simulate::SimEngine::new(engine(40, 5)).serve(decode_engine, shutdown.clone()));
+    start_routing_sidecar_at(
+        ([127, 0, 0, 1], routing_port).into(),
+        ([127, 0, 0, 1], vllm_port).into(),
+    )
+    .await;
+    let yaml = format!(
+        "upstream: {}\nlisten: 127.0.0.1:{router_port}\nmetrics_listen: 127.0.0.1:0\nengine: vllm\n\
+         final_scrape_grace: 0s\nrole: {}\nprefill_relay: {}\n",
+        after("--upstream"),
+        env("LLMSLO_ROLE").unwrap(),
+        env("LLMSLO_PREFILL_RELAY").unwrap(),
+    );
+    let pod_sidecar = Sidecar::start(&Config::from_yaml(&yaml).unwrap()).await.unwrap();
+    let http = client();
+    for _ in 0..3 {
+        ask(
+            &http,
+            ([127, 0, 0, 1], router_port).into(),
+            200,
+            8,
+            Some(prefill_side.proxy_addr),
+        )
+        .await;
+    }
+    let page = settled(&pod_sidecar).await;
+    assert_eq!(
+        sample(&page, "llmslo_requests_served_total", &[("served", "disaggregated")]),
+        3.0,
+        "{page}"
+    );
+    assert_eq!(
+        sample(&page, "llmslo_ttft_part_seconds_count", &[("part", "prefill")]),
+        3.0
+    );
+    assert_eq!(sample(&page, "llmslo_ttft_part_unmeasured_total", &[]), 0.0);
+    let legs = settled(&prefill_side).await;
+    assert_eq!(sample(&legs, "llmslo_legs_total", &[("phase", "prefill")]), 3.0);
+    pod_sidecar.shutdown().await;
+    prefill_side.shutdown().await;
+    shutdown.cancel();
+}
