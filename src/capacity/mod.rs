@@ -9,8 +9,9 @@ pub mod meter;
 pub mod model;
 pub mod window;
 
-use crate::record::{Outcome, Reader, RequestRecord};
+use crate::record::{LegPhase, Outcome, Reader, RequestRecord, Role};
 use crate::slo::cause::DecodeFit;
+use crate::slo::spec::{SloKind, SloSet};
 use crate::slo::SloEngine;
 use headroom::{Capacities, Estimate, Previous, Recent, SloCapacity};
 use meter::LoadMeter;
@@ -46,6 +47,8 @@ struct EngineState {
 #[derive(Debug)]
 pub struct CapacityEngine {
     slo: Arc<SloEngine>,
+    /// The pod's role: a pool's knee is judged by the SLOs of its phase.
+    role: Role,
     /// Generation requests in flight on the engine, whatever their model.
     meter: Arc<LoadMeter>,
     state: Mutex<EngineState>,
@@ -55,9 +58,16 @@ impl CapacityEngine {
     /// An engine with a `window` of recent requests, judged by `slo`'s SLOs (and telling it
     /// each new decode fit), reading the load `meter` counts, its gauges registered in
     /// `registry`.
-    pub fn new(window: Duration, slo: Arc<SloEngine>, meter: Arc<LoadMeter>, registry: &mut Registry) -> Arc<Self> {
+    pub fn new(
+        window: Duration,
+        slo: Arc<SloEngine>,
+        role: Role,
+        meter: Arc<LoadMeter>,
+        registry: &mut Registry,
+    ) -> Arc<Self> {
         let engine = Arc::new(Self {
             slo,
+            role,
             meter,
             state: Mutex::new(EngineState {
                 window: SampleWindow::new(window),
@@ -117,7 +127,7 @@ impl CapacityEngine {
             capacities,
             ago: now.saturating_duration_since(*at),
         });
-        let estimate = headroom::estimate(&window, recent, &self.slo.set(), previous);
+        let estimate = headroom::estimate(&window, recent, &pool_view(&self.slo.set(), self.role), previous);
         let alone = estimate.tpot_base + estimate.tpot_per_request;
         self.state.lock().expect("capacity lock").previous = Some((now, estimate.capacities.clone()));
         self.slo.note_decode_fit(
@@ -134,6 +144,41 @@ impl Reader for CapacityEngine {
     fn finished(&self, record: &RequestRecord) {
         self.record(record);
     }
+
+    /// A leg loads the engine as a request does: a prefill leg's answer is its first token.
+    fn leg_finished(&self, record: &RequestRecord, phase: LegPhase) {
+        match phase {
+            LegPhase::Prefill => self.record(&RequestRecord {
+                ttft: Some(record.e2e),
+                ..record.clone()
+            }),
+            LegPhase::Decode => self.record(record),
+        }
+    }
+}
+
+/// The SLOs a pod's knee is judged by: a prefill pool's by its TTFT SLOs (it makes only first
+/// tokens), a decode pool's by its TPOT SLOs (its TTFT is mostly the prefill pool's), each
+/// the ones `goodput.require` names, or all of that kind when it names none; an aggregated
+/// pod's by `goodput.require` as it is.
+fn pool_view(set: &SloSet, role: Role) -> std::borrow::Cow<'_, SloSet> {
+    let phase = |slo: &crate::slo::spec::Slo| match role {
+        Role::Prefill => matches!(slo.kind, SloKind::Ttft(_)),
+        Role::Decode => matches!(slo.kind, SloKind::Tpot(_)),
+        Role::Aggregated => true,
+    };
+    if role == Role::Aggregated {
+        return std::borrow::Cow::Borrowed(set);
+    }
+    let of_phase: Vec<usize> = (0..set.slos.len()).filter(|&i| phase(&set.slos[i])).collect();
+    let required: Vec<usize> = of_phase
+        .iter()
+        .copied()
+        .filter(|&i| set.goodput_require.contains(&i))
+        .collect();
+    let mut view = set.clone();
+    view.goodput_require = if required.is_empty() { of_phase } else { required };
+    std::borrow::Cow::Owned(view)
 }
 
 #[derive(Debug, EncodeLabelSet)]
@@ -305,6 +350,7 @@ mod tests {
         let engine = CapacityEngine::new(
             DEFAULT_WINDOW,
             SloEngine::new(crate::slo::spec::SloSet::default(), &mut Registry::default()),
+            Role::Aggregated,
             meter.clone(),
             &mut Registry::default(),
         );
@@ -330,5 +376,49 @@ mod tests {
             "the engine's mean in flight and its arrivals over the second, no request done yet"
         );
         assert!(now.saturation.is_nan(), "no model yet: {now:?}");
+    }
+
+    fn slo_set(yaml: &str) -> SloSet {
+        SloSet::validate(None, None, None, serde_yaml::from_str(yaml).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_pools_knee_is_judged_by_the_slos_of_its_phase() {
+        let set = slo_set(
+            "slos:\n  - {name: ttft, objective: 99, ttft: 500ms}\n  - {name: tpot, objective: 99, tpot: 50ms}\n  \
+             - {name: up, objective: 99.9, availability: true}\ngoodput: {require: [ttft, tpot]}\n",
+        );
+        assert_eq!(pool_view(&set, Role::Prefill).goodput_require, [0]);
+        assert_eq!(pool_view(&set, Role::Decode).goodput_require, [1]);
+        assert_eq!(pool_view(&set, Role::Aggregated).goodput_require, [0, 1]);
+        let only_tpot = slo_set(
+            "slos:\n  - {name: ttft, objective: 99, ttft: 500ms}\n  - {name: tpot, objective: 99, tpot: 50ms}\n\
+             goodput: {require: [tpot]}\n",
+        );
+        assert_eq!(
+            pool_view(&only_tpot, Role::Prefill).goodput_require,
+            [0],
+            "no TTFT SLO required: every TTFT SLO"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_prefill_legs_answer_is_its_first_token_in_the_model() {
+        let meter = Arc::new(LoadMeter::default());
+        let engine = CapacityEngine::new(
+            DEFAULT_WINDOW,
+            SloEngine::new(crate::slo::spec::SloSet::default(), &mut Registry::default()),
+            Role::Prefill,
+            meter.clone(),
+            &mut Registry::default(),
+        );
+        let now = Instant::now();
+        let leg = meter::InFlight::arrive(meter.clone(), now);
+        let mut record = RequestRecord::new("m".into(), crate::record::Operation::Chat, Duration::from_millis(120));
+        record.load = Some(leg.load(now));
+        engine.leg_finished(&record, LegPhase::Prefill);
+        let samples = engine.state.lock().unwrap().window.samples(Instant::now());
+        assert_eq!(samples.len(), 1);
+        assert!((samples[0].ttft - 0.12).abs() < 1e-6, "{:?}", samples[0]);
     }
 }

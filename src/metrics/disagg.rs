@@ -162,8 +162,8 @@ impl DisaggFamilies {
         families
     }
 
-    /// Counts a finished leg: it is no user request, and reaches no other reader.
-    pub fn leg_finished(&self, record: &RequestRecord, phase: LegPhase) {
+    /// Counts a finished leg.
+    fn count_leg(&self, record: &RequestRecord, phase: LegPhase) {
         let labels = LegLabels {
             model: record.model.clone(),
             phase: phase.as_str(),
@@ -202,6 +202,10 @@ impl DisaggFamilies {
 }
 
 impl Reader for DisaggFamilies {
+    fn leg_finished(&self, record: &RequestRecord, phase: LegPhase) {
+        self.count_leg(record, phase);
+    }
+
     fn finished(&self, record: &RequestRecord) {
         if self.role == Role::Prefill && record.count_source.is_some() {
             self.warn(Placement::UserRequestOnPrefillPod);

@@ -6,7 +6,6 @@ use super::models::ModelNames;
 use super::tenants::{BodyIds, TenantFields, Tenants};
 use crate::capacity::meter::{InFlight, LoadMeter};
 use crate::engine::EngineView;
-use crate::metrics::disagg::DisaggFamilies;
 use crate::metrics::limits::LimitCounters;
 use crate::provider::Provider;
 use crate::record::{
@@ -70,8 +69,7 @@ pub struct Recorder {
     /// Whom requests serve, when tenants are configured.
     tenants: Option<Arc<Tenants>>,
     per_request_slos: PerRequestSlos,
-    /// Where the legs of disaggregated requests are counted, and the pod's role.
-    disaggregation: Option<Arc<DisaggFamilies>>,
+    /// The pod's role in disaggregated serving.
     role: Role,
 }
 
@@ -111,7 +109,6 @@ impl Recorder {
             load,
             engine_view,
             limits,
-            disaggregation: None,
             role: Role::default(),
         };
         recorder.announce_models();
@@ -124,10 +121,9 @@ impl Recorder {
         self
     }
 
-    /// Counts legs into `families`, for a pod in `role`.
-    pub fn with_disaggregation(mut self, role: Role, families: Arc<DisaggFamilies>) -> Self {
+    /// Labels requests as a pod in `role` serves them.
+    pub fn with_role(mut self, role: Role) -> Self {
         self.role = role;
-        self.disaggregation = Some(families);
         self
     }
 
@@ -266,11 +262,9 @@ impl Recorder {
         self.readers.finished(record);
     }
 
-    /// Counts a finished leg in the legs' own families: no reader sees it.
+    /// Hands a finished leg to the readers that read legs: no reader of requests sees it.
     pub fn finish_leg(&self, record: &RequestRecord, phase: LegPhase) {
-        if let Some(families) = &self.disaggregation {
-            families.leg_finished(record, phase);
-        }
+        self.readers.leg_finished(record, phase);
     }
 }
 

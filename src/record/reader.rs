@@ -3,7 +3,7 @@
 //! observer one [`Readers`] fan-out of them all; none of them knows of the others.
 
 use super::LabelText;
-use super::{Engine, Operation, RequestRecord};
+use super::{Engine, LegPhase, Operation, RequestRecord};
 use std::sync::Arc;
 
 /// A request as it begins (or is relabelled once the engine confirms its model).
@@ -38,6 +38,10 @@ pub trait Reader: Send + Sync {
 
     /// A request ended: its record, exact (recorded once per request).
     fn finished(&self, record: &RequestRecord);
+
+    /// A leg of a disaggregated request ended (`phase`): no user request, so no reader of
+    /// requests counts it; those that count legs, or what loads the engine, read it here.
+    fn leg_finished(&self, _record: &RequestRecord, _phase: LegPhase) {}
 
     /// A learned tenant was idle past its time and its slot given back: every series and
     /// window kept for it goes (they start again at zero if it comes back).
@@ -80,6 +84,12 @@ impl Reader for Readers {
     fn finished(&self, record: &RequestRecord) {
         for reader in &self.0 {
             reader.finished(record);
+        }
+    }
+
+    fn leg_finished(&self, record: &RequestRecord, phase: LegPhase) {
+        for reader in &self.0 {
+            reader.leg_finished(record, phase);
         }
     }
 

@@ -122,7 +122,13 @@ impl Measurement {
             registry.families(),
         );
         let load = Arc::new(LoadMeter::default());
-        let capacity = CapacityEngine::new(settings.capacity_window, slo.clone(), load.clone(), registry.families());
+        let capacity = CapacityEngine::new(
+            settings.capacity_window,
+            slo.clone(),
+            settings.role,
+            load.clone(),
+            registry.families(),
+        );
         let engine_view = EngineView::new(settings.engine_metrics);
         registry
             .families()
@@ -150,7 +156,7 @@ impl Measurement {
         let mut readers: Vec<Arc<dyn Reader>> = tenants.iter().map(|t| t.clone() as Arc<dyn Reader>).collect();
         readers.extend(settings.extra);
         readers.push(families.clone());
-        readers.push(disaggregation.clone());
+        readers.push(disaggregation);
         readers.push(slo.clone());
         readers.push(capacity);
         if let Some(cost) = cost {
@@ -172,7 +178,7 @@ impl Measurement {
             recorder: Arc::new(
                 Recorder::new(&settings.recorder, readers.clone(), load, read, families.limits())
                     .with_tenants(tenants.clone())
-                    .with_disaggregation(settings.role, disaggregation),
+                    .with_role(settings.role),
             ),
             readers,
             metrics: Arc::new(registry.into_metrics(merged)),

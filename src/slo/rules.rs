@@ -10,6 +10,8 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+mod pools;
+
 /// How `llmslo rules` wraps its output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum RulesFormat {
@@ -152,6 +154,7 @@ pub fn render_with(set: &SloSet, format: RulesFormat, scope: Scope, compare: Opt
         }
         groups.push(goodput_group(set));
         groups.push(capacity_group());
+        groups.push(pools::pool_group());
         groups.push(gpu_efficiency_group(set));
         groups.push(sidecar_group(set));
     }
@@ -999,7 +1002,7 @@ mod tests {
     fn slos_only_leaves_out_the_fleet_wide_groups() {
         let all = render(&set(), RulesFormat::Prometheus, Scope::All);
         let slos = render(&set(), RulesFormat::Prometheus, Scope::SlosOnly);
-        for fleet in ["llmslo-goodput", "llmslo-capacity", "llmslo-sidecar"] {
+        for fleet in ["llmslo-goodput", "llmslo-capacity", "llmslo-pools", "llmslo-sidecar"] {
             assert!(all.contains(&format!("name: {fleet}\n")) && !slos.contains(&format!("name: {fleet}\n")));
         }
         assert!(slos.contains("alert: LLMSLOErrorBudgetBurnFast"));
