@@ -338,6 +338,24 @@ async fn a_connection_that_never_sends_a_byte_is_closed_after_the_head_timeout()
     assert_eq!(sample(&m, "llmslo_proxy_connections_open", &[]), 0.0, "{m}");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_connection_that_has_sent_nothing_holds_up_no_stop() {
+    // A keep-alive client's spare connection, opened ahead of need and never used: the stop
+    // closes it at once instead of waiting out the head timeout.
+    let (upstream, _) = scripted_upstream(Script::sse(Vec::new())).await;
+    let sidecar = start_sidecar(upstream, "").await;
+    let mut spare = TcpStream::connect(sidecar.proxy_addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    let started = tokio::time::Instant::now();
+    sidecar.shutdown().await;
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert_eq!(
+        read_for(&mut spare, Duration::from_secs(1)).await,
+        "",
+        "closed without an answer"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_max_connections_get_503_and_the_rest_carry_on() {
     let upstream = body_reading_upstream().await;

@@ -207,7 +207,17 @@ pub async fn serve_with<W, WF, IO, F, Fut, B>(
         let deadline = tokio::time::Instant::now() + HEADER_READ_TIMEOUT;
         let task = async move {
             let _held = (slot, open);
-            let (io, protocol) = match tokio::time::timeout_at(deadline, first_bytes_then(stream, wrap)).await {
+            // A connection that has sent nothing yet (a client's spare, opened ahead of need)
+            // holds up no drain: it is closed as the stop begins.
+            let sniffed = tokio::select! {
+                biased;
+                _ = shutdown.cancelled() => {
+                    debug!(%peer, "connection closed: stopping, and it had sent nothing");
+                    return;
+                }
+                sniffed = tokio::time::timeout_at(deadline, first_bytes_then(stream, wrap)) => sniffed,
+            };
+            let (io, protocol) = match sniffed {
                 Ok(Ok(sniffed)) => sniffed,
                 Ok(Err(error)) => {
                     debug!(%peer, %error, "connection set-up failed");
