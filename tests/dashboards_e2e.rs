@@ -17,15 +17,22 @@ struct PanelQuery {
     expr: String,
 }
 
-/// Every panel query and every variable query in dashboards/.
-fn dashboard_queries() -> (Vec<PanelQuery>, Vec<PanelQuery>) {
+/// The dashboard of disaggregated serving: its panels need a prefill/decode pair's traffic.
+const DISAGGREGATED: &str = "disaggregated.json";
+
+/// Every panel query and every variable query of the dashboards in dashboards/ that `wanted`
+/// names.
+fn dashboard_queries(wanted: impl Fn(&str) -> bool) -> (Vec<PanelQuery>, Vec<PanelQuery>) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("dashboards");
     let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     files.sort();
     let (mut panels, mut variables) = (Vec::new(), Vec::new());
     for file in files.iter().filter(|f| f.extension().is_some_and(|e| e == "json")) {
-        let dashboard: Value = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
         let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        if !wanted(&name) {
+            continue;
+        }
+        let dashboard: Value = serde_json::from_slice(&std::fs::read(file).unwrap()).unwrap();
         // Grafana 10.0's schema: 10, 11 and 12 all load it (newer ones migrate it forward);
         // a newer one is refused by older Grafana.
         assert_eq!(
@@ -59,7 +66,6 @@ fn dashboard_queries() -> (Vec<PanelQuery>, Vec<PanelQuery>) {
             }
         }
     }
-    assert!(panels.len() >= 40, "only {} panel queries", panels.len());
     (panels, variables)
 }
 
@@ -137,6 +143,7 @@ fn queries_are_ready_for_prometheus_3() {
         "dashboards/serving-overview.json",
         "dashboards/gpu.json",
         "dashboards/slos.json",
+        "dashboards/disaggregated.json",
         "examples/llmslo.rules.yaml",
         "deploy/prometheusrule.yaml",
         "deploy/keda-scaledobject.yaml",
@@ -166,7 +173,8 @@ fn queries_are_ready_for_prometheus_3() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs prometheus (apt-get install prometheus); run with cargo test -- --include-ignored"]
 async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
-    let (panels, variables) = dashboard_queries();
+    let (panels, variables) = dashboard_queries(|name| name != DISAGGREGATED);
+    assert!(panels.len() >= 40, "only {} panel queries", panels.len());
     let Some(binary) = prometheus::binary() else {
         return; // only outside CI, which installs it (.ci/run)
     };
@@ -204,25 +212,7 @@ async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
         }
     }
     let exported = settled(&sidecar).await;
-    let mut known: BTreeSet<String> = ["ALERTS".to_string()].into();
-    for line in exported.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
-        let family = line.split(' ').next().unwrap();
-        for suffix in ["", "_total", "_bucket", "_count", "_sum"] {
-            known.insert(format!("{family}{suffix}"));
-        }
-    }
-    for line in rule_file.lines().filter_map(|l| l.trim().strip_prefix("- record: ")) {
-        known.insert(line.trim().to_string());
-    }
-    for query in panels.iter().chain(&variables) {
-        for name in metric_names(&query.expr) {
-            assert!(
-                known.contains(&name),
-                "{}: `{name}` is neither exported nor recorded",
-                query.at
-            );
-        }
-    }
+    names_are_exported_or_recorded(&[exported], &rule_file, panels.iter().chain(&variables));
 
     // One Prometheus scrapes the text exposition (classic buckets), one the protobuf with
     // native histograms: every query must return data from both.
@@ -240,6 +230,36 @@ async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
     let servers = [("classic", &classic), ("native", &native)];
     let load = prometheus::Load::start(sidecar.proxy_addr, chat_body(6, true, true));
 
+    every_query_returns_data(&servers, &panels, &variables).await;
+    load.stop().await;
+    // The native server answered from native histograms alone: it stored no classic buckets.
+    assert!(native
+        .query("gen_ai_server_time_per_output_token_seconds_bucket")
+        .await
+        .is_empty());
+    assert!(!native
+        .query("histogram_count(gen_ai_server_time_per_output_token_seconds)")
+        .await
+        .is_empty());
+    eprintln!(
+        "{} panel queries (each with one value and with All) and {} variable queries returned data \
+         from a classic and a native Prometheus",
+        panels.len(),
+        variables.len()
+    );
+    sidecar.shutdown().await;
+    drop((classic, native));
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Runs every panel query (with one value and with All for the variables) and every variable
+/// query on each of `servers` until it returns data: a parse error fails at once, a query still
+/// empty after 120 s fails the test.
+async fn every_query_returns_data(
+    servers: &[(&str, &prometheus::Prometheus)],
+    panels: &[PanelQuery],
+    variables: &[PanelQuery],
+) {
     // Queries leave the list once they return data; a parse error fails at once.
     let mut waiting: Vec<(usize, &PanelQuery, bool)> = (0..servers.len())
         .flat_map(|s| panels.iter().flat_map(move |q| [(s, q, false), (s, q, true)]))
@@ -280,16 +300,6 @@ async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
         }
         variables_waiting = still;
     }
-    load.stop().await;
-    // The native server answered from native histograms alone: it stored no classic buckets.
-    assert!(native
-        .query("gen_ai_server_time_per_output_token_seconds_bucket")
-        .await
-        .is_empty());
-    assert!(!native
-        .query("histogram_count(gen_ai_server_time_per_output_token_seconds)")
-        .await
-        .is_empty());
     let empty: Vec<String> = waiting
         .iter()
         .map(|(s, q, all)| {
@@ -307,13 +317,139 @@ async fn every_dashboard_query_returns_data_from_a_live_sidecar() {
         "queries still empty after 120 s:\n{}",
         empty.join("\n")
     );
-    eprintln!(
-        "{} panel queries (each with one value and with All) and {} variable queries returned data \
-         from a classic and a native Prometheus",
-        panels.len(),
-        variables.len()
+}
+
+/// Every metric a query names is one of the `pages` exports (as a family, or its `_total`,
+/// `_bucket`, `_count`, `_sum`) or a rule of `rule_file` records.
+fn names_are_exported_or_recorded<'a>(
+    pages: &[String],
+    rule_file: &str,
+    queries: impl Iterator<Item = &'a PanelQuery>,
+) {
+    let mut known: BTreeSet<String> = ["ALERTS".to_string()].into();
+    for exported in pages {
+        for line in exported.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+            let family = line.split(' ').next().unwrap();
+            for suffix in ["", "_total", "_bucket", "_count", "_sum"] {
+                known.insert(format!("{family}{suffix}"));
+            }
+        }
+    }
+    for line in rule_file.lines().filter_map(|l| l.trim().strip_prefix("- record: ")) {
+        known.insert(line.trim().to_string());
+    }
+    for query in queries {
+        for name in metric_names(&query.expr) {
+            assert!(
+                known.contains(&name),
+                "{}: `{name}` is neither exported nor recorded",
+                query.at
+            );
+        }
+    }
+}
+
+/// A simulated engine of a disaggregated pair, stating each request's own timing.
+fn pd_engine() -> llmslo::tools::simulate::SimOptions {
+    llmslo::tools::simulate::SimOptions {
+        ttft: llmslo::tools::simulate::delay::Delay::Fixed(Duration::from_millis(20)),
+        tpot: llmslo::tools::simulate::delay::Delay::Fixed(Duration::from_millis(2)),
+        per_request_metrics: true,
+        pd: Some(llmslo::tools::simulate::disagg::PdOptions {
+            prefill_per_token: Duration::from_micros(20),
+            transfer_per_token: Duration::from_micros(10),
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs prometheus (apt-get install prometheus); run with cargo test -- --include-ignored"]
+async fn the_disaggregated_dashboard_returns_data_from_a_live_prefill_decode_pair() {
+    let (panels, variables) = dashboard_queries(|name| name == DISAGGREGATED);
+    assert!(panels.len() >= 8, "only {} panel queries", panels.len());
+    let Some(binary) = prometheus::binary() else {
+        return;
+    };
+    // Prefill pod: llmslo in front of the engine. Decode pod: llmslo in front of the routing
+    // sidecar (relaying the prefill legs) and, misplaced, one behind it.
+    let (prefill_engine, _p) = start_engine(pd_engine()).await;
+    let (decode_engine, _d) = start_engine(pd_engine()).await;
+    let prefill = start_sidecar(prefill_engine, "role: prefill\n").await;
+    let behind = start_sidecar(decode_engine, "").await;
+    let router = common::routing::start_routing_sidecar(behind.proxy_addr).await;
+    let slos =
+        "slos:\n  - {name: ttft-1ms, objective: 99, ttft: 1ms}\n  - {name: tpot-1ms, objective: 99, tpot: 1ms}\n";
+    let front = start_sidecar(
+        router,
+        &format!("role: decode\nprefill_relay: 127.0.0.1:{}\n{slos}", free_port()),
+    )
+    .await;
+    let config = llmslo::config::Config::from_yaml(&format!("upstream: http://{router}\n{slos}")).unwrap();
+    let rule_file = rules::render(&config.slos, RulesFormat::Prometheus, rules::Scope::All);
+
+    // Disaggregated requests from a client, until stopped.
+    let stop = tokio_util::sync::CancellationToken::new();
+    let load = {
+        let (stop, front, prefill) = (stop.clone(), front.proxy_addr, prefill.proxy_addr);
+        tokio::spawn(async move {
+            let http = client();
+            while !stop.is_cancelled() {
+                let request = http::Request::post(format!("http://{front}/v1/chat/completions"))
+                    .header("content-type", "application/json")
+                    .header("x-prefiller-host-port", prefill.to_string())
+                    .body(http_body_util::Full::from(chat_body(4, true, false)))
+                    .unwrap();
+                let response = http.request(request).await.unwrap();
+                assert_eq!(response.status(), 200);
+                http_body_util::BodyExt::collect(response.into_body()).await.unwrap();
+            }
+        })
+    };
+    let pages = loop {
+        let pages = [
+            front.metrics.encode(),
+            prefill.metrics.encode(),
+            behind.metrics.encode(),
+        ];
+        let shown = |page: &String, family: &str| page.contains(&format!("{family}{{"));
+        if shown(&pages[0], "llmslo_ttft_part_seconds_count")
+            && shown(&pages[0], "llmslo_slo_bad_events_by_cause_total")
+            && shown(&pages[1], "llmslo_legs_total")
+            && shown(&pages[2], "llmslo_placement_warning")
+        {
+            break pages;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    names_are_exported_or_recorded(&pages, &rule_file, panels.iter().chain(&variables));
+
+    // Every pod answers to the one value the test gives `$pod`; each is its own instance.
+    let dir = std::env::temp_dir().join(format!("llmslo-pd-dashboard-{}", std::process::id()));
+    let labels = "namespace: llm, pod: vllm-0";
+    let targets = [
+        (front.metrics_addr, labels),
+        (prefill.metrics_addr, labels),
+        (behind.metrics_addr, labels),
+    ];
+    let classic = prometheus::start_scraping(&binary, &dir.join("classic"), &targets, &rule_file, &[]);
+    let native = prometheus::start_scraping(
+        &binary,
+        &dir.join("native"),
+        &targets,
+        &rule_file,
+        &["--enable-feature=native-histograms"],
     );
-    sidecar.shutdown().await;
+    every_query_returns_data(&[("classic", &classic), ("native", &native)], &panels, &variables).await;
+    // The pools by role: the prefill pod's and the decode pod's load are apart.
+    let pools = classic.query("llmslo:pool_load_requests_per_second:sum").await;
+    let roles: BTreeSet<&str> = pools.iter().filter_map(|p| p["metric"]["role"].as_str()).collect();
+    assert!(roles.contains("prefill") && roles.contains("decode"), "{pools:?}");
+    stop.cancel();
+    load.await.unwrap();
+    for sidecar in [front, prefill, behind] {
+        sidecar.shutdown().await;
+    }
     drop((classic, native));
     std::fs::remove_dir_all(dir).unwrap();
 }

@@ -49,7 +49,7 @@ fn example_deployment_is_the_injected_source() {
 
 #[test]
 fn the_charts_dashboards_are_the_repositorys() {
-    for name in ["gpu", "serving-overview", "slos"] {
+    for name in ["disaggregated", "gpu", "serving-overview", "slos"] {
         let source = read(&format!("dashboards/{name}.json"));
         check_generated(
             &format!("helm/llmslo/dashboards/{name}.json"),

@@ -229,10 +229,12 @@ impl Reader for DisaggFamilies {
                 model: record.model.clone(),
                 part: part.as_str(),
             };
+            // Every part's unmeasured count exists, at zero while each is measured.
+            let unmeasured = self.unmeasured_parts.get_or_create(&labels);
             match value {
                 Some(seconds) => self.ttft_parts.get_or_create(&labels).observe(seconds),
                 None => {
-                    self.unmeasured_parts.get_or_create(&labels).inc();
+                    unmeasured.inc();
                 }
             }
         }

@@ -42,13 +42,30 @@ pub fn start_with_flags(
     labels: &str,
     flags: &[&str],
 ) -> Prometheus {
+    start_scraping(binary, dir, &[(target, labels)], rules, flags)
+}
+
+/// Starts `binary` in `dir` scraping each of `targets` (with its own target labels) every
+/// second, with `rules` loaded and extra command-line `flags`.
+pub fn start_scraping(
+    binary: &Path,
+    dir: &Path,
+    targets: &[(std::net::SocketAddr, &str)],
+    rules: &str,
+    flags: &[&str],
+) -> Prometheus {
     std::fs::create_dir_all(dir.join("data")).unwrap();
     std::fs::write(dir.join("rules.yaml"), rules).unwrap();
+    let static_configs: Vec<String> = targets
+        .iter()
+        .map(|(target, labels)| format!("{{targets: ['{target}'], labels: {{{labels}}}}}"))
+        .collect();
     std::fs::write(
         dir.join("prometheus.yaml"),
         format!(
             "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: [rules.yaml]\n\
-             scrape_configs:\n  - job_name: llmslo\n    static_configs: [{{targets: ['{target}'], labels: {{{labels}}}}}]\n"
+             scrape_configs:\n  - job_name: llmslo\n    static_configs: [{}]\n",
+            static_configs.join(", ")
         ),
     )
     .unwrap();
