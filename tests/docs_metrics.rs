@@ -86,7 +86,10 @@ async fn every_metric_the_docs_name_is_exported() {
         assert_eq!(status, 200, "{route}");
     }
     tokio::time::sleep(Duration::from_millis(300)).await; // a GPU sample or two
-    let exported = exported_names(&settled(&sidecar).await);
+    let mut exported = exported_names(&settled(&sidecar).await);
+    for page in disaggregated_pages().await {
+        exported.extend(exported_names(&page));
+    }
     let missing: Vec<String> = documented_names()
         .into_iter()
         .filter(|name| {
@@ -100,4 +103,44 @@ async fn every_metric_the_docs_name_is_exported() {
         "the docs name metrics llmslo does not export: {missing:?}"
     );
     sidecar.shutdown().await;
+}
+
+/// The pages of a prefill/decode pair after disaggregated requests: the front sidecar (role
+/// decode, relaying the prefill legs), the prefill pod's, and one misplaced behind the routing
+/// sidecar.
+async fn disaggregated_pages() -> Vec<String> {
+    let engine = || llmslo::tools::simulate::SimOptions {
+        per_request_metrics: true,
+        pd: Some(llmslo::tools::simulate::disagg::PdOptions {
+            prefill_per_token: Duration::ZERO,
+            transfer_per_token: Duration::ZERO,
+        }),
+        ..timed_engine(5, 1)
+    };
+    let (prefill_engine, _p) = start_engine(engine()).await;
+    let (decode_engine, _d) = start_engine(engine()).await;
+    let prefill = start_sidecar(prefill_engine, "role: prefill\n").await;
+    let behind = start_sidecar(decode_engine, "").await;
+    let router = common::routing::start_routing_sidecar(behind.proxy_addr).await;
+    let front = start_sidecar(
+        router,
+        &format!(
+            "role: decode\nprefill_relay: 127.0.0.1:{}\nslos:\n  - {{name: ttft, objective: 99, ttft: 1ms}}\n",
+            free_port()
+        ),
+    )
+    .await;
+    let request = http::Request::post(format!("http://{}/v1/chat/completions", front.proxy_addr))
+        .header("content-type", "application/json")
+        .header("x-prefiller-host-port", prefill.proxy_addr.to_string())
+        .body(http_body_util::Full::from(chat_body(4, true, false)))
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    http_body_util::BodyExt::collect(response.into_body()).await.unwrap();
+    let pages = vec![settled(&front).await, settled(&prefill).await, settled(&behind).await];
+    for sidecar in [front, prefill, behind] {
+        sidecar.shutdown().await;
+    }
+    pages
 }
