@@ -121,6 +121,28 @@ fn missing_or_bad_flags_and_env_exit_64() {
         stderr.trim(),
         "llmslo: environment variable LLMSLO_ENGINE: `triton` is not an engine: auto, vllm, tgi, sglang, llamacpp or openai"
     );
+    let (code, stderr) = run_and_fail(llmslo().args(["run", "--upstream", "http://127.0.0.1:1", "--role", "leader"]));
+    assert_eq!(code, 64);
+    assert_eq!(
+        stderr.trim(),
+        "llmslo: flag --role: `leader` is not a role: aggregated, prefill or decode"
+    );
+    let (code, stderr) = run_and_fail(
+        llmslo()
+            .args([
+                "run",
+                "--upstream",
+                "http://127.0.0.1:1",
+                "--prefill-relay",
+                "127.0.0.1:8299",
+            ])
+            .env("LLMSLO_ROLE", "prefill"),
+    );
+    assert_eq!(code, 64);
+    assert!(
+        stderr.contains("flag --prefill-relay") && stderr.contains("role: decode"),
+        "{stderr}"
+    );
     let (code, stderr) = run_and_fail(llmslo().args(["check-config", "/dev/null", "--engine", "triton"]));
     assert_eq!(code, 64);
     assert!(

@@ -188,7 +188,7 @@ async fn each_user_request_is_counted_once_with_the_ttft_the_client_waited_for_s
         sample(
             &behind_page,
             "llmslo_placement_warning",
-            &[("reason", "behind_routing_sidecar")]
+            &[("reason", "sees_decode_legs")]
         ),
         1.0
     );
@@ -383,4 +383,36 @@ async fn an_injected_llm_d_decode_pod_chains_client_llmslo_routing_sidecar_engin
     pod_sidecar.shutdown().await;
     prefill_side.shutdown().await;
     shutdown.cancel();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_refuses_a_leg_no_request_in_flight_expects() {
+    let (decode_engine, _d) = start_engine(engine(40, 5)).await;
+    let relay_port = free_port();
+    let yaml = format!(
+        "upstream: http://{decode_engine}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nengine: vllm\n\
+         final_scrape_grace: 0s\nrole: decode\nprefill_relay: 127.0.0.1:{relay_port}\n"
+    );
+    let front = Sidecar::start(&Config::from_yaml(&yaml).unwrap()).await.unwrap();
+    let leg = r#"{"model":"sim","prompt":"hi","max_tokens":1,"kv_transfer_params":{"do_remote_decode":true}}"#;
+    for tag in [None, Some("12345"), Some("not-an-id")] {
+        let mut request = Request::post(format!("http://127.0.0.1:{relay_port}/v1/completions"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(leg)))
+            .unwrap();
+        if let Some(tag) = tag {
+            request.headers_mut().insert("x-llmslo-relay", tag.parse().unwrap());
+        }
+        let response = client().request(request).await.unwrap();
+        assert_eq!(response.status(), 404, "{tag:?}");
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert!(String::from_utf8_lossy(&body).contains("prefill_relay"), "{body:?}");
+    }
+    // The proxy still serves, and nothing was counted.
+    let answer = ask(&client(), front.proxy_addr, 50, 4, None).await;
+    assert!(answer > Duration::ZERO);
+    let page = settled(&front).await;
+    assert_eq!(sample(&page, "llmslo_requests_total", &[]), 1.0, "{page}");
+    assert_eq!(sample(&page, "llmslo_legs_total", &[]), 0.0);
+    front.shutdown().await;
 }

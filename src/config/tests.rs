@@ -476,3 +476,42 @@ fn per_request_slos_take_a_mode_stricter_by_default() {
         .to_yaml()
         .contains("per_request_slos: trusted"));
 }
+
+#[test]
+fn role_and_prefill_relay_are_checked_together() {
+    use crate::record::Role;
+    let up = "upstream: http://127.0.0.1:8000\n";
+    let load = |lines: &str| Config::from_yaml(&format!("{up}{lines}"));
+    assert_eq!(load("").unwrap().role, Role::Aggregated);
+    let decode = load("role: decode\nprefill_relay: 127.0.0.1:8299\n").unwrap();
+    assert_eq!(
+        (decode.role, decode.prefill_relay),
+        (Role::Decode, Some("127.0.0.1:8299".parse().unwrap()))
+    );
+    let printed = decode.to_yaml();
+    assert!(
+        printed.contains("role: decode") && printed.contains("prefill_relay: 127.0.0.1:8299"),
+        "{printed}"
+    );
+    for (lines, says) in [
+        ("role: leader\n", "prefill"),
+        ("prefill_relay: 127.0.0.1:8299\n", "role: decode"),
+        ("role: prefill\nprefill_relay: 127.0.0.1:8299\n", "role: decode"),
+        ("role: decode\nprefill_relay: 0.0.0.0:8299\n", "can reach"),
+        ("role: decode\nprefill_relay: relay\n", "prefill_relay"),
+    ] {
+        let error = load(lines).unwrap_err().to_string();
+        assert!(error.contains(says), "{lines}: {error}");
+    }
+    let flagged = Config::load(
+        Overrides {
+            upstream: Some("http://127.0.0.1:8000".into()),
+            role: Some(Role::Decode),
+            prefill_relay: Some("127.0.0.1:8299".into()),
+            ..Overrides::default()
+        },
+        None,
+    )
+    .unwrap();
+    assert_eq!(flagged.role, Role::Decode, "the flag and LLMSLO_ROLE set it too");
+}

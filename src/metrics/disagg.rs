@@ -59,9 +59,9 @@ struct PlacementLabels {
 /// Why a sidecar's placement keeps it from seeing what the user waited for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
-    /// It sees decode legs: it sits between the routing sidecar and the engine, so its TTFT
-    /// leaves out prefill and the KV transfer.
-    BehindRoutingSidecar,
+    /// It sees decode legs (it sits behind the hop that owns the client's stream), so its
+    /// TTFT leaves out prefill and the KV transfer.
+    SeesDecodeLegs,
     /// Its role is `prefill`, yet a streamed user request came: the router sends users here.
     UserRequestOnPrefillPod,
 }
@@ -70,17 +70,18 @@ impl Placement {
     /// The `reason` label value.
     pub fn as_str(self) -> &'static str {
         match self {
-            Placement::BehindRoutingSidecar => "behind_routing_sidecar",
+            Placement::SeesDecodeLegs => "sees_decode_legs",
             Placement::UserRequestOnPrefillPod => "user_request_on_prefill_pod",
         }
     }
 
     fn message(self) -> &'static str {
         match self {
-            Placement::BehindRoutingSidecar => {
-                "this sidecar sees decode legs (do_remote_prefill): it sits between the routing sidecar and the \
-                 engine, so its TTFT leaves out the prefill and the KV transfer; put it in front of the routing \
-                 sidecar, on the port clients use (llmslo_placement_warning)"
+            Placement::SeesDecodeLegs => {
+                "this sidecar sees decode legs (kv_transfer_params or SGLang's bootstrap_room on a decode pod): \
+                 its TTFT leaves out the prefill and the KV transfer; measure users where their stream enters: \
+                 in front of llm-d's routing sidecar, SGLang's router or Dynamo's frontend \
+                 (llmslo_placement_warning)"
             }
             Placement::UserRequestOnPrefillPod => {
                 "role is prefill, yet a streamed user request came (no kv_transfer_params): it is measured as a \
@@ -183,7 +184,7 @@ impl DisaggFamilies {
             self.leg_first_token.get_or_create(&labels).observe(wait.as_secs_f64());
         }
         if phase == LegPhase::Decode {
-            self.warn(Placement::BehindRoutingSidecar);
+            self.warn(Placement::SeesDecodeLegs);
         }
     }
 
@@ -238,5 +239,76 @@ impl Reader for DisaggFamilies {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::buckets::{self, Buckets};
+    use crate::record::{CountSource, Operation, TtftParts};
+    use std::time::Duration;
+
+    fn families(role: Role) -> (DisaggFamilies, Registry) {
+        let mut registry = Registry::default();
+        let families = DisaggFamilies::new(role, Buckets::new(None, buckets::TTFT, &[]), &mut registry);
+        (families, registry)
+    }
+
+    fn streamed() -> RequestRecord {
+        let mut record = RequestRecord::new("m".into(), Operation::Chat, Duration::from_millis(900));
+        record.count_source = Some(CountSource::Usage);
+        record.ttft = Some(Duration::from_millis(300));
+        record
+    }
+
+    #[test]
+    fn a_prefill_pod_given_a_streamed_user_request_says_so() {
+        let (families, registry) = families(Role::Prefill);
+        families.leg_finished(&streamed(), LegPhase::Prefill);
+        let page = |r: Registry| r.into_metrics(None).encode();
+        families.finished(&streamed());
+        let text = page(registry);
+        assert!(text.contains("llmslo_role{role=\"prefill\"} 1"), "{text}");
+        assert!(text.contains("llmslo_placement_warning{reason=\"user_request_on_prefill_pod\"} 1"));
+        assert!(!text.contains("sees_decode_legs"), "a prefill leg is where it belongs");
+        assert!(text.contains("llmslo_legs_total{model=\"m\",phase=\"prefill\",outcome=\"success\"} 1"));
+    }
+
+    #[test]
+    fn a_sidecar_seeing_decode_legs_says_so_and_counts_them_as_legs() {
+        let (families, registry) = families(Role::Aggregated);
+        families.leg_finished(&streamed(), LegPhase::Decode);
+        families.leg_finished(&streamed(), LegPhase::Decode);
+        let text = registry.into_metrics(None).encode();
+        assert!(
+            text.contains("llmslo_placement_warning{reason=\"sees_decode_legs\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("llmslo_legs_total{model=\"m\",phase=\"decode\",outcome=\"success\"} 2"));
+        assert!(text.contains("llmslo_leg_first_token_seconds_sum{model=\"m\",phase=\"decode\"} 0.6"));
+        assert!(!text.contains("llmslo_requests_served_total{"), "no user request");
+    }
+
+    #[test]
+    fn an_aggregated_pods_own_requests_are_not_counted_twice_but_a_disaggregated_one_is_split() {
+        let (families, registry) = families(Role::Aggregated);
+        let mut plain = streamed();
+        plain.served = Some(Served::Aggregated);
+        families.finished(&plain);
+        let mut split = streamed();
+        split.served = Some(Served::Disaggregated);
+        split.ttft_parts = Some(TtftParts::split(
+            Duration::from_millis(300),
+            Some(Duration::from_millis(200)),
+            None,
+        ));
+        families.finished(&split);
+        let text = registry.into_metrics(None).encode();
+        assert!(!text.contains("served=\"aggregated\""), "{text}");
+        assert!(text.contains("llmslo_requests_served_total{model=\"m\",served=\"disaggregated\"} 1"));
+        assert!(text.contains("llmslo_ttft_part_seconds_count{model=\"m\",part=\"prefill\"} 1"));
+        assert!(text.contains("llmslo_ttft_part_unmeasured_total{model=\"m\",part=\"decode_queue\"} 1"));
+        assert!(text.contains("llmslo_ttft_part_unmeasured_total{model=\"m\",part=\"prefill\"} 0"));
     }
 }

@@ -31,7 +31,7 @@ use crate::provider;
 use crate::record::Engine;
 use crate::record::Operation;
 use crate::record::Outcome;
-use crate::record::{PrefillTimer, Role, Served};
+use crate::record::{LegPhase, PrefillTimer, Role, Served};
 use crate::upstream::{BoxError, Replayable};
 use bytes::Bytes;
 use http::{header, HeaderMap, Request, Response};
@@ -200,7 +200,7 @@ impl Shared {
                 return Ok(ProxyError::Overloaded(RefusalReason::RequestBufferFull).into_response());
             }
         };
-        let mut tracker = match fields.leg {
+        let mut tracker = match self.leg(&fields) {
             Some(phase) => RequestTracker::start_leg(
                 self.recorder.clone(),
                 fields.model.as_deref(),
@@ -223,7 +223,7 @@ impl Shared {
             tracker.count_with(tokenizer.clone());
         }
         match &self.settings.spans {
-            Some(_) if fields.leg.is_some() => {}
+            Some(_) if self.leg(&fields).is_some() => {}
             Some(spans) => {
                 let span = spans.start(&mut parts.headers, operation, tracker.model());
                 tracker.trace_with(span);
@@ -304,6 +304,18 @@ impl Shared {
         if let Some(engine) = provider::from_headers(response.headers()).or(native_tgi) {
             self.recorder.learn_engine(engine);
         }
+    }
+
+    /// The leg of a disaggregated request a request is: as its `kv_transfer_params` say, or,
+    /// for SGLang's (`bootstrap_room`, sent to a prefill and a decode server at once), as the
+    /// pod's role says (prefill unless the pod is a decode pod).
+    fn leg(&self, fields: &RequestFields) -> Option<LegPhase> {
+        fields.leg.or_else(|| {
+            fields.bootstrap_room.then(|| match self.recorder.role() {
+                Role::Decode => LegPhase::Decode,
+                Role::Aggregated | Role::Prefill => LegPhase::Prefill,
+            })
+        })
     }
 
     /// How a user request is served: disaggregated when the router named a prefill pod (its

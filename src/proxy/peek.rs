@@ -36,6 +36,9 @@ pub struct RequestFields {
     pub metadata_user_id: Option<String>,
     /// The leg of a disaggregated request it is, when its `kv_transfer_params` say so.
     pub leg: Option<LegPhase>,
+    /// SGLang's `bootstrap_room`: its router sends such a request to a prefill and a decode
+    /// server at once, each a leg (which one, the pod's role says).
+    pub bootstrap_room: bool,
 }
 
 /// Longest string value kept of a field. A longer one keeps its first bytes up to this bound,
@@ -55,7 +58,7 @@ impl<'de> Visitor<'de> for FieldsVisitor {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<RequestFields, A::Error> {
         let wanted = self.0;
         let mut fields = RequestFields::default();
-        let mut seen = [false; 7];
+        let mut seen = [false; 8];
         while let Some(key) = map.next_key::<Key>()? {
             // A field named twice is ambiguous (engines disagree on which counts): no fields.
             if let Some(slot) = key.slot() {
@@ -75,6 +78,7 @@ impl<'de> Visitor<'de> for FieldsVisitor {
                     fields.metadata_user_id = map.next_value::<UserIdOrNone>()?.0
                 }
                 Key::KvTransferParams => fields.leg = map.next_value::<LegOrNone>()?.0,
+                Key::BootstrapRoom => fields.bootstrap_room = map.next_value::<NotNull>()?.0,
                 _ => {
                     map.next_value::<IgnoredAny>()?;
                 }
@@ -93,6 +97,7 @@ enum Key {
     User,
     Metadata,
     KvTransferParams,
+    BootstrapRoom,
     Other,
 }
 
@@ -107,6 +112,7 @@ impl Key {
             Key::User => Some(4),
             Key::Metadata => Some(5),
             Key::KvTransferParams => Some(6),
+            Key::BootstrapRoom => Some(7),
             Key::Other => None,
         }
     }
@@ -129,6 +135,7 @@ impl<'de> Deserialize<'de> for Key {
                     "user" => Key::User,
                     "metadata" => Key::Metadata,
                     "kv_transfer_params" => Key::KvTransferParams,
+                    "bootstrap_room" => Key::BootstrapRoom,
                     _ => Key::Other,
                 })
             }
@@ -309,6 +316,16 @@ impl<'de> Deserialize<'de> for LegOrNone {
             }
         }
         deserializer.deserialize_any(LegVisitor)
+    }
+}
+
+/// Whether a value is there and not `null`; it is skipped without being built.
+struct NotNull(bool);
+
+impl<'de> Deserialize<'de> for NotNull {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value: Option<IgnoredAny> = Deserialize::deserialize(deserializer)?;
+        Ok(NotNull(value.is_some()))
     }
 }
 
@@ -635,6 +652,15 @@ mod tests {
         user: true,
         metadata_user_id: true,
     };
+
+    #[test]
+    fn sglangs_bootstrap_room_marks_a_leg() {
+        let room = |value: &str| parse_fields(format!(r#"{{"model":"m","bootstrap_room":{value}}}"#).as_bytes(), NONE);
+        assert!(room("8812093458").bootstrap_room);
+        assert!(room(r#"[1,2]"#).bootstrap_room, "a batch's rooms");
+        assert!(!room("null").bootstrap_room);
+        assert!(!parse_fields(br#"{"model":"m"}"#, NONE).bootstrap_room);
+    }
 
     #[test]
     fn kv_transfer_params_make_a_leg_as_vllms_connectors_read_them() {
