@@ -4,7 +4,6 @@
 mod legs;
 
 use super::held::Held;
-use legs::{LegOrNone, NotNull};
 use super::request_body::ClientFault;
 use super::UpstreamBody;
 use crate::observe::tenants::TenantFields;
@@ -13,6 +12,7 @@ use crate::upstream::BoxError;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::{Body, Frame, SizeHint};
+use legs::{LegOrNone, NotNull};
 use serde::de::{self, Error as _, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer};
 use std::pin::Pin;
