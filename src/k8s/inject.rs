@@ -13,6 +13,7 @@
 //! declaration only names a port of the pod's shared network namespace, where llmslo listens.
 
 use crate::record::Role;
+use container::{sidecar_container, Serving};
 use serde_json::{json, Map, Value};
 
 /// The injected sidecar's memory request and limit unless `llmslo.io/memory` says otherwise:
@@ -659,94 +660,7 @@ fn free_port(used: &[u64], preferred: u64) -> u64 {
     (preferred..).find(|p| !used.contains(p)).expect("some port is free")
 }
 
-/// How the injected sidecar serves in disaggregated serving.
-struct Serving {
-    /// The pod's role, when llm-d names one or the pod has a routing sidecar.
-    role: Option<Role>,
-    /// The prefill relay's address, in front of a routing sidecar.
-    relay: Option<String>,
-}
-
-fn sidecar_container(
-    options: &InjectOptions,
-    annotation: &dyn Fn(&str) -> Option<String>,
-    engine_port: u64,
-    listen: u64,
-    metrics: u64,
-    serving: &Serving,
-) -> Result<Value, String> {
-    let engine = annotation(annotations::ENGINE).unwrap_or_else(|| "auto".into());
-    if !["auto", "vllm", "tgi", "sglang", "llamacpp", "openai"].contains(&engine.as_str()) {
-        return Err(format!(
-            "annotation {}: `{engine}` is not a known engine",
-            annotations::ENGINE
-        ));
-    }
-    let mut env = vec![
-        json!({"name": "LLMSLO_LOG_FORMAT", "value": "json"}),
-        json!({"name": "LLMSLO_ENGINE", "value": engine}),
-        // As many runtime threads as the CPU request, rounded up: without a CPU limit the
-        // runtime would otherwise start one per CPU of the node, and each thread more costs
-        // kernel time per token (docs/benchmarks.md, "Worker threads").
-        json!({"name": "LLMSLO_WORKER_THREADS",
-               "valueFrom": {"resourceFieldRef": {"resource": "requests.cpu", "divisor": "1"}}}),
-    ];
-    match annotation(annotations::GPUS).as_deref() {
-        None => {}
-        Some("all") => env.push(json!({"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"})),
-        Some(other) => return Err(format!("annotation {}: `{other}` is not `all`", annotations::GPUS)),
-    }
-    if let Some(role) = serving.role {
-        env.push(json!({"name": "LLMSLO_ROLE", "value": role.as_str()}));
-    }
-    if let Some(relay) = &serving.relay {
-        if relay.starts_with("$(POD_IP)") {
-            env.push(json!({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}));
-        }
-        env.push(json!({"name": "LLMSLO_PREFILL_RELAY", "value": relay}));
-    }
-    let mut mounts = Vec::new();
-    if annotation(annotations::CONFIG_MAP).is_some() {
-        env.push(json!({"name": "LLMSLO_CONFIG", "value": "/etc/llmslo/llmslo.yaml"}));
-        mounts.push(json!({"name": "llmslo-config", "mountPath": "/etc/llmslo", "readOnly": true}));
-    }
-    let cpu = annotation(annotations::CPU).unwrap_or_else(|| "100m".into());
-    let memory = annotation(annotations::MEMORY).unwrap_or_else(|| DEFAULT_MEMORY_LIMIT.into());
-    let probe = |path: &str, period: u64| json!({"httpGet": {"path": path, "port": metrics}, "periodSeconds": period});
-    let image = annotation(annotations::IMAGE)
-        .or_else(|| options.image.clone())
-        .ok_or(NO_IMAGE)?;
-    let mut container = json!({
-        "name": CONTAINER,
-        "image": image,
-        "args": [
-            "run",
-            "--upstream", format!("http://127.0.0.1:{engine_port}"),
-            "--listen", format!("0.0.0.0:{listen}"),
-            "--metrics-listen", format!("0.0.0.0:{metrics}"),
-        ],
-        "env": env,
-        "volumeMounts": mounts,
-        "resources": {"requests": {"cpu": cpu, "memory": memory}, "limits": {"memory": memory}},
-        "readinessProbe": probe("/readyz", 5),
-        "livenessProbe": probe("/healthz", 10),
-        "securityContext": {
-            "allowPrivilegeEscalation": false,
-            "readOnlyRootFilesystem": true,
-            "runAsNonRoot": true,
-            "runAsUser": 65532,
-            "capabilities": {"drop": ["ALL"]},
-        },
-    });
-    if mounts.is_empty() {
-        container
-            .as_object_mut()
-            .expect("built as an object")
-            .remove("volumeMounts");
-    }
-    Ok(container)
-}
-
+mod container;
 mod router;
 
 #[cfg(test)]
