@@ -229,6 +229,10 @@ struct InjectArgs {
     /// label or annotation is unknown, misplaced or not a string.
     #[arg(long)]
     strict: bool,
+    /// Inject even when an `llmslo.io/` label or annotation is unknown or misplaced (it is
+    /// then ignored); without it the command fails, printing nothing.
+    #[arg(long, conflicts_with = "strict")]
+    lenient: bool,
 }
 
 #[derive(Debug, Args)]
@@ -438,7 +442,8 @@ struct DemoArgs {
 impl Cli {
     /// Runs the chosen subcommand to completion.
     pub async fn run(self) -> ExitCode {
-        let worker_threads = self.worker_threads().unwrap_or_else(default_worker_threads);
+        let asked_threads = self.worker_threads();
+        let worker_threads = asked_threads.unwrap_or_else(default_worker_threads);
         match self.command {
             Command::Webhook(args) => {
                 init_logging(
@@ -506,6 +511,14 @@ impl Cli {
                                 "llmslo: --strict: {bypassed} Service port(s) would bypass the sidecar, {} \
                                  llmslo.io/ label or annotation warning(s)",
                                 injected.warnings.len()
+                            );
+                            return ExitCode::FAILURE;
+                        }
+                        if injected.unread_keys > 0 && !args.lenient {
+                            eprintln!(
+                                "llmslo: {} llmslo.io/ label(s) or annotation(s) llmslo would not read (above): fix \
+                                 them, or pass --lenient to inject without them; nothing was written",
+                                injected.unread_keys
                             );
                             return ExitCode::FAILURE;
                         }
@@ -680,6 +693,14 @@ impl Cli {
                     self.log.as_deref().unwrap_or("warn"),
                     self.log_format.unwrap_or(LogFormat::Text),
                 );
+                if let Some(threads) = asked_threads {
+                    eprintln!(
+                        "llmslo bench: --worker-threads (or LLMSLO_WORKER_THREADS) {threads} sets no proxy's threads \
+                         here: every proxy bench starts serves with --proxy-workers N (llmslo's runtime threads, the \
+                         hop's, nginx's worker processes)"
+                    );
+                    return ExitCode::from(EXIT_CONFIG);
+                }
                 let nginx = match (args.without_nginx, args.nginx) {
                     (true, _) => None,
                     (false, Some(path)) if path.is_file() => Some(path),

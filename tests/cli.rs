@@ -121,6 +121,9 @@ fn missing_or_bad_flags_and_env_exit_64() {
         stderr.trim(),
         "llmslo: environment variable LLMSLO_ENGINE: `triton` is not an engine: auto, vllm, tgi, sglang, llamacpp or openai"
     );
+    let (code, stderr) = run_and_fail(llmslo().args(["--worker-threads", "1", "bench", "--streams", "1"]));
+    assert_eq!(code, 64, "accepted and ignored before");
+    assert!(stderr.contains("--proxy-workers"), "{stderr}");
     let (code, stderr) = run_and_fail(llmslo().args(["run", "--upstream", "http://127.0.0.1:1", "--role", "leader"]));
     assert_eq!(code, 64);
     assert_eq!(
@@ -374,7 +377,7 @@ fn inject_warns_about_a_service_that_would_bypass_the_sidecar() {
 }
 
 #[test]
-fn inject_warns_about_a_misspelt_annotation_and_strict_fails_on_it() {
+fn inject_fails_on_a_misspelt_annotation_unless_lenient_and_strict_fails_on_it() {
     let file = std::env::temp_dir().join(format!("llmslo-cli-{}-typo.yaml", std::process::id()));
     std::fs::write(
         &file,
@@ -384,12 +387,19 @@ fn inject_warns_about_a_misspelt_annotation_and_strict_fails_on_it() {
     )
     .unwrap();
     let inject = |extra: &[&str]| inject_file(&file, extra);
+    // In a `kubectl get | llmslo inject | kubectl apply` pipe nobody reads stderr: the pod
+    // would get a sidecar without its SLOs. The command fails, and the pipe with it.
     let (code, stdout, stderr) = inject(&[]);
-    assert_eq!(code, Some(0), "{stderr}");
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(stdout.is_empty(), "{stdout}");
     assert!(
         stderr.contains("llmslo: warning: Pod/vllm: unknown annotation llmslo.io/slo-config-map, ignored (did you mean llmslo.io/slo-configmap"),
         "{stderr}"
     );
+    assert!(stderr.contains("pass --lenient"), "{stderr}");
+    let (code, stdout, stderr) = inject(&["--lenient"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(stderr.contains("did you mean llmslo.io/slo-configmap"), "{stderr}");
     assert!(stdout.contains("name: llmslo"));
     let (code, stdout, stderr) = inject(&["--strict"]);
     assert_eq!(code, Some(1), "{stderr}");

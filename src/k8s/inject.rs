@@ -113,6 +113,8 @@ pub struct Injected {
     /// `llmslo.io/*` labels and annotations that are misspelt, misplaced or not strings,
     /// each with the object it is on.
     pub warnings: Vec<String>,
+    /// How many of them llmslo would not read (unknown or misplaced keys).
+    pub unread_keys: usize,
 }
 
 /// Injects every document of a YAML stream, then finds (and with
@@ -121,6 +123,7 @@ pub fn inject_yaml(input: &str, options: &InjectOptions) -> Result<Injected, Inj
     let mut documents = Vec::new();
     let mut changed = 0;
     let mut warnings = Vec::new();
+    let mut unread_keys = 0;
     for document in serde_yaml::Deserializer::from_str(input) {
         let mut value: Value = serde::Deserialize::deserialize(document).map_err(|e| InjectError {
             object: "input".into(),
@@ -134,7 +137,8 @@ pub fn inject_yaml(input: &str, options: &InjectOptions) -> Result<Injected, Inj
                 .and_then(|pointer| object.pointer(pointer));
             let name = object_label(object);
             for warning in template.map(metadata_warnings).unwrap_or_default() {
-                warnings.push(format!("{name}: {warning}"));
+                unread_keys += usize::from(warning.unread);
+                warnings.push(format!("{name}: {}", warning.text));
             }
         }
         changed += inject_object(&mut value, options)?;
@@ -157,6 +161,7 @@ pub fn inject_yaml(input: &str, options: &InjectOptions) -> Result<Injected, Inj
         changed,
         bypasses,
         warnings,
+        unread_keys,
     })
 }
 
@@ -607,19 +612,30 @@ const KNOWN_KEYS: &[(&str, &str)] = &[
     (NOTE, "annotations"),
 ];
 
+/// One thing wrong with a pod template's `llmslo.io/` labels and annotations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetadataWarning {
+    /// What is wrong, and what to write instead.
+    pub text: String,
+    /// Whether llmslo does not read the key (unknown, or in the wrong one of the two): what it
+    /// says is lost, not only untidy.
+    pub unread: bool,
+}
+
 /// What is wrong with a pod template's `llmslo.io/` labels and annotations: a key llmslo does
 /// not know (with the nearest it does), a key in the wrong one of the two, a value that is not
 /// a string (Kubernetes refuses those: quote it).
-pub fn metadata_warnings(pod: &Value) -> Vec<String> {
+pub fn metadata_warnings(pod: &Value) -> Vec<MetadataWarning> {
     let mut warnings = Vec::new();
     for place in ["labels", "annotations"] {
         let entries = pod["metadata"][place].as_object().into_iter().flatten();
         for (key, value) in entries.filter(|(key, _)| key.starts_with("llmslo.io/")) {
             let singular = place.trim_end_matches('s');
             match KNOWN_KEYS.iter().find(|(known, _)| known == key) {
-                Some((_, home)) if *home != place => warnings.push(format!(
-                    "{singular} {key} belongs in metadata.{home}, where llmslo reads it"
-                )),
+                Some((_, home)) if *home != place => warnings.push(MetadataWarning {
+                    text: format!("{singular} {key} belongs in metadata.{home}, where llmslo reads it"),
+                    unread: true,
+                }),
                 Some(_) => {}
                 None => {
                     let nearest = KNOWN_KEYS
@@ -627,20 +643,24 @@ pub fn metadata_warnings(pod: &Value) -> Vec<String> {
                         .map(|(known, home)| (strsim::damerau_levenshtein(key, known), *known, *home))
                         .min_by_key(|(distance, _, _)| *distance)
                         .filter(|(distance, _, _)| *distance <= 3);
-                    warnings.push(match nearest {
+                    let text = match nearest {
                         Some((_, known, home)) => {
                             format!("unknown {singular} {key}, ignored (did you mean {known}, in metadata.{home}?)")
                         }
                         None => format!("unknown {singular} {key}, ignored"),
-                    });
+                    };
+                    warnings.push(MetadataWarning { text, unread: true });
                 }
             }
             if !value.is_string() {
-                warnings.push(format!(
-                    "{singular} {key}: {value} is not a string, and Kubernetes takes only strings there: \
-                     quote it (\"{}\")",
-                    as_text(value).unwrap_or_default()
-                ));
+                warnings.push(MetadataWarning {
+                    text: format!(
+                        "{singular} {key}: {value} is not a string, and Kubernetes takes only strings there: \
+                         quote it (\"{}\")",
+                        as_text(value).unwrap_or_default()
+                    ),
+                    unread: false,
+                });
             }
         }
     }

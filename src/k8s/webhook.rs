@@ -312,7 +312,7 @@ pub fn review(body: &[u8], options: &InjectOptions) -> Result<Value, String> {
     let mut warnings: Vec<String> = match request.get("object") {
         Some(pod) if request["kind"]["kind"] == "Pod" => inject::metadata_warnings(pod)
             .into_iter()
-            .map(|w| format!("llmslo: {w}"))
+            .map(|w| format!("llmslo: {}", w.text))
             .collect(),
         _ => Vec::new(),
     };

@@ -456,7 +456,11 @@ fn unknown_misplaced_and_unquoted_llmslo_keys_are_warned_with_the_nearest_key() 
         )
     };
     let typo = inject_yaml(&annotated("llmslo.io/slo-config-map: chat-slos"), &options()).unwrap();
-    assert_eq!(typo.changed, 1, "a typo warns, it does not stop the injection");
+    assert_eq!(
+        typo.changed, 1,
+        "a typo warns here; the command refuses it unless --lenient"
+    );
+    assert_eq!(typo.unread_keys, 1);
     assert_eq!(
         typo.warnings,
         ["Deployment/vllm: unknown annotation llmslo.io/slo-config-map, ignored \
@@ -468,6 +472,7 @@ fn unknown_misplaced_and_unquoted_llmslo_keys_are_warned_with_the_nearest_key() 
         ["Deployment/vllm: unknown annotation llmslo.io/whatever-else, ignored"]
     );
     let misplaced = inject_yaml(&annotated("llmslo.io/inject: \"true\""), &options()).unwrap();
+    assert_eq!(misplaced.unread_keys, 1);
     assert_eq!(
         misplaced.warnings,
         ["Deployment/vllm: annotation llmslo.io/inject belongs in metadata.labels, where llmslo reads it"]
@@ -479,6 +484,7 @@ fn unknown_misplaced_and_unquoted_llmslo_keys_are_warned_with_the_nearest_key() 
     );
     let injected = inject_yaml(&unquoted, &options()).unwrap();
     assert_eq!(injected.changed, 1, "an unquoted true still opts in");
+    assert_eq!(injected.unread_keys, 0, "read, and written quoted");
     assert_eq!(
         injected.warnings,
         [
