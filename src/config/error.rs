@@ -160,6 +160,9 @@ pub(super) fn indentation_hint(text: &str, message: &str, line: usize) -> Option
     None
 }
 
+/// Most keys an unknown-key error lists; a longer list is left out.
+const MAX_KEYS_LISTED: usize = 12;
+
 /// A YAML error with what the user most likely meant: the closest known key for an unknown
 /// one, a unit for a bare number where a duration goes.
 pub(super) fn with_hint(message: &str) -> String {
@@ -167,15 +170,22 @@ pub(super) fn with_hint(message: &str) -> String {
         let Some((unknown, after)) = rest.split_once('`') else {
             return message.to_string();
         };
-        let known = after.split('`').skip(1).step_by(2);
+        let known: Vec<&str> = after.split('`').skip(1).step_by(2).collect();
         let closest = known
-            .map(|key| (strsim::damerau_levenshtein(unknown, key), key))
+            .iter()
+            .map(|key| (strsim::damerau_levenshtein(unknown, key), *key))
             .min()
             .filter(|(distance, key)| *distance <= 2.max(key.len() / 4));
-        if let Some((_, key)) = closest {
-            return format!("{before}unknown field `{unknown}` (did you mean `{key}`?){after}");
-        }
-        return message.to_string();
+        // serde lists every key it knows; past a handful, the nearest is what helps.
+        let location = after.find(" at line ").map_or("", |at| &after[at..]);
+        return match closest {
+            Some((_, key)) => format!("{before}unknown field `{unknown}` (did you mean `{key}`?){location}"),
+            None if known.len() > MAX_KEYS_LISTED => format!(
+                "{before}unknown field `{unknown}`: no key llmslo knows is near it (every key is in \
+                 docs/configuration.md){location}"
+            ),
+            None => message.to_string(),
+        };
     }
     if let Some((before, rest)) = message.split_once(", expected a duration") {
         let value = before.rsplit(' ').next().unwrap_or("").trim_matches('"');

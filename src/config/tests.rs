@@ -515,3 +515,35 @@ fn role_and_prefill_relay_are_checked_together() {
     .unwrap();
     assert_eq!(flagged.role, Role::Decode, "the flag and LLMSLO_ROLE set it too");
 }
+
+#[test]
+fn an_unknown_key_gets_the_nearest_one_not_every_key() {
+    let error = |yaml: &str| Config::from_yaml(yaml).unwrap_err().to_string();
+    let typo = error("upstream: http://x:1\nupstrem: 3\n");
+    assert!(
+        typo.contains("unknown field `upstrem` (did you mean `upstream`?) at line 2"),
+        "{typo}"
+    );
+    assert!(!typo.contains("`listen`"), "no wall of keys: {typo}");
+    let far = error("upstream: http://x:1\nzzzzqqq: 3\n");
+    assert!(
+        far.contains("unknown field `zzzzqqq`: no key llmslo knows is near it (every key is in docs/configuration.md)"),
+        "{far}"
+    );
+    assert!(!far.contains("`listen`"), "{far}");
+    // A short list (a section's few keys) is still shown whole.
+    let few = error("upstream: http://x:1\ncapacity: {zzzzqqq: 1m}\n");
+    assert!(few.contains("`window`"), "{few}");
+}
+
+#[test]
+fn goodput_require_naming_no_slo_gets_the_nearest_name() {
+    let up = "upstream: http://x:1\nslos:\n  - {name: ttft-500ms, objective: 99, ttft: 500ms}\n";
+    let error = |require: &str| {
+        Config::from_yaml(&format!("{up}goodput: {{require: [{require}]}}\n"))
+            .unwrap_err()
+            .to_string()
+    };
+    assert!(error("ttft-50ms").contains("names no SLO: `ttft-50ms` (did you mean `ttft-500ms`?)"));
+    assert!(error("latency").contains("names no SLO: `latency`; the SLOs are: ttft-500ms"));
+}

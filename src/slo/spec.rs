@@ -390,7 +390,22 @@ impl SloSet {
             match slos.iter().position(|s| &s.name == name) {
                 Some(index) if !goodput_require.contains(&index) => goodput_require.push(index),
                 Some(_) => return invalid(format!("goodput.require[{i}]"), "is listed twice"),
-                None => return invalid(format!("goodput.require[{i}]"), &format!("names no SLO: `{name}`")),
+                None => {
+                    let nearest = slos
+                        .iter()
+                        .map(|s| (strsim::damerau_levenshtein(name, &s.name), s.name.as_str()))
+                        .min()
+                        .filter(|(distance, _)| *distance <= 3);
+                    let names: Vec<&str> = slos.iter().map(|s| s.name.as_str()).collect();
+                    let hint = match nearest {
+                        Some((_, near)) => format!(" (did you mean `{near}`?)"),
+                        None => format!("; the SLOs are: {}", names.join(", ")),
+                    };
+                    return invalid(
+                        format!("goodput.require[{i}]"),
+                        &format!("names no SLO: `{name}`{hint}"),
+                    );
+                }
             }
         }
         Ok(Self {
