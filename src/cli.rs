@@ -4,7 +4,7 @@ use crate::config::{Config, EngineSetting, LogFormat, Overrides};
 use crate::k8s::inject::{self, InjectOptions, SidecarMode};
 use crate::k8s::webhook;
 use crate::record::Role;
-use crate::sidecar::{termination_signal, Sidecar};
+use crate::sidecar::{stop_unless_interrupted_again, termination_signal, Sidecar};
 use crate::slo::rules::{self, RulesFormat};
 use crate::tools::bench;
 use crate::tools::demo::{self, DemoOptions};
@@ -23,7 +23,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::error;
 
-use crate::flags::{duration, probability, EXIT_CONFIG};
+use crate::flags::{duration, probability, EXIT_CONFIG, EXIT_INTERRUPTED};
 
 /// llmslo: measure TTFT, TPOT and tokens in front of an LLM engine and export SLOs to Prometheus.
 #[derive(Debug, Parser)]
@@ -629,8 +629,11 @@ impl Cli {
                 match Sidecar::start(&config).await {
                     Ok(sidecar) => {
                         stop.await;
-                        sidecar.shutdown().await;
-                        ExitCode::SUCCESS
+                        if stop_unless_interrupted_again(sidecar).await {
+                            ExitCode::SUCCESS
+                        } else {
+                            ExitCode::from(EXIT_INTERRUPTED)
+                        }
                     }
                     Err(e) => {
                         error!(error = %e, "could not start the sidecar");

@@ -6,6 +6,9 @@ use std::time::Duration;
 /// Exit status for a bad configuration (EX_USAGE).
 pub const EXIT_CONFIG: u8 = 64;
 
+/// Exit status when a second interrupt cut the stop short (128 + SIGINT, as shells report it).
+pub const EXIT_INTERRUPTED: u8 = 130;
+
 /// The longest duration a flag takes: a longer one is a slip of the keyboard, and would
 /// never finish.
 pub const MAX_DURATION: Duration = Duration::from_secs(30 * 24 * 3600);

@@ -225,6 +225,54 @@ fn flags_beat_env_beat_file_and_sigterm_exits_0() {
 }
 
 #[test]
+fn a_second_interrupt_exits_at_once_and_a_restart_on_the_port_says_who_holds_it() {
+    use std::time::Duration;
+    let (mut child, metrics, log) = start_run(
+        llmslo()
+            .args(["run", "--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"])
+            .args(["--metrics-listen", "127.0.0.1:0"])
+            .env("LLMSLO_LOG_FORMAT", "json"),
+    );
+    // Scraped once, the sidecar keeps /metrics up for final_scrape_grace (15 s) after a stop.
+    assert!(http_get(&metrics, "/metrics").contains("llmslo_build_info"));
+    let pid = child.id().to_string();
+    let interrupt = || {
+        let sent = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+        assert!(sent.success());
+    };
+    // A second sidecar on the same metrics address says who holds it.
+    let second = llmslo()
+        .args(["run", "--upstream", "http://127.0.0.1:1", "--listen", "127.0.0.1:0"])
+        .args(["--metrics-listen", &metrics])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success());
+    assert!(
+        said.contains("an llmslo serves /metrics there") && said.contains("final_scrape_grace"),
+        "{said}"
+    );
+    interrupt();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(child.try_wait().unwrap().is_none(), "waiting for the final scrape");
+    let started = std::time::Instant::now();
+    interrupt();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "still running after a second interrupt"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(130));
+    let log = log.join().unwrap().join("\n");
+    assert!(log.contains("stopped again: exiting now"), "{log}");
+}
+
+#[test]
 fn the_simulator_logs_the_address_the_system_chose_for_port_0() {
     let mut child = llmslo()
         .args(["simulate", "--listen", "127.0.0.1:0"])

@@ -362,12 +362,62 @@ fn warn_if_over_the_memory_limit(config: &Config) {
 
 /// Binds `addr`; the error says which address it was for and the flag that changes it.
 async fn bind(addr: SocketAddr, what: &str, flag: &str) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await.map_err(|e| {
-        std::io::Error::new(
-            e.kind(),
-            format!("cannot listen on {addr} for {what} ({e}); choose another address with {flag}"),
-        )
-    })
+    match TcpListener::bind(addr).await {
+        Ok(listener) => Ok(listener),
+        Err(e) => {
+            let holder = if e.kind() == std::io::ErrorKind::AddrInUse && serves_llmslo_metrics(addr).await {
+                "; an llmslo serves /metrics there: one still stopping keeps it up for its final_scrape_grace \
+                 (wait for it, or stop it again to exit at once)"
+            } else {
+                ""
+            };
+            Err(std::io::Error::new(
+                e.kind(),
+                format!("cannot listen on {addr} for {what} ({e}){holder}; choose another address with {flag}"),
+            ))
+        }
+    }
+}
+
+/// Whether what listens on `addr` answers `/metrics` with llmslo's own series (asked on the
+/// loopback for an address of every interface); a second at most.
+async fn serves_llmslo_metrics(addr: SocketAddr) -> bool {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut target = addr;
+    if target.ip().is_unspecified() {
+        target.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+    }
+    let ask = async {
+        let mut stream = tokio::net::TcpStream::connect(target).await.ok()?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: llmslo\r\n\r\n")
+            .await
+            .ok()?;
+        let mut page = Vec::new();
+        stream.take(1 << 20).read_to_end(&mut page).await.ok()?;
+        Some(page.windows(17).any(|w| w == b"llmslo_build_info"))
+    };
+    tokio::time::timeout(Duration::from_secs(1), ask)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+}
+
+/// Stops `sidecar` (its drain, then its final scrape's grace), unless a second termination
+/// signal comes first: then it returns at once, saying what it skipped. Whether it stopped
+/// in full.
+pub async fn stop_unless_interrupted_again(sidecar: Sidecar) -> bool {
+    let again = termination_signal();
+    tokio::select! {
+        () = sidecar.shutdown() => true,
+        () = again => {
+            eprintln!(
+                "llmslo: stopped again: exiting now, without waiting for the streams in flight or the final scrape"
+            );
+            false
+        }
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C). The handlers are installed when this is called,

@@ -106,6 +106,9 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
     ))?;
     config.listen = options.listen;
     config.metrics_listen = options.metrics_listen;
+    // The demo's own view is its only scraper, and it reads the last figures before stopping:
+    // no final scrape to wait for.
+    config.final_scrape_grace = Duration::ZERO;
     let period = config.slos.period;
     let feed = Arc::new(feed::RecordFeed::default());
     let records = feed.subscribe();
@@ -203,8 +206,9 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
     };
     println!("whole run ({:.0?}):", started.elapsed());
     print!("{}", fit_width(&render_table(&text, &mut whole_run, &exact), WIDTH));
-    sidecar.shutdown().await;
-    let _ = engine_task.await;
+    if crate::sidecar::stop_unless_interrupted_again(sidecar).await {
+        let _ = engine_task.await;
+    }
     Ok(())
 }
 
