@@ -14,6 +14,8 @@ repo=$PWD
 root=$repo/target/ci/docker-build
 rm -rf "$root"
 mkdir -p "$root"
+# The stage's filesystem is gigabytes of build output: gone when the check ends, however.
+trap 'rm -rf "$root"' EXIT
 export CARGO_PROFILE_RELEASE_OPT_LEVEL=0 CARGO_PROFILE_RELEASE_LTO=false \
     CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 CARGO_PROFILE_RELEASE_DEBUG=false CARGO_INCREMENTAL=0
 unset CARGO_TARGET_DIR
@@ -66,4 +68,4 @@ while IFS= read -r line; do
 done <<< "$instructions"
 binary=$root/src/target/release/llmslo
 "$binary" --version
-echo "the Dockerfile's build stage built $binary"
+echo "the Dockerfile's build stage built llmslo (its scratch filesystem is removed)"
