@@ -744,13 +744,16 @@ fn the_worker_threads_are_what_the_flag_or_the_environment_asks_for() {
 
 #[test]
 fn every_empty_environment_variable_means_its_default() {
-    let names: Vec<String> = {
-        let help = std::fs::read_to_string("src/cli.rs").unwrap();
-        help.split("env = \"")
-            .skip(1)
-            .map(|rest| rest.split('"').next().unwrap().to_string())
-            .collect()
-    };
+    let names: Vec<String> = ["src/cli.rs", "src/cli/args.rs"]
+        .iter()
+        .flat_map(|file| {
+            let help = std::fs::read_to_string(file).unwrap();
+            help.split("env = \"")
+                .skip(1)
+                .map(|rest| rest.split('"').next().unwrap().to_string())
+                .collect::<Vec<_>>()
+        })
+        .collect();
     assert!(
         names.len() >= 10 && names.contains(&"LLMSLO_WORKER_THREADS".to_string()),
         "{names:?}"
