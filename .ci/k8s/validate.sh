@@ -92,8 +92,9 @@ done
 # Dashboards as ConfigMaps for Grafana's sidecar: labelled, one per dashboard, each holding the
 # dashboard exactly.
 dashboards="$out/chart-${versions[0]}-3.yaml"
-[ "$(grep -c "^    grafana_dashboard: \"1\"$" "$dashboards")" -eq 3 ] ||
-    { echo "expected three dashboard ConfigMaps labelled grafana_dashboard: \"1\"" >&2; exit 1; }
+expected=$(ls dashboards/*.json | wc -l)
+[ "$(grep -c "^    grafana_dashboard: \"1\"$" "$dashboards")" -eq "$expected" ] ||
+    { echo "expected $expected dashboard ConfigMaps (one per dashboards/*.json) labelled grafana_dashboard: \"1\"" >&2; exit 1; }
 "$tools/venv/bin/python" - "$dashboards" <<'PY'
 import json, sys, yaml
 maps = [d for d in yaml.safe_load_all(open(sys.argv[1])) if d and d["kind"] == "ConfigMap" and "-dashboard-" in d["metadata"]["name"]]
