@@ -23,6 +23,10 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// The tests of this file run one at a time: the TTFT comparison holds to 2 ms, which a
+/// neighbour test's load on a two-core machine would blur.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 type Http = hyper_util::client::legacy::Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>;
 
 /// Keeps every record the front sidecar makes.
@@ -105,6 +109,7 @@ async fn ask(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn each_user_request_is_counted_once_with_the_ttft_the_client_waited_for_split_into_its_parts() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let (prefill_engine, _p) = start_engine(engine(40, 5)).await;
     let (decode_engine, _d) = start_engine(engine(40, 5)).await;
     // llmslo in front of the prefill engine, with its default role and an SLO of its own.
@@ -235,6 +240,7 @@ async fn each_user_request_is_counted_once_with_the_ttft_the_client_waited_for_s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_slow_prefill_pool_burns_ttft_and_a_slow_decode_pool_burns_tpot_each_charged_to_its_pool() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let (prefill_engine, _p) = start_engine(engine(350, 5)).await;
     let (decode_engine, _d) = start_engine(engine(40, 50)).await;
     let prefill_side = start_sidecar(prefill_engine, "").await;
@@ -295,6 +301,7 @@ spec:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_injected_llm_d_decode_pod_chains_client_llmslo_routing_sidecar_engine_on_the_ports_inject_chose() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let (router_port, engine_port) = (free_port(), free_port());
     let options = llmslo::k8s::inject::InjectOptions::with_image("registry.example/llmslo:test");
     let injected = llmslo::k8s::inject::inject_yaml(&llm_d_decode_pod(router_port, engine_port), &options).unwrap();
@@ -387,6 +394,7 @@ async fn an_injected_llm_d_decode_pod_chains_client_llmslo_routing_sidecar_engin
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_relay_refuses_a_leg_no_request_in_flight_expects() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let (decode_engine, _d) = start_engine(engine(40, 5)).await;
     let relay_port = free_port();
     let yaml = format!(
@@ -415,4 +423,32 @@ async fn the_relay_refuses_a_leg_no_request_in_flight_expects() {
     assert_eq!(sample(&page, "llmslo_requests_total", &[]), 1.0, "{page}");
     assert_eq!(sample(&page, "llmslo_legs_total", &[]), 0.0);
     front.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sglangs_bootstrap_room_requests_are_legs_of_the_phase_the_pods_role_says() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (engine_addr, _e) = start_engine(engine(5, 1)).await;
+    let body = serde_json::json!({
+        "model": "sim", "max_tokens": 4, "stream": true, "bootstrap_room": 8812093458u64,
+        "messages": [{"role": "user", "content": "hello"}],
+    })
+    .to_string();
+    for (role, phase) in [("decode", "decode"), ("aggregated", "prefill")] {
+        let sidecar = start_sidecar(engine_addr, &format!("role: {role}\n")).await;
+        let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(status, 200);
+        let page = settled(&sidecar).await;
+        assert_eq!(
+            sample(&page, "llmslo_legs_total", &[("phase", phase)]),
+            1.0,
+            "{role}: {page}"
+        );
+        assert_eq!(
+            sample(&page, "llmslo_requests_total", &[]),
+            0.0,
+            "{role}: no user request"
+        );
+        sidecar.shutdown().await;
+    }
 }

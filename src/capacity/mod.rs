@@ -344,16 +344,17 @@ impl Collector for CapacityCollector {
 mod tests {
     use super::*;
 
+    /// A capacity engine without SLOs for a pod in `role`, and the meter it reads.
+    fn engine(role: Role) -> (Arc<CapacityEngine>, Arc<LoadMeter>) {
+        let meter = Arc::new(LoadMeter::default());
+        let slo = SloEngine::new(SloSet::default(), &mut Registry::default());
+        let engine = CapacityEngine::new(DEFAULT_WINDOW, slo, role, meter.clone(), &mut Registry::default());
+        (engine, meter)
+    }
+
     #[tokio::test(start_paused = true)]
     async fn every_request_meets_the_engines_whole_load() {
-        let meter = Arc::new(LoadMeter::default());
-        let engine = CapacityEngine::new(
-            DEFAULT_WINDOW,
-            SloEngine::new(crate::slo::spec::SloSet::default(), &mut Registry::default()),
-            Role::Aggregated,
-            meter.clone(),
-            &mut Registry::default(),
-        );
+        let (engine, meter) = engine(Role::Aggregated);
         let now = Instant::now();
         let arrive = || meter::InFlight::arrive(meter.clone(), now);
         let llama = arrive();
@@ -404,14 +405,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_prefill_legs_answer_is_its_first_token_in_the_model() {
-        let meter = Arc::new(LoadMeter::default());
-        let engine = CapacityEngine::new(
-            DEFAULT_WINDOW,
-            SloEngine::new(crate::slo::spec::SloSet::default(), &mut Registry::default()),
-            Role::Prefill,
-            meter.clone(),
-            &mut Registry::default(),
-        );
+        let (engine, meter) = engine(Role::Prefill);
         let now = Instant::now();
         let leg = meter::InFlight::arrive(meter.clone(), now);
         let mut record = RequestRecord::new("m".into(), crate::record::Operation::Chat, Duration::from_millis(120));

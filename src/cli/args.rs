@@ -191,7 +191,7 @@ impl Endpoints {
         };
         let role = match self.role {
             None => None,
-            Some(name) => Some(Role::from_label(&name).filter(|_| name != "both").ok_or_else(|| {
+            Some(name) => Some(Role::from_name(&name).ok_or_else(|| {
                 format!(
                     "{}: `{name}` is not a role: aggregated, prefill or decode",
                     crate::config::origin_label("role", from_env.contains(&"role"))

@@ -100,21 +100,27 @@ impl ProxyError {
         {
             debug!(upstream, error = %self, "answered the client for the engine");
         }
-        let body = serde_json::json!({
-            "error": { "message": self.to_string(), "type": self.kind(), "code": self.status().as_u16() }
-        });
-        let mut response = Response::builder();
+        let mut response = error_response(self.status(), self.kind(), &self.to_string());
         if let ProxyError::Overloaded(_) = &self {
-            response = response.header(header::RETRY_AFTER, RETRY_AFTER_SECS);
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, RETRY_AFTER_SECS.into());
         }
         response
-            .status(self.status())
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(
-                Full::new(Bytes::from(body.to_string()))
-                    .map_err(|never| match never {})
-                    .boxed_unsync(),
-            )
-            .expect("static response parts are valid")
     }
+}
+
+/// An answer of the sidecar's own in the OpenAI error shape:
+/// `{"error":{"message":...,"type":...,"code":...}}`.
+pub fn error_response(status: StatusCode, kind: &str, message: &str) -> Response<ProxyBody> {
+    let body = serde_json::json!({"error": {"message": message, "type": kind, "code": status.as_u16()}});
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(
+            Full::new(Bytes::from(body.to_string()))
+                .map_err(|never| match never {})
+                .boxed_unsync(),
+        )
+        .expect("static response parts are valid")
 }

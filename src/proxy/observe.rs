@@ -200,7 +200,8 @@ impl Shared {
                 return Ok(ProxyError::Overloaded(RefusalReason::RequestBufferFull).into_response());
             }
         };
-        let mut tracker = match self.leg(&fields) {
+        let leg = self.leg(&fields);
+        let mut tracker = match leg {
             Some(phase) => RequestTracker::start_leg(
                 self.recorder.clone(),
                 fields.model.as_deref(),
@@ -223,7 +224,7 @@ impl Shared {
             tracker.count_with(tokenizer.clone());
         }
         match &self.settings.spans {
-            Some(_) if self.leg(&fields).is_some() => {}
+            Some(_) if leg.is_some() => {}
             Some(spans) => {
                 let span = spans.start(&mut parts.headers, operation, tracker.model());
                 tracker.trace_with(span);

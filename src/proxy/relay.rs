@@ -8,13 +8,13 @@
 //! The relay only ever sends a leg to the address the router gave a request in flight here;
 //! a leg for any other request (or none) is refused.
 
+use super::error::error_response;
 use super::ProxyBody;
 use crate::record::PrefillTimer;
-use bytes::Bytes;
 use http::header::{self, HeaderName, HeaderValue};
 use http::uri::Authority;
 use http::{HeaderMap, Request, Response, StatusCode, Uri};
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
@@ -146,7 +146,8 @@ impl PrefillRelay {
     }
 
     /// Requests whose legs the relay expects now.
-    pub fn pending(&self) -> usize {
+    #[cfg(test)]
+    fn pending(&self) -> usize {
         self.pending.lock().expect("relay table lock").len()
     }
 
@@ -197,16 +198,7 @@ impl PrefillRelay {
 
 /// The relay's own answer, in the OpenAI error shape.
 fn refusal(status: StatusCode, message: &str) -> Response<ProxyBody> {
-    let body = serde_json::json!({"error": {"message": message, "type": "prefill_relay", "code": status.as_u16()}});
-    Response::builder()
-        .status(status)
-        .header(header::CONTENT_TYPE, "application/json")
-        .body(
-            Full::new(Bytes::from(body.to_string()))
-                .map_err(|never| match never {})
-                .boxed_unsync(),
-        )
-        .expect("static response parts are valid")
+    error_response(status, "prefill_relay", message)
 }
 
 #[cfg(test)]

@@ -28,13 +28,19 @@ impl Role {
         }
     }
 
-    /// The role a Kubernetes pod label value names (llm-d's `llm-d.ai/role`), if any.
+    /// The role a `role` value names (`aggregated`, `prefill`, `decode`), if any.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Role::Aggregated, Role::Prefill, Role::Decode]
+            .into_iter()
+            .find(|role| role.as_str() == name)
+    }
+
+    /// The role a Kubernetes pod label value names (llm-d's `llm-d.ai/role`, where `both` is
+    /// an aggregated pod), if any.
     pub fn from_label(value: &str) -> Option<Self> {
         match value {
-            "prefill" => Some(Role::Prefill),
-            "decode" => Some(Role::Decode),
-            "both" | "aggregated" => Some(Role::Aggregated),
-            _ => None,
+            "both" => Some(Role::Aggregated),
+            name => Self::from_name(name),
         }
     }
 }
@@ -49,9 +55,6 @@ pub enum LegPhase {
 }
 
 impl LegPhase {
-    /// Both phases, in label order.
-    pub const ALL: [LegPhase; 2] = [LegPhase::Prefill, LegPhase::Decode];
-
     /// The `phase` label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -73,9 +76,6 @@ pub enum Served {
 }
 
 impl Served {
-    /// Every value, in label order.
-    pub const ALL: [Served; 3] = [Served::Aggregated, Served::Disaggregated, Served::DecodeOnly];
-
     /// The `served` label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -108,14 +108,6 @@ pub enum TtftPart {
 }
 
 impl TtftPart {
-    /// Every part, in label order.
-    pub const ALL: [TtftPart; 4] = [
-        TtftPart::Prefill,
-        TtftPart::DecodeQueue,
-        TtftPart::KvTransfer,
-        TtftPart::Coordination,
-    ];
-
     /// The `part` label value.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -204,5 +196,7 @@ mod tests {
         assert_eq!(Role::from_label("decode"), Some(Role::Decode));
         assert_eq!(Role::from_label("both"), Some(Role::Aggregated));
         assert_eq!(Role::from_label("encode"), None);
+        assert_eq!(Role::from_name("aggregated"), Some(Role::Aggregated));
+        assert_eq!(Role::from_name("both"), None, "a label's word, not a role's name");
     }
 }

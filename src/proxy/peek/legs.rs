@@ -12,54 +12,10 @@ pub(super) struct LegOrNone(pub(super) Option<LegPhase>);
 
 impl<'de> Deserialize<'de> for LegOrNone {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct LegVisitor;
-        impl<'de> Visitor<'de> for LegVisitor {
-            type Value = LegOrNone;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<LegOrNone, A::Error> {
-                let (mut remote_decode, mut remote_prefill) = (false, false);
-                while let Some(flag) = map.next_key::<super::Capped>()? {
-                    let set = map.next_value::<FlagOrNone>()?.0 == Some(true);
-                    match flag.0.as_str() {
-                        "do_remote_decode" => remote_decode |= set,
-                        "do_remote_prefill" => remote_prefill |= set,
-                        _ => {}
-                    }
-                }
-                Ok(LegOrNone(if remote_decode {
-                    Some(LegPhase::Prefill)
-                } else if remote_prefill {
-                    Some(LegPhase::Decode)
-                } else {
-                    None
-                }))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<LegOrNone, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(LegOrNone(None))
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<LegOrNone, E> {
-                Ok(LegOrNone(None))
-            }
-            fn visit_bool<E: de::Error>(self, _: bool) -> Result<LegOrNone, E> {
-                Ok(LegOrNone(None))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<LegOrNone, E> {
-                Ok(LegOrNone(None))
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<LegOrNone, E> {
-                Ok(LegOrNone(None))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<LegOrNone, E> {
-                Ok(LegOrNone(None))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<LegOrNone, E> {
-                Ok(LegOrNone(None))
-            }
-        }
-        deserializer.deserialize_any(LegVisitor)
+        Ok(LegOrNone(match deserializer.deserialize_any(Params)? {
+            Read::Params(leg) => leg,
+            Read::Flag(_) | Read::Other => None,
+        }))
     }
 }
 
@@ -73,45 +29,69 @@ impl<'de> Deserialize<'de> for NotNull {
     }
 }
 
-/// A boolean's value; any other JSON value is skipped and reads as absent.
-struct FlagOrNone(Option<bool>);
+/// What a value of `kv_transfer_params` (or one of its members) reads as.
+enum Read {
+    /// A boolean: a flag's value.
+    Flag(bool),
+    /// An object: the leg its flags make.
+    Params(Option<LegPhase>),
+    /// Anything else, skipped.
+    Other,
+}
 
-impl<'de> Deserialize<'de> for FlagOrNone {
+/// Reads any JSON value as a [`Read`], skipping what it does not need without building it.
+struct Params;
+
+impl<'de> Deserialize<'de> for Read {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct FlagVisitor;
-        impl<'de> Visitor<'de> for FlagVisitor {
-            type Value = FlagOrNone;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("any JSON value")
-            }
-            fn visit_bool<E: de::Error>(self, value: bool) -> Result<FlagOrNone, E> {
-                Ok(FlagOrNone(Some(value)))
-            }
-            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<FlagOrNone, A::Error> {
-                while map.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
-                Ok(FlagOrNone(None))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<FlagOrNone, A::Error> {
-                while seq.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(FlagOrNone(None))
-            }
-            fn visit_str<E: de::Error>(self, _: &str) -> Result<FlagOrNone, E> {
-                Ok(FlagOrNone(None))
-            }
-            fn visit_i64<E: de::Error>(self, _: i64) -> Result<FlagOrNone, E> {
-                Ok(FlagOrNone(None))
-            }
-            fn visit_u64<E: de::Error>(self, _: u64) -> Result<FlagOrNone, E> {
-                Ok(FlagOrNone(None))
-            }
-            fn visit_f64<E: de::Error>(self, _: f64) -> Result<FlagOrNone, E> {
-                Ok(FlagOrNone(None))
-            }
-            fn visit_unit<E: de::Error>(self) -> Result<FlagOrNone, E> {
-                Ok(FlagOrNone(None))
+        deserializer.deserialize_any(Params)
+    }
+}
+
+impl<'de> Visitor<'de> for Params {
+    type Value = Read;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("any JSON value")
+    }
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Read, A::Error> {
+        let (mut remote_decode, mut remote_prefill) = (false, false);
+        while let Some(name) = map.next_key::<super::Capped>()? {
+            let set = matches!(map.next_value::<Read>()?, Read::Flag(true));
+            match name.0.as_str() {
+                "do_remote_decode" => remote_decode |= set,
+                "do_remote_prefill" => remote_prefill |= set,
+                _ => {}
             }
         }
-        deserializer.deserialize_any(FlagVisitor)
+        Ok(Read::Params(if remote_decode {
+            Some(LegPhase::Prefill)
+        } else if remote_prefill {
+            Some(LegPhase::Decode)
+        } else {
+            None
+        }))
+    }
+    fn visit_bool<E: de::Error>(self, value: bool) -> Result<Read, E> {
+        Ok(Read::Flag(value))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Read, A::Error> {
+        while seq.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(Read::Other)
+    }
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<Read, E> {
+        Ok(Read::Other)
+    }
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Read, E> {
+        Ok(Read::Other)
+    }
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Read, E> {
+        Ok(Read::Other)
+    }
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Read, E> {
+        Ok(Read::Other)
+    }
+    fn visit_unit<E: de::Error>(self) -> Result<Read, E> {
+        Ok(Read::Other)
     }
 }
 
