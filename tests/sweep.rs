@@ -208,6 +208,43 @@ async fn poisson_steps_report_the_arrival_rate_and_the_knee() {
     stop.cancel();
 }
 
+#[tokio::test(start_paused = true)]
+async fn open_loop_steps_say_the_rate_they_sent_and_exact_arrivals_send_the_rate_asked() {
+    let (engine, stop) = start_engine(timed_engine(5, 1)).await;
+    let mut poisson = options(format!("http://{engine}"), LoadPlan::Rate(vec![5.0]));
+    poisson.duration = Duration::from_secs(10);
+    poisson.seed = 0;
+    let exact = SweepOptions {
+        arrivals: Arrivals::Exact,
+        ..poisson.clone()
+    };
+    let random = llmslo::tools::sweep::run(poisson).await.unwrap();
+    let counted = llmslo::tools::sweep::run(exact).await.unwrap();
+    let sent =
+        |report: &llmslo::tools::sweep::report::Report| report.to_json()["steps"][0]["sent_rate"].as_f64().unwrap();
+    assert_eq!(random.to_json()["steps"][0]["rate"], 5.0, "the rate offered");
+    assert_ne!(
+        sent(&random),
+        5.0,
+        "Poisson arrivals stray from the rate: {}",
+        random.render()
+    );
+    assert_eq!(random.steps[0].requests as f64 / 10.0, sent(&random));
+    assert_eq!(
+        (counted.steps[0].requests, sent(&counted)),
+        (50, 5.0),
+        "{}",
+        counted.render()
+    );
+    let table = random.render();
+    assert!(
+        table.contains("sent req/s") && table.contains(&format!("{:.2}", sent(&random))),
+        "{table}"
+    );
+    assert_eq!(counted.to_json()["asked"]["arrivals"], "exact count, uniform times");
+    stop.cancel();
+}
+
 /// In real time: it counts outcomes, not timings, and a paused clock may jump to the request
 /// timeout while a reply is still in the kernel's loopback path.
 #[tokio::test]
@@ -496,7 +533,13 @@ async fn bad_input_gets_a_clear_error_and_a_non_zero_exit() {
     assert_eq!(code, 0, "{stderr}");
     let document: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     assert_eq!(document["steps"][0]["concurrency"], 2);
-    assert_eq!(document["knee"]["concurrency"], 2);
+    // One load that held is no knee: the JSON says not reached, and where the SLOs held.
+    assert_eq!(document["knee"]["reached"], false, "{stdout}");
+    assert_eq!(document["knee"]["held_up_to"]["concurrency"], 2);
+    assert!(document["knee"].get("concurrency").is_none());
+    assert_eq!(document["asked"]["loads"], "concurrency 2");
+    assert_eq!(document["asked"]["output_tokens"], 128);
+    assert!(document["steps"][0]["client"]["wake_lag_p99_s"].as_f64().unwrap() >= 0.0);
     stop.cancel();
 }
 

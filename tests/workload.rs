@@ -336,6 +336,54 @@ async fn bad_traces_shapes_and_comparisons_get_a_clear_error_and_nothing_runs() 
             2,
             "--replay".into(),
         ),
+        // Flags with nothing to shape in the mode are refused with the reason, not ignored.
+        (
+            vec![
+                "--target".into(),
+                target.clone(),
+                "--replay".into(),
+                path(&trace),
+                "--duration".into(),
+                "60s".into(),
+            ],
+            64,
+            "--duration does not apply with --replay: each step replays the whole trace".into(),
+        ),
+        (
+            vec![
+                "--target".into(),
+                target.clone(),
+                "--replay".into(),
+                path(&trace),
+                "--output-tokens".into(),
+                "64".into(),
+            ],
+            64,
+            "--output-tokens does not apply with --replay".into(),
+        ),
+        (
+            vec![
+                "--target".into(),
+                target.clone(),
+                "--rate".into(),
+                "2".into(),
+                "--max-concurrency".into(),
+                "8".into(),
+            ],
+            64,
+            "--max-concurrency bounds a concurrency search; these steps are rates".into(),
+        ),
+        (
+            vec![
+                "--target".into(),
+                target.clone(),
+                "--concurrency".into(),
+                "2".into(),
+                "--exact-arrivals".into(),
+            ],
+            64,
+            "--exact-arrivals shapes open-loop arrivals: give --rate".into(),
+        ),
         (
             vec![
                 "--target".into(),
@@ -383,7 +431,7 @@ async fn bad_traces_shapes_and_comparisons_get_a_clear_error_and_nothing_runs() 
                 "0.5".into(),
             ],
             64,
-            "--burstiness and --bursts shape open-loop arrivals".into(),
+            "--burstiness shapes open-loop arrivals: give --rate".into(),
         ),
         (
             vec!["--target".into(), target.clone(), "--max-rate".into(), "0".into()],

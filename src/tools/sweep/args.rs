@@ -49,9 +49,9 @@ pub struct SweepArgs {
     /// knee in rate (the default with a workload).
     #[arg(long, value_delimiter = ',')]
     rate: Vec<String>,
-    /// A rate search goes no higher than this many requests per second.
-    #[arg(long, default_value_t = 1000.0)]
-    max_rate: f64,
+    /// A rate search goes no higher than this many requests per second [default: 1000].
+    #[arg(long)]
+    max_rate: Option<f64>,
     /// Send each rate step's requests in bursts: ON of arrivals, then OFF of none (`2s/3s`), the same mean rate.
     #[arg(long, value_name = "ON/OFF", value_parser = bursts, conflicts_with = "burstiness")]
     bursts: Option<Bursts>,
@@ -59,6 +59,10 @@ pub struct SweepArgs {
     /// `--burstiness`: 1 is Poisson, below 1 burstier [default: the workload's, else 1].
     #[arg(long, value_name = "K")]
     burstiness: Option<f64>,
+    /// Send exactly rate × duration requests in each rate step's window (and rate × warm-up
+    /// before it), at uniformly random times: the step's sent rate is the rate asked.
+    #[arg(long, conflicts_with_all = ["bursts", "burstiness"])]
+    exact_arrivals: bool,
     /// Replay a trace: Mooncake-style JSONL (`timestamp` ms, `input_length`, `output_length`),
     /// Azure's CSV, or a sidecar's `/workload`; each step replays it whole.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["dataset", "workload_from", "concurrency", "rate", "bursts", "burstiness"])]
@@ -74,21 +78,22 @@ pub struct SweepArgs {
     /// A workload shape file: written with --workload-from, read without it.
     #[arg(long, value_name = "FILE", conflicts_with_all = ["dataset", "replay"])]
     workload: Option<PathBuf>,
-    /// `--concurrency auto` goes no higher than this.
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..=100_000))]
-    max_concurrency: u64,
-    /// Each step's measured window: requests sent in it are recorded.
-    #[arg(long, default_value = "30s", value_parser = duration)]
-    duration: Duration,
-    /// Unrecorded load before each window, to reach a steady state.
-    #[arg(long, default_value = "5s", value_parser = duration)]
-    warmup: Duration,
-    /// Length of the synthetic prompt, in tokens.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=1_000_000), conflicts_with = "dataset")]
-    prompt_tokens: u32,
-    /// Output tokens asked of every request (`max_tokens`; a dataset line's own `output_tokens` wins).
-    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-    output_tokens: u32,
+    /// `--concurrency auto` goes no higher than this [default: 1024].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    max_concurrency: Option<u64>,
+    /// Each step's measured window: requests sent in it are recorded [default: 30s].
+    #[arg(long, value_parser = duration)]
+    duration: Option<Duration>,
+    /// Unrecorded load before each window, to reach a steady state [default: 5s].
+    #[arg(long, value_parser = duration)]
+    warmup: Option<Duration>,
+    /// Length of the synthetic prompt, in tokens [default: 256].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000), conflicts_with = "dataset")]
+    prompt_tokens: Option<u32>,
+    /// Output tokens asked of every request (`max_tokens`; a dataset line's own `output_tokens`
+    /// wins) [default: 128].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    output_tokens: Option<u32>,
     /// Prompts from a JSONL file (`{"prompt": …}`, `{"messages": […]}` or ShareGPT's `{"conversations": […]}`), taken in turn.
     #[arg(long)]
     dataset: Option<PathBuf>,
@@ -102,9 +107,14 @@ pub struct SweepArgs {
     #[arg(long)]
     ca_cert: Option<PathBuf>,
     /// The price of the target's accelerators for an hour: each step and the knee then say
-    /// what a million output tokens cost there.
+    /// what a million output tokens cost there, PRICE / 3600 × 10⁶ / (output tok/s + W ×
+    /// prompt tok/s), W from --input-token-weight.
     #[arg(long, value_name = "PRICE")]
     gpu_hour_price: Option<f64>,
+    /// What a prompt token weighs against an output token in the cost (W above) [default: the
+    /// config's `cost.input_token_weight`, else 0.1].
+    #[arg(long, value_name = "W", requires = "gpu_hour_price")]
+    input_token_weight: Option<f64>,
     /// Seed for the Poisson arrival times (step n draws from seed + n).
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -121,21 +131,30 @@ impl SweepArgs {
     /// turns them into options.
     pub async fn options(self) -> Result<SweepOptions, SweepError> {
         let usage = |m: String| Err(SweepError::Usage(m));
-        let slos = Config::slos_from_file(&self.config).map_err(|e| SweepError::Usage(e.to_string()))?;
+        let mut slos = Config::slos_from_file(&self.config).map_err(|e| SweepError::Usage(e.to_string()))?;
         if self.repetitions.is_some() && self.compare.is_empty() {
             return usage("--repetitions counts the runs of a comparison: give --compare A B".into());
         }
-        let workload = self.workload_source().await?;
-        if !(self.max_rate.is_finite() && self.max_rate > 0.0) {
-            return usage(format!("--max-rate {}: a rate above zero", self.max_rate));
+        if let Some(weight) = self.input_token_weight {
+            if !(weight.is_finite() && weight >= 0.0) {
+                return usage(format!("--input-token-weight {weight}: a weight of zero or more"));
+            }
+            slos.input_token_weight = weight;
         }
+        let workload = self.workload_source().await?;
+        self.refuse_what_does_not_apply(&workload)?;
+        let max_rate = self.max_rate.unwrap_or(1000.0);
+        if !(max_rate.is_finite() && max_rate > 0.0) {
+            return usage(format!("--max-rate {max_rate}: a rate above zero"));
+        }
+        let max_concurrency = self.max_concurrency.unwrap_or(1024) as usize;
         let loads = if let Workload::Replay { trace, .. } = &workload {
             let rate = trace.rate();
             match rates(&self.rate_scale, "--rate-scale")? {
                 Some(scales) => LoadPlan::Rate(scales.iter().map(|s| s * rate).collect()),
                 None => LoadPlan::AutoRate {
                     start: rate,
-                    max: self.max_rate.max(rate),
+                    max: max_rate.max(rate),
                 },
             }
         } else if let Some(list) = rates(&self.rate, "--rate")? {
@@ -146,17 +165,13 @@ impl SweepArgs {
                 _ => 1.0,
             };
             LoadPlan::AutoRate {
-                start: start.min(self.max_rate),
-                max: self.max_rate,
+                start: start.min(max_rate),
+                max: max_rate,
             }
         } else {
             match self.concurrency.as_slice() {
-                [] => LoadPlan::Auto {
-                    max: self.max_concurrency as usize,
-                },
-                [auto] if auto == "auto" => LoadPlan::Auto {
-                    max: self.max_concurrency as usize,
-                },
+                [] => LoadPlan::Auto { max: max_concurrency },
+                [auto] if auto == "auto" => LoadPlan::Auto { max: max_concurrency },
                 list => {
                     let mut levels = Vec::new();
                     for item in list {
@@ -176,12 +191,29 @@ impl SweepArgs {
         if let Some(k) = self.burstiness.filter(|k| !(k.is_finite() && *k > 0.0)) {
             return usage(format!("--burstiness {k}: a gamma shape above zero (1 is Poisson)"));
         }
-        if (self.burstiness.is_some() || self.bursts.is_some())
-            && !matches!(loads, LoadPlan::Rate(_) | LoadPlan::AutoRate { .. })
-        {
-            return usage("--burstiness and --bursts shape open-loop arrivals: give --rate".into());
+        let open_loop = matches!(loads, LoadPlan::Rate(_) | LoadPlan::AutoRate { .. });
+        let shaping = [
+            ("--burstiness", self.burstiness.is_some()),
+            ("--bursts", self.bursts.is_some()),
+            ("--exact-arrivals", self.exact_arrivals),
+        ];
+        if let (Some((flag, _)), false) = (shaping.iter().find(|(_, given)| *given), open_loop) {
+            return usage(format!("{flag} shapes open-loop arrivals: give --rate"));
+        }
+        if self.max_concurrency.is_some() && open_loop {
+            return usage(
+                "--max-concurrency bounds a concurrency search; these steps are rates: drop it, or use --max-rate"
+                    .into(),
+            );
+        }
+        if self.max_rate.is_some() && !open_loop {
+            return usage(
+                "--max-rate bounds a rate search; these steps are concurrencies: drop it, or use --max-concurrency"
+                    .into(),
+            );
         }
         let arrivals = match (self.bursts, self.burstiness, &workload) {
+            _ if self.exact_arrivals => Arrivals::Exact,
             (Some(bursts), _, _) => Arrivals::Bursts(bursts),
             (None, Some(burstiness), _) => Arrivals::Gamma { burstiness },
             (None, None, Workload::Shape(shape)) => Arrivals::Gamma {
@@ -192,17 +224,19 @@ impl SweepArgs {
         if let Some(price) = self.gpu_hour_price.filter(|p| !(p.is_finite() && *p > 0.0)) {
             return usage(format!("--gpu-hour-price {price}: a price above zero"));
         }
-        if self.duration.is_zero() {
+        let duration = self.duration.unwrap_or(Duration::from_secs(30));
+        if duration.is_zero() {
             return usage("--duration must be above zero".into());
         }
+        let output_tokens = self.output_tokens.unwrap_or(128);
         if self.request_timeout.is_zero() {
             return usage("--request-timeout must be above zero".into());
         }
         let tpot_slo = slos.slos.iter().find(|s| matches!(s.kind, SloKind::Tpot(_)));
-        if let (Some(slo), true) = (tpot_slo, self.output_tokens < 2) {
+        if let (Some(slo), true) = (tpot_slo, output_tokens < 2) {
             return usage(format!(
-                "--output-tokens {}: TPOT needs at least 2 output tokens, and SLO `{}` judges TPOT",
-                self.output_tokens, slo.name
+                "--output-tokens {output_tokens}: TPOT needs at least 2 output tokens, and SLO `{}` judges TPOT",
+                slo.name
             ));
         }
         Ok(SweepOptions {
@@ -215,10 +249,10 @@ impl SweepArgs {
             endpoint: self.endpoint,
             api_key: self.api_key.filter(|k| !k.is_empty()),
             loads,
-            warmup: self.warmup,
-            duration: self.duration,
-            prompt_tokens: self.prompt_tokens,
-            output_tokens: self.output_tokens,
+            warmup: self.warmup.unwrap_or(Duration::from_secs(5)),
+            duration,
+            prompt_tokens: self.prompt_tokens.unwrap_or(256),
+            output_tokens,
             dataset: self.dataset,
             ignore_eos: !self.no_ignore_eos,
             request_timeout: self.request_timeout,
@@ -259,6 +293,12 @@ impl SweepArgs {
             ("--bursts", self.bursts.is_some()),
             ("--burstiness", self.burstiness.is_some()),
             ("--gpu-hour-price", self.gpu_hour_price.is_some()),
+            ("--input-token-weight", self.input_token_weight.is_some()),
+            ("--exact-arrivals", self.exact_arrivals),
+            ("--duration", self.duration.is_some()),
+            ("--warmup", self.warmup.is_some()),
+            ("--prompt-tokens", self.prompt_tokens.is_some()),
+            ("--output-tokens", self.output_tokens.is_some()),
         ];
         if let Some((flag, _)) = measuring.iter().find(|(_, given)| *given) {
             return Err(SweepError::Usage(format!(
@@ -267,6 +307,44 @@ impl SweepArgs {
             )));
         }
         Ok(Some((a.into(), b.into())))
+    }
+
+    /// Flags that have nothing to shape in this mode are refused with the reason, not ignored:
+    /// a replay's window is its trace and its lengths are the trace's; a shape's lengths are
+    /// its classes'.
+    fn refuse_what_does_not_apply(&self, workload: &Workload) -> Result<(), SweepError> {
+        let (mode, reason, flags): (&str, &str, Vec<(&str, bool)>) = match workload {
+            Workload::Replay { .. } => (
+                "--replay",
+                "each step replays the whole trace, at its own times and lengths",
+                vec![
+                    ("--duration", self.duration.is_some()),
+                    ("--warmup", self.warmup.is_some()),
+                    ("--prompt-tokens", self.prompt_tokens.is_some()),
+                    ("--output-tokens", self.output_tokens.is_some()),
+                    ("--exact-arrivals", self.exact_arrivals),
+                ],
+            ),
+            Workload::Shape(_) => (
+                if self.workload_from.is_some() {
+                    "--workload-from"
+                } else {
+                    "--workload"
+                },
+                "the shape's classes set every request's lengths",
+                vec![
+                    ("--prompt-tokens", self.prompt_tokens.is_some()),
+                    ("--output-tokens", self.output_tokens.is_some()),
+                ],
+            ),
+            Workload::Fixed => return Ok(()),
+        };
+        match flags.iter().find(|(_, given)| *given) {
+            Some((flag, _)) => Err(SweepError::Usage(format!(
+                "{flag} does not apply with {mode}: {reason}; drop it"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The workload the flags name: a trace to replay, a shape read from a sidecar (and saved

@@ -3,7 +3,9 @@
 //! that drift falls on both), each one's curve and knee, and a verdict on the difference that
 //! knows its noise ([`super::verdict`]).
 
+use super::asked::Asked;
 use super::client::Sample;
+use super::health::ClientHealth;
 use super::load::Bodies;
 use super::report::{number, Knee, Report};
 use super::stats::{Load, StepResult};
@@ -73,6 +75,7 @@ pub async fn run(options: CompareOptions) -> Result<Comparison, SweepError> {
         preflight(target, &bodies.planned()[0]).await?;
     }
     let mut samples: [Vec<Vec<Vec<Sample>>>; 2] = std::array::from_fn(|_| vec![Vec::new(); loads.len()]);
+    let mut clients: [Vec<Vec<ClientHealth>>; 2] = std::array::from_fn(|_| vec![Vec::new(); loads.len()]);
     for repetition in 0..options.repetitions {
         for (step, &load) in loads.iter().enumerate() {
             let order = if repetition % 2 == 0 { [0, 1] } else { [1, 0] };
@@ -80,9 +83,10 @@ pub async fn run(options: CompareOptions) -> Result<Comparison, SweepError> {
             let plan = step_plan(sweep, load, (step * options.repetitions + repetition) as u64);
             for side in order {
                 let label = format!("{} #{}: ", ["A", "B"][side], repetition + 1);
-                let got = hold(&targets[side], bodies.restart(), load, &plan, &label).await;
-                judge_step(load, plan.duration, &got, &sweep.slos, &label);
+                let (got, client) = hold(&targets[side], bodies.restart(), load, &plan, &label).await;
+                judge_step(load, plan.duration, &got, client, &sweep.slos, &label);
                 samples[side][step].push(got);
+                clients[side][step].push(client);
             }
         }
     }
@@ -97,7 +101,11 @@ pub async fn run(options: CompareOptions) -> Result<Comparison, SweepError> {
             .enumerate()
             .map(|(step, &load)| {
                 let pooled: Vec<Sample> = samples[side][step].iter().flatten().cloned().collect();
-                StepResult::from_samples(load, windows[step], &pooled, &sweep.slos)
+                let pooled_step = StepResult::from_samples(load, windows[step], &pooled, &sweep.slos);
+                match ClientHealth::worst(&clients[side][step]) {
+                    Some(client) => pooled_step.with_client(client),
+                    None => pooled_step,
+                }
             })
             .collect();
         Report {
@@ -109,6 +117,7 @@ pub async fn run(options: CompareOptions) -> Result<Comparison, SweepError> {
             steps,
             gpu_hour_price: sweep.gpu_hour_price,
             workload: describe_workload(sweep),
+            asked: Asked::of(sweep),
         }
     };
     let runs = |side: usize| -> Vec<Run> {

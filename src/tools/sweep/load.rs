@@ -4,10 +4,11 @@
 //! is held until the last of them ends, so every recorded request ran under the same load.
 
 use super::client::{Planned, Requester, Sample};
+use super::health::{ClientHealth, Watch};
 use super::stats::Load;
 use indicatif::ProgressBar;
 use rand::rngs::SmallRng;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_distr::{Distribution, Exp, Gamma};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -44,6 +45,9 @@ pub enum Arrivals {
     },
     /// Poisson within on/off bursts.
     Bursts(Bursts),
+    /// Exactly the rate's count of requests in the warm-up and in the window, each at a
+    /// uniformly random time (Poisson arrivals given their count).
+    Exact,
     /// A trace's own times, divided by a rate scale: one request per time, in order.
     Trace(Arc<Vec<Duration>>),
 }
@@ -135,6 +139,8 @@ struct Shared {
     /// Woken when a recorded request ends.
     ended: Notify,
     samples: Mutex<Vec<Sample>>,
+    /// How late recorded open-loop requests left against their schedule, seconds.
+    send_lags: Arc<Mutex<Vec<f64>>>,
 }
 
 impl Shared {
@@ -180,18 +186,21 @@ impl Shared {
     }
 }
 
-/// Holds `load` as `plan` says and returns the recorded requests, in the order they ended.
+/// Holds `load` as `plan` says and returns the recorded requests, in the order they ended,
+/// and how the client fared meanwhile.
 pub async fn run_step(
     requester: &Requester,
     bodies: Arc<Bodies>,
     load: Load,
     plan: &StepPlan,
     bar: &ProgressBar,
-) -> Vec<Sample> {
+) -> (Vec<Sample>, ClientHealth) {
+    let watch = Watch::start();
     let start = Instant::now();
-    // A trace's window is its arrivals, all of them recorded, however late the last one is sent.
+    // A trace's window is its arrivals (an exact count's too), all of them recorded, however
+    // late the last one is sent.
     let slack = match plan.arrivals {
-        Arrivals::Trace(_) => Duration::from_secs(24 * 3600),
+        Arrivals::Trace(_) | Arrivals::Exact => Duration::from_secs(24 * 3600),
         _ => Duration::ZERO,
     };
     let shared = Arc::new(Shared {
@@ -203,6 +212,7 @@ pub async fn run_step(
         exhausted: AtomicBool::new(false),
         ended: Notify::new(),
         samples: Mutex::new(Vec::new()),
+        send_lags: watch.send_lags(),
     });
     let mut tasks = JoinSet::new();
     match load {
@@ -222,7 +232,11 @@ pub async fn run_step(
         }
         Load::Rate(rate) => {
             let shared = shared.clone();
-            tasks.spawn(arrivals(shared, ArrivalTimes::new(rate, plan.seed, &plan.arrivals)));
+            let times = match plan.arrivals {
+                Arrivals::Exact => ArrivalTimes::new(rate, plan.seed, &exact(rate, plan)),
+                _ => ArrivalTimes::new(rate, plan.seed, &plan.arrivals),
+            };
+            tasks.spawn(arrivals(shared, times));
         }
     }
     let total = plan.warmup + plan.duration;
@@ -255,7 +269,7 @@ pub async fn run_step(
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
     let samples = std::mem::take(&mut *shared.samples.lock().expect("samples lock"));
-    samples
+    (samples, watch.finish())
 }
 
 /// Open-loop arrivals: each request in its own task, sent at its time; the request is picked
@@ -264,12 +278,17 @@ async fn arrivals(shared: Arc<Shared>, times: ArrivalTimes) {
     let mut requests = JoinSet::new();
     let start = Instant::now();
     for offset in times {
-        tokio::time::sleep_until(start + offset).await;
+        let due = start + offset;
+        tokio::time::sleep_until(due).await;
         if shared.over() {
             break;
         }
         let shared_one = shared.clone();
         let (index, recorded) = (shared.bodies.next(), shared.begin());
+        if recorded {
+            let late = Instant::now().saturating_duration_since(due).as_secs_f64();
+            shared.send_lags.lock().expect("send lags lock").push(late);
+        }
         requests.spawn(async move { shared_one.send(index, recorded).await });
         // Reap finished requests so the set stays as large as what is in flight.
         while requests.try_join_next().is_some() {}
@@ -277,6 +296,20 @@ async fn arrivals(shared: Arc<Shared>, times: ArrivalTimes) {
     // Only a trace runs out; its requests are all counted in flight by now, and run to their end.
     shared.exhausted.store(true, Ordering::Release);
     while requests.join_next().await.is_some() {}
+}
+
+/// Exact arrivals for a step at `rate`: round(rate × warm-up) in the warm-up and
+/// round(rate × window) in the window, each at a uniformly random time within it, in order.
+pub fn exact(rate: f64, plan: &StepPlan) -> Arrivals {
+    let mut rng = SmallRng::seed_from_u64(plan.seed);
+    let mut times = Vec::new();
+    for (from, length) in [(Duration::ZERO, plan.warmup), (plan.warmup, plan.duration)] {
+        let count = (rate * length.as_secs_f64()).round() as usize;
+        let mut within: Vec<Duration> = (0..count).map(|_| from + length.mul_f64(rng.random::<f64>())).collect();
+        within.sort();
+        times.extend(within);
+    }
+    Arrivals::Trace(Arc::new(times))
 }
 
 /// The send times of open-loop arrivals at a mean `rate`, from the step's start.
@@ -305,6 +338,8 @@ impl ArrivalTimes {
             Arrivals::Gamma { burstiness } => (None, *burstiness, None),
             Arrivals::Bursts(bursts) => (Some(*bursts), 1.0, None),
             Arrivals::Trace(times) => (None, 1.0, Some((times.clone(), 0))),
+            // Drawn by [`exact`] for the step; alone, the same mean rate as Poisson.
+            Arrivals::Exact => (None, 1.0, None),
         };
         let rate = rate / bursts.map_or(1.0, |b| b.duty());
         let gaps = if burstiness == 1.0 {
@@ -359,6 +394,27 @@ mod tests {
         assert_eq!(bursts.clock(1.5), Duration::from_millis(1500));
         assert_eq!(bursts.clock(2.0), Duration::from_secs(5), "the next burst");
         assert_eq!(bursts.clock(4.5), Duration::from_millis(10_500));
+    }
+
+    #[test]
+    fn exact_arrivals_send_the_rate_s_count_in_the_window() {
+        let plan = StepPlan {
+            warmup: Duration::from_secs(2),
+            duration: Duration::from_secs(10),
+            seed: 7,
+            arrivals: Arrivals::Exact,
+        };
+        let Arrivals::Trace(times) = exact(5.0, &plan) else {
+            panic!("exact arrivals are a list of times");
+        };
+        let window = times.iter().filter(|t| **t >= Duration::from_secs(2)).count();
+        assert_eq!((times.len(), window), (60, 50), "10 in the warm-up, 50 in the window");
+        assert!(times.windows(2).all(|w| w[0] <= w[1]), "in order");
+        assert!(times.iter().all(|t| *t < Duration::from_secs(12)));
+        let Arrivals::Trace(again) = exact(5.0, &plan) else {
+            panic!("exact arrivals are a list of times");
+        };
+        assert_eq!(times, again, "seeded");
     }
 
     #[test]

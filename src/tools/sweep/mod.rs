@@ -4,9 +4,11 @@
 //! dataset's, a replayed trace's, or drawn from a workload's shape.
 
 pub mod args;
+pub mod asked;
 pub mod calibrate;
 pub mod client;
 pub mod compare;
+pub mod health;
 pub mod knee;
 pub mod load;
 pub mod plot;
@@ -21,14 +23,16 @@ use crate::record::Outcome;
 use crate::slo::spec::{SloKind, SloSet};
 use crate::workload::shape::Shape;
 use crate::workload::trace::{Trace, TraceRow};
+use asked::Asked;
 use calibrate::PromptScale;
 use client::{Endpoint, Planned, RequestShape, Requester, Sample};
+use health::ClientHealth;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use knee::{KneeSearch, RateSearch};
 use load::{Arrivals, Bodies, StepPlan};
 use prompts::{Entry, Prompt};
 use report::{Knee, Report};
-use stats::{Load, StepResult};
+use stats::{Judgement, Load, StepResult};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -142,10 +146,14 @@ pub async fn run(options: SweepOptions) -> Result<Report, SweepError> {
         // Each step draws its own arrival times (the same seed would replay one pattern at
         // every rate, scaled) and sends the same requests from the first.
         let step_plan = step_plan(&options, load, steps.len() as u64);
-        let samples = hold(&requester, bodies.restart(), load, &step_plan, "").await;
-        let step = judge_step(load, step_plan.duration, &samples, &options.slos, "");
+        let (samples, client) = hold(&requester, bodies.restart(), load, &step_plan, "").await;
+        let step = judge_step(load, step_plan.duration, &samples, client, &options.slos, "");
         // Too few requests to judge is not a miss: the search goes on, and the report says so.
-        search.observe(load, step.verdict() != stats::Judgement::Missed);
+        // A client that fell behind cannot judge higher loads either.
+        search.observe(
+            load,
+            !matches!(step.verdict(), Judgement::Missed | Judgement::ClientLimited),
+        );
         steps.push(step);
     }
     steps.sort_by(|a, b| a.load.value().total_cmp(&b.load.value()));
@@ -159,6 +167,7 @@ pub async fn run(options: SweepOptions) -> Result<Report, SweepError> {
         knee,
         gpu_hour_price: options.gpu_hour_price,
         workload: describe_workload(&options),
+        asked: Asked::of(&options),
     })
 }
 
@@ -365,9 +374,15 @@ pub fn describe_workload(options: &SweepOptions) -> Option<String> {
     }
 }
 
-/// Holds one step's load, with its progress bar (on a terminal), and returns its samples;
-/// `label` names the target when there are two.
-pub async fn hold(requester: &Requester, bodies: Arc<Bodies>, load: Load, plan: &StepPlan, label: &str) -> Vec<Sample> {
+/// Holds one step's load, with its progress bar (on a terminal), and returns its samples and
+/// how the client fared; `label` names the target when there are two.
+pub async fn hold(
+    requester: &Requester,
+    bodies: Arc<Bodies>,
+    load: Load,
+    plan: &StepPlan,
+    label: &str,
+) -> (Vec<Sample>, ClientHealth) {
     let terminal = std::io::stderr().is_terminal();
     let bar = if terminal {
         ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr())
@@ -385,10 +400,17 @@ pub async fn hold(requester: &Requester, bodies: Arc<Bodies>, load: Load, plan: 
     samples
 }
 
-/// A step's figures from its samples, told on standard error (a step with nothing to judge
-/// by is kept, with its reason).
-pub fn judge_step(load: Load, window: Duration, samples: &[Sample], slos: &SloSet, label: &str) -> StepResult {
-    let step = StepResult::from_samples(load, window, samples, slos);
+/// A step's figures from its samples and its client's health, told on standard error (a step
+/// with nothing to judge by is kept, with its reason).
+pub fn judge_step(
+    load: Load,
+    window: Duration,
+    samples: &[Sample],
+    client: ClientHealth,
+    slos: &SloSet,
+    label: &str,
+) -> StepResult {
+    let step = StepResult::from_samples(load, window, samples, slos).with_client(client);
     // A step's line and note can quote the target's answers: shown, never obeyed.
     eprintln!(
         "llmslo sweep: {}",
@@ -397,6 +419,19 @@ pub fn judge_step(load: Load, window: Duration, samples: &[Sample], slos: &SloSe
     if let Some(note) = step.note() {
         let note = format!("{label}{}: {note}; the sweep goes on", step.load);
         eprintln!("llmslo sweep: {}", terminal_safe(&note));
+    }
+    if step.client_behind() {
+        let consequence = if step.verdict() == Judgement::ClientLimited {
+            "its misses may be the client's, so the step is not judged"
+        } else {
+            "the SLOs held all the same"
+        };
+        eprintln!(
+            "llmslo sweep: {label}{}: the client fell behind ({}; bound {:.1} ms): {consequence}",
+            step.load,
+            client.describe(),
+            step.lag_bound_s * 1e3
+        );
     }
     step
 }

@@ -2,7 +2,7 @@
 //! the TPOT SLO's limit and the knee; beside it TTFT and TPOT p99 against load.
 //! A comparison draws both targets: their frontiers, attainment and goodput against load.
 
-use super::report::Report;
+use super::report::{Knee, Report};
 use super::stats::{Judgement, Load, StepResult};
 use crate::slo::spec::SloKind;
 use plotters::prelude::*;
@@ -130,6 +130,7 @@ fn seesaw(area: &Area, report: &Report) -> DrawResult {
             Judgement::Met => TTFT_COLOUR.to_rgba(),
             Judgement::Missed => KNEE_COLOUR.mix(0.5),
             Judgement::Unjudged => TTFT_COLOUR.mix(0.3),
+            Judgement::ClientLimited => CLIENT_LIMITED_COLOUR.mix(0.6),
         };
         EmptyElement::at(at)
             + Circle::new((0, 0), 4, colour.filled())
@@ -142,7 +143,7 @@ fn seesaw(area: &Area, report: &Report) -> DrawResult {
                 9,
                 KNEE_COLOUR.stroke_width(2),
             )])?
-            .label(format!("knee: {}", load_label(knee.load)))
+            .label(knee_label(&report.knee))
             .legend(|(x, y)| Circle::new((x + 10, y), 5, KNEE_COLOUR.stroke_width(2)));
     }
     legend(&mut chart, SeriesLabelPosition::LowerLeft)
@@ -209,11 +210,23 @@ fn latency(area: &Area, report: &Report) -> DrawResult {
         let x = knee.value();
         chart
             .draw_series(LineSeries::new([(x, 0.0), (x, y_max)], KNEE_COLOUR.stroke_width(2)))?
-            .label(format!("knee: {}", load_label(knee)))
+            .label(knee_label(&report.knee))
             .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], KNEE_COLOUR.stroke_width(2)));
     }
     legend(&mut chart, SeriesLabelPosition::UpperLeft)
 }
+
+/// The knee's legend: its load when reached, else the highest load held and "not reached".
+fn knee_label(knee: &Knee) -> String {
+    match (knee.reached_load(), knee.load) {
+        (Some(load), _) => format!("knee: {}", load_label(load)),
+        (None, Some(held)) => format!("knee not reached (held up to {})", load_label(held)),
+        (None, None) => "knee not reached".to_string(),
+    }
+}
+
+/// A step whose client fell behind: judged by neither side.
+const CLIENT_LIMITED_COLOUR: RGBColor = RGBColor(127, 127, 127);
 
 fn load_label(load: Load) -> String {
     match load {
@@ -285,10 +298,14 @@ fn frontiers(area: &Area, sides: &[Side]) -> DrawResult {
             .collect();
         chart
             .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))?
-            .label(format!("{name}: {}", report.target))
+            .label(match report.knee.reached_load() {
+                Some(_) => format!("{name}: {}", report.target),
+                None => format!("{name}: {} (knee not reached)", report.target),
+            })
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
         chart.draw_series(points.iter().map(|p| Circle::new(*p, 3, colour.filled())))?;
-        if let Some(knee) = report.steps.iter().find(|s| Some(s.load) == report.knee.load) {
+        let knee = report.knee.reached_load();
+        if let Some(knee) = report.steps.iter().find(|s| Some(s.load) == knee) {
             chart.draw_series([Circle::new(
                 (knee.output_tokens_per_second, knee.per_user_tokens_per_second),
                 9,
@@ -346,7 +363,7 @@ fn against_load(
             .label(*name)
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour.stroke_width(2)));
         chart.draw_series(points.iter().map(|p| Circle::new(*p, 3, colour.filled())))?;
-        if let Some(knee) = report.knee.load {
+        if let Some(knee) = report.knee.reached_load() {
             let x = knee.value();
             chart.draw_series(DashedLineSeries::new(
                 [(x, y_min), (x, y_max)],

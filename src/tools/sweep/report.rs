@@ -1,5 +1,6 @@
 //! The sweep's results: the knee, a table for the terminal and JSON for scripts.
 
+use super::asked::Asked;
 use super::client::Endpoint;
 use super::stats::{Judgement, Load, Quantiles, StepResult};
 use crate::slo::spec::SloSet;
@@ -24,12 +25,18 @@ pub struct Report {
     pub gpu_hour_price: Option<f64>,
     /// The workload the requests followed, in a few lines, when not the fixed one.
     pub workload: Option<String>,
+    /// What the sweep was asked to send.
+    pub asked: Asked,
 }
 
-/// The knee: the highest measured load at which every deciding SLO held.
+/// The knee: the highest measured load at which every deciding SLO held, below the lowest
+/// that missed them. One rule decides what the report says: a load is held below the first
+/// missed step, the objective is crossed between the knee and that step, and without a
+/// missed step the knee is not reached.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Knee {
-    /// That load, when any load met the SLOs.
+    /// The highest load below the first missed step (the highest measured when none missed),
+    /// when any load held.
     pub load: Option<Load>,
     /// Goodput there, requests per second.
     pub goodput_requests_per_second: f64,
@@ -39,22 +46,70 @@ pub struct Knee {
     pub limited_by: Option<String>,
     /// The search stopped at its highest load with the SLOs still met: the knee lies above.
     pub reached_max: bool,
-    /// At the knee, the deciding SLOs too few requests judged: (name, events, events needed).
-    pub unjudged: Vec<(String, u64, u64)>,
+    /// At the knee, the deciding SLOs too few requests judged: (name, events, events needed,
+    /// attainment, objective).
+    pub unjudged: Vec<Unjudged>,
     /// The lowest load that missed, when one did.
     pub first_missed: Option<Load>,
     /// Where the worst deciding SLO's attainment crosses its objective, interpolated between
-    /// the measured loads (finer than the search's steps); NaN when it does not cross.
+    /// the knee and the first missed load; NaN when the knee is not reached or its own
+    /// attainment is already below the objective.
     pub crossing: f64,
+    /// The first step above the knee whose client fell behind while the SLOs missed: no knee
+    /// is named, the client was the limit.
+    pub client_limited: Option<ClientLimit>,
+}
+
+/// A deciding SLO at the knee that had too few requests to be judged.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Unjudged {
+    /// Its name.
+    pub slo: String,
+    /// Requests it judged.
+    pub events: u64,
+    /// Requests it needs.
+    pub needed: u64,
+    /// Its attainment there.
+    pub attainment: f64,
+    /// Its objective.
+    pub objective: f64,
+}
+
+/// Where the client, not the engine, was the limit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClientLimit {
+    /// The load.
+    pub load: Load,
+    /// How the client fared there, for people.
+    pub health: String,
+    /// The lag bound it passed, seconds.
+    pub bound_s: f64,
 }
 
 impl Knee {
     /// The knee of steps sorted by load: the highest load below the first that missed. A step
-    /// too few requests judged does not end the search, and the knee says when it is one.
+    /// too few requests judged does not end the search, and the knee says when it is one; a
+    /// step the client could not judge ends it, and no knee is named.
     pub fn from_steps(steps: &[StepResult], reached_max: bool) -> Self {
-        let first_fail = steps.iter().position(|s| s.verdict() == Judgement::Missed);
-        let passing = steps[..first_fail.unwrap_or(steps.len())].last();
+        let stop = steps
+            .iter()
+            .position(|s| matches!(s.verdict(), Judgement::Missed | Judgement::ClientLimited));
+        let client_limited = stop
+            .map(|i| &steps[i])
+            .filter(|s| s.verdict() == Judgement::ClientLimited)
+            .map(|s| ClientLimit {
+                load: s.load,
+                health: s.client.map(|c| c.describe()).unwrap_or_default(),
+                bound_s: s.lag_bound_s,
+            });
+        let first_fail = stop.filter(|_| client_limited.is_none());
+        let below = stop.unwrap_or(steps.len());
+        let passing = steps[..below].last();
         let limited_by = first_fail.and_then(|i| steps[i].limited_by()).map(str::to_string);
+        let crossing = match (below.checked_sub(1), first_fail) {
+            (Some(knee), Some(missed)) => crossing(&steps[knee..=missed]),
+            _ => f64::NAN,
+        };
         Self {
             load: passing.map(|s| s.load),
             goodput_requests_per_second: passing.map_or(f64::NAN, |s| s.goodput_requests_per_second),
@@ -62,21 +117,39 @@ impl Knee {
             limited_by,
             reached_max,
             first_missed: first_fail.map(|i| steps[i].load),
-            crossing: crossing(steps),
+            crossing,
+            client_limited,
             unjudged: passing
                 .map(|s| {
                     s.unjudged()
                         .iter()
-                        .map(|a| (a.slo.clone(), a.valid, a.needed()))
+                        .map(|a| Unjudged {
+                            slo: a.slo.clone(),
+                            events: a.valid,
+                            needed: a.needed(),
+                            attainment: a.attainment,
+                            objective: a.objective,
+                        })
                         .collect()
                 })
                 .unwrap_or_default(),
         }
     }
 
-    /// One line for people.
-    pub fn describe(&self) -> String {
-        let line = self.describe_load();
+    /// Whether the knee was found: a load held and the next one up missed, by the engine.
+    pub fn reached(&self) -> bool {
+        self.load.is_some() && self.first_missed.is_some()
+    }
+
+    /// The knee's load when reached.
+    pub fn reached_load(&self) -> Option<Load> {
+        self.load.filter(|_| self.reached())
+    }
+
+    /// One line for people; `more` says how to get more requests per step (`lengthen
+    /// --duration`, `replay a longer trace`).
+    pub fn describe(&self, more: &str) -> String {
+        let line = self.describe_load(more);
         if self.crossing.is_finite() {
             let unit = self.load.map_or(" req/s", Load::unit);
             return format!("{line}; the objective is crossed at {:.2}{unit}", self.crossing);
@@ -84,33 +157,80 @@ impl Knee {
         line
     }
 
-    fn describe_load(&self) -> String {
+    fn describe_load(&self, more: &str) -> String {
+        let goodput = |load: Load| {
+            format!(
+                "{load}, goodput {:.2} req/s, {:.0} output tokens/s",
+                self.goodput_requests_per_second, self.goodput_output_tokens_per_second
+            )
+        };
+        let caveat = self.unjudged_caveat(more);
+        if let Some(limit) = &self.client_limited {
+            let held = match self.load {
+                Some(load) => format!("the SLOs held up to {load}"),
+                None => "no lower load held the SLOs".to_string(),
+            };
+            return format!(
+                "no knee named: the client, not the engine, was the limit at {} ({}; bound {:.1} ms); {held}. \
+                 Measure from a host with CPU to spare",
+                limit.load,
+                limit.health,
+                limit.bound_s * 1e3
+            );
+        }
         match (self.load, &self.limited_by) {
             (None, Some(slo)) => format!("no load met the SLOs: `{slo}` fails even at the lowest load"),
             (None, None) => "no load met the SLOs".to_string(),
-            (Some(load), limited_by) => {
-                let limit = match (limited_by, self.reached_max, self.first_missed) {
-                    (_, true, _) => " (the highest load tried: the knee is above it)".to_string(),
-                    (Some(slo), _, _) => format!(", limited by `{slo}`"),
-                    (None, _, Some(missed)) => format!(", every request failed at {missed}"),
-                    (None, _, None) => " (the SLOs held at every load measured)".to_string(),
-                };
-                let unjudged: Vec<String> = self
-                    .unjudged
-                    .iter()
-                    .map(|(slo, events, needed)| format!("`{slo}` had {events} of the {needed} requests it needs"))
-                    .collect();
-                let caveat = if unjudged.is_empty() {
-                    String::new()
+            (Some(load), _) if !self.reached() => {
+                let why = if self.reached_max {
+                    "the highest load the search may try"
                 } else {
-                    format!("; unjudged there: {} (lengthen --duration)", unjudged.join(", "))
+                    "the highest load measured"
                 };
-                format!(
-                    "knee: {load}, goodput {:.2} req/s, {:.0} output tokens/s{limit}{caveat}",
-                    self.goodput_requests_per_second, self.goodput_output_tokens_per_second
-                )
+                // Held only where judged: an unjudged step missed nothing, and met nothing.
+                let held = if self.unjudged.is_empty() {
+                    "the SLOs held"
+                } else {
+                    "no load missed the SLOs"
+                };
+                format!("knee not reached: {held} up to {} ({why}){caveat}", goodput(load))
+            }
+            (Some(load), limited_by) => {
+                let limit = match (limited_by, self.first_missed) {
+                    (Some(slo), _) => format!(", limited by `{slo}`"),
+                    (None, Some(missed)) => format!(", every request failed at {missed}"),
+                    (None, None) => String::new(),
+                };
+                format!("knee: {}{limit}{caveat}", goodput(load))
             }
         }
+    }
+
+    /// What the knee's step could not judge, and its attainment where below the objective.
+    fn unjudged_caveat(&self, more: &str) -> String {
+        if self.unjudged.is_empty() {
+            return String::new();
+        }
+        let unjudged: Vec<String> = self
+            .unjudged
+            .iter()
+            .map(|u| {
+                let below = if u.attainment < u.objective {
+                    format!(
+                        ", and stood at {:.1} % under its {:.1} % objective",
+                        u.attainment * 100.0,
+                        u.objective * 100.0
+                    )
+                } else {
+                    String::new()
+                };
+                format!(
+                    "`{}` had {} of the {} requests it needs{below}",
+                    u.slo, u.events, u.needed
+                )
+            })
+            .collect();
+        format!("; unjudged there: {} ({more})", unjudged.join(", "))
     }
 }
 
@@ -177,19 +297,29 @@ impl Report {
             "tok/s/user",
             "goodput req/s",
         ];
+        let open_loop = matches!(self.steps.first().map(|s| s.load), Some(Load::Rate(_)));
+        if open_loop {
+            header.insert(1, "sent req/s");
+        }
         if self.gpu_hour_price.is_some() {
             header.push("cost/1M out");
         }
+        header.push("client lag p99");
         header.extend(&slo_names);
         let mut rows: Vec<Vec<String>> = vec![header.iter().map(|h| h.to_string()).collect()];
         for step in &self.steps {
-            let knee = if Some(step.load) == self.knee.load {
+            let knee = if Some(step.load) == self.knee.reached_load() {
                 " ◀ knee"
+            } else if step.verdict() == Judgement::ClientLimited {
+                " ◀ client-limited"
             } else {
                 ""
             };
-            let mut row = vec![
-                format!("{}{knee}", step.load),
+            let mut row = vec![format!("{}{knee}", step.load)];
+            if open_loop {
+                row.push(format!("{:.2}", step.requests as f64 / step.window_s));
+            }
+            row.extend([
                 step.requests.to_string(),
                 step.failed().to_string(),
                 ms(step.ttft.p50),
@@ -200,15 +330,20 @@ impl Report {
                 format!("{:.0}", step.output_tokens_per_second),
                 format!("{:.1}", step.per_user_tokens_per_second),
                 format!("{:.2}", step.goodput_requests_per_second),
-            ];
+            ]);
             if let Some(cost) = self.cost_per_million_output_tokens(step) {
                 row.push(format!("{cost:.2}"));
             }
+            row.push(match step.client {
+                Some(client) if step.client_behind() => format!("⚠ {}", ms(client.lag_p99_s())),
+                Some(client) => ms(client.lag_p99_s()),
+                None => "-".into(),
+            });
             for a in &step.attainment {
                 let mark = match (a.required, a.verdict()) {
                     (false, _) => "",
                     (true, Judgement::Met) => " ✓",
-                    (true, Judgement::Missed) => " ✗",
+                    (true, Judgement::Missed | Judgement::ClientLimited) => " ✗",
                     (true, Judgement::Unjudged) => " ?",
                 };
                 row.push(format!("{}{mark}", percent(a.attainment)));
@@ -246,8 +381,9 @@ impl Report {
                 out.push_str(&format!("\n{}: {note}", step.load));
             }
         }
+        out.push_str(&self.footnotes());
         out.push('\n');
-        out.push_str(&self.knee.describe());
+        out.push_str(&self.knee.describe(self.asked.more_requests()));
         if let Some(cost) = self
             .knee_step()
             .and_then(|step| self.cost_per_million_output_tokens(step))
@@ -258,14 +394,42 @@ impl Report {
         out
     }
 
+    /// What the table's derived columns mean: the sent rate, the cost's formula, the client's
+    /// lag and its bound.
+    fn footnotes(&self) -> String {
+        let mut notes = Vec::new();
+        if matches!(self.steps.first().map(|s| s.load), Some(Load::Rate(_))) {
+            notes.push(
+                "sent req/s: the requests sent in the window over its length (random arrivals stray from the \
+                 rate asked; --exact-arrivals sends its count)"
+                    .to_string(),
+            );
+        }
+        if let Some(price) = self.gpu_hour_price {
+            notes.push(format!(
+                "cost/1M out: {price} an hour / 3600 × 10⁶ / (output tok/s + {} × prompt tok/s): prompt tokens \
+                 weigh {} of an output token (--input-token-weight)",
+                self.slos.input_token_weight, self.slos.input_token_weight
+            ));
+        }
+        if let Some(bound) = self.steps.first().map(|s| s.lag_bound_s) {
+            notes.push(format!(
+                "client lag p99: how late the sweep's own timers and sends ran; ⚠ above {:.1} ms, where a miss \
+                 may be the client's",
+                bound * 1e3
+            ));
+        }
+        notes.iter().map(|n| format!("\n{n}")).collect()
+    }
+
     /// The unit of the loads, for people (` clients` or ` req/s`).
     pub fn load_unit(&self) -> &'static str {
         self.steps.first().map_or(" req/s", |s| s.load.unit())
     }
 
-    /// The step at the knee, when there is one.
+    /// The step at the knee, when it was reached.
     fn knee_step(&self) -> Option<&StepResult> {
-        self.steps.iter().find(|s| Some(s.load) == self.knee.load)
+        self.steps.iter().find(|s| Some(s.load) == self.knee.reached_load())
     }
 
     /// Whether no step served a single request: nothing was measured.
@@ -280,9 +444,21 @@ impl Report {
             Load::Rate(r) => ("rate", json!(r)),
         };
         let mut knee = Map::new();
-        if let Some(load) = self.knee.load {
-            let (key, value) = load_field(load);
-            knee.insert(key.into(), value);
+        knee.insert("reached".into(), json!(self.knee.reached()));
+        match (self.knee.reached_load(), self.knee.load) {
+            (Some(load), _) => {
+                let (key, value) = load_field(load);
+                knee.insert(key.into(), value);
+            }
+            (None, Some(held)) => {
+                let (key, value) = load_field(held);
+                knee.insert("held_up_to".into(), json!({ key: value }));
+            }
+            (None, None) => {}
+        }
+        if let Some(limit) = &self.knee.client_limited {
+            let (key, value) = load_field(limit.load);
+            knee.insert("client_limited".into(), json!({ key: value, "health": limit.health }));
         }
         knee.insert(
             "goodput_requests_per_second".into(),
@@ -309,6 +485,10 @@ impl Report {
                 let (key, value) = load_field(step.load);
                 s.insert(key.into(), value);
                 s.insert("window_s".into(), number(step.window_s));
+                if let Load::Rate(_) = step.load {
+                    // The rate asked is offered; random arrivals send more or fewer.
+                    s.insert("sent_rate".into(), number(step.requests as f64 / step.window_s));
+                }
                 s.insert("requests".into(), json!(step.requests));
                 s.insert("failed".into(), json!(step.failed()));
                 s.insert("errors".into(), json!(step.errors));
@@ -362,6 +542,23 @@ impl Report {
                 if let Some(note) = step.note() {
                     s.insert("note".into(), json!(note));
                 }
+                if let Some(client) = step.client {
+                    s.insert(
+                        "client".into(),
+                        json!({
+                            "wake_lag_p99_s": number(client.wake_lag_p99_s),
+                            "wake_lag_max_s": number(client.wake_lag_max_s),
+                            "send_lag_p99_s": number(client.send_lag_p99_s),
+                            "client_cpu_cores": number(client.client_cpu_cores),
+                            "host_busy": number(client.host_busy),
+                            "host_steal": number(client.host_steal),
+                            "cores": client.cores,
+                            "lag_bound_s": number(step.lag_bound_s),
+                            "behind": step.client_behind(),
+                            "gap_stray": number(step.gap_stray()),
+                        }),
+                    );
+                }
                 if !step.error_examples.is_empty() {
                     s.insert("error_examples".into(), json!(step.error_examples));
                 }
@@ -382,6 +579,7 @@ impl Report {
             })
             .collect();
         let mut document = json!({
+            "asked": Value::Object(self.asked.0.clone()),
             "target": self.target,
             "model": self.model,
             "endpoint": self.endpoint.api(),

@@ -3,7 +3,9 @@
 //! shown on one report and one plot. Saved sweeps ran at different times with no repetitions,
 //! so their difference is shown, not tested: only a live comparison gives a verdict.
 
+use super::asked::Asked;
 use super::client::Endpoint;
+use super::health::ClientHealth;
 use super::report::{self, Knee, Report};
 use super::stats::{Attainment, Load, Quantiles, StepResult};
 use super::SweepError;
@@ -32,6 +34,11 @@ impl SavedComparison {
         let a = read_report(a, slos)?;
         let b = read_report(b, slos)?;
         let usage = |m: String| Err(SweepError::Usage(m));
+        if let Some(difference) = a.asked.difference(&b.asked) {
+            return usage(format!(
+                "the two results asked for different requests, so their curves do not compare: {difference}"
+            ));
+        }
         if a.endpoint != b.endpoint || a.workload != b.workload {
             return usage(format!(
                 "the two results ran different workloads, so their curves do not compare: A ran {}, B ran {}",
@@ -63,7 +70,18 @@ impl SavedComparison {
                 (b / a - 1.0) * 100.0
             ));
         } else {
-            out.push_str("knee: not found on both curves, so not compared\n");
+            let shown = |knee: f64| {
+                if knee.is_finite() {
+                    format!("{knee:.2}{unit}")
+                } else {
+                    "not reached".to_string()
+                }
+            };
+            out.push_str(&format!(
+                "knee: A {}, B {}; a knee not reached on both curves is not compared\n",
+                shown(a),
+                shown(b)
+            ));
         }
         out.push_str(
             "no verdict: saved results were measured apart, once each, so what changed between the runs counts \
@@ -90,12 +108,13 @@ impl SavedComparison {
     }
 }
 
-/// The knee's load: where the objective is crossed, when it is, else the highest load met.
+/// The knee's load when it was reached: where the objective is crossed, when it is, else
+/// the highest load met below the first missed (NaN: not reached).
 fn knee_load(knee: &Knee) -> f64 {
     if knee.crossing.is_finite() {
         return knee.crossing;
     }
-    knee.load.map_or(f64::NAN, Load::value)
+    knee.reached_load().map_or(f64::NAN, Load::value)
 }
 
 fn workload(report: &Report) -> String {
@@ -163,6 +182,17 @@ fn report_from_json(document: &Value, slos: &SloSet) -> Result<Report, String> {
         None | Some(Value::Null) => None,
         Some(_) => Some(text(document, "workload")?),
     };
+    let asked = match document.get("asked") {
+        Some(Value::Object(asked)) => Asked(asked.clone()),
+        Some(_) => return Err("`asked`: expected an object".into()),
+        None => {
+            return Err(
+                "`asked`: missing: saved by an earlier llmslo, which did not record the requests it asked for \
+                 (lengths, loads, arrivals); measure again to compare"
+                    .into(),
+            )
+        }
+    };
     Ok(Report {
         target: text(document, "target")?,
         model: text(document, "model")?,
@@ -172,6 +202,7 @@ fn report_from_json(document: &Value, slos: &SloSet) -> Result<Report, String> {
         steps,
         gpu_hour_price,
         workload,
+        asked,
     })
 }
 
@@ -293,6 +324,10 @@ fn step_from_json(step: &Value, slos: &SloSet) -> Result<StepResult, String> {
             required: slos.decides_goodput(i),
         });
     }
+    let (client, lag_bound_s) = match step.get("client") {
+        None | Some(Value::Null) => (None, crate::tools::sweep::health::lag_bound(slos)),
+        Some(client) => client_from_json(client).map_err(|e| format!("client.{e}"))?,
+    };
     Ok(StepResult {
         load,
         window_s: number(step, "window_s")?,
@@ -312,7 +347,32 @@ fn step_from_json(step: &Value, slos: &SloSet) -> Result<StepResult, String> {
         goodput_requests_per_second: number(step, "goodput_requests_per_second")?,
         goodput_output_tokens_per_second: number(step, "goodput_output_tokens_per_second")?,
         attainment,
+        client,
+        lag_bound_s,
     })
+}
+
+/// A step's saved client health and the lag bound it was judged by.
+fn client_from_json(client: &Value) -> Result<(Option<ClientHealth>, f64), String> {
+    let cores = client
+        .get("cores")
+        .and_then(Value::as_u64)
+        .filter(|c| (1..=1 << 16).contains(c))
+        .ok_or("cores: expected a count of cores")?;
+    let health = ClientHealth {
+        wake_lag_p99_s: number(client, "wake_lag_p99_s")?,
+        wake_lag_max_s: number(client, "wake_lag_max_s")?,
+        send_lag_p99_s: number(client, "send_lag_p99_s")?,
+        client_cpu_cores: number(client, "client_cpu_cores")?,
+        host_busy: number(client, "host_busy")?,
+        host_steal: number(client, "host_steal")?,
+        cores: cores as usize,
+    };
+    let bound = number(client, "lag_bound_s")?;
+    if !(bound.is_finite() && bound > 0.0) {
+        return Err("lag_bound_s: expected seconds above zero".into());
+    }
+    Ok((Some(health), bound))
 }
 
 /// A number field; null (what NaN is written as) reads as NaN.
@@ -408,6 +468,16 @@ mod tests {
                     required: slos.decides_goodput(i),
                 })
                 .collect(),
+            client: Some(ClientHealth {
+                wake_lag_p99_s: 0.0011,
+                wake_lag_max_s: 0.004,
+                send_lag_p99_s: 0.0009,
+                client_cpu_cores: 0.25,
+                host_busy: f64::NAN,
+                host_steal: f64::NAN,
+                cores: 2,
+            }),
+            lag_bound_s: crate::tools::sweep::health::lag_bound(slos),
         }
     }
 
@@ -424,6 +494,12 @@ mod tests {
             slos,
             gpu_hour_price: Some(2.5),
             workload: workload.map(str::to_string),
+            asked: Asked(
+                json!({"endpoint": "responses", "output_tokens": 128, "loads": "rate 1,2,4"})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            ),
         }
     }
 
@@ -566,5 +642,131 @@ mod tests {
         for path in [path_a, path_b, path_other, path_closed] {
             std::fs::remove_file(path).unwrap();
         }
+    }
+
+    #[test]
+    fn a_knee_never_reached_is_not_reached_in_the_saved_comparison() {
+        let slos = slos(SLOS);
+        let a = report(
+            &[(Load::Rate(1.0), 97), (Load::Rate(2.0), 90), (Load::Rate(4.0), 60)],
+            None,
+        );
+        // B held at every load: its knee lies above 4 req/s, unmeasured.
+        let b = report(
+            &[(Load::Rate(1.0), 98), (Load::Rate(2.0), 98), (Load::Rate(4.0), 97)],
+            None,
+        );
+        assert!(!b.knee.reached() && b.knee.crossing.is_nan());
+        let shown_b = b.render();
+        assert!(
+            shown_b.contains("knee not reached: the SLOs held up to 4 req/s") && !shown_b.contains("◀ knee"),
+            "{shown_b}"
+        );
+        assert_eq!(b.to_json()["knee"]["reached"], false);
+        assert_eq!(b.to_json()["knee"]["held_up_to"]["rate"], 4.0);
+        let (path_a, path_b) = (write("reached-a", &a.to_json()), write("unreached-b", &b.to_json()));
+        let saved = SavedComparison::read(&path_a, &path_b, &slos).unwrap();
+        let shown = saved.render();
+        assert!(shown.contains("B not reached") && !shown.contains("B − A"), "{shown}");
+        let document = saved.to_json();
+        assert_eq!(document["knee"]["b"], Value::Null);
+        assert_eq!(document["knee"]["difference"], Value::Null);
+        let svg = crate::tools::sweep::plot::render_comparison(&saved.a, &saved.b).unwrap();
+        assert!(svg.contains("(knee not reached)"), "the plot says so too");
+        for path in [path_a, path_b] {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+
+    #[test]
+    fn saved_results_that_asked_for_other_requests_are_refused_naming_the_field() {
+        let slos = slos(SLOS);
+        let a = report(&[(Load::Rate(1.0), 97), (Load::Rate(2.0), 90)], None);
+        let path_a = write("asked-a", &a.to_json());
+        for (field, value, said) in [
+            (
+                "output_tokens",
+                json!(64),
+                "`output_tokens` is `128` in A and `64` in B",
+            ),
+            (
+                "loads",
+                json!("rate 1,4"),
+                "`loads` is `rate 1,2,4` in A and `rate 1,4` in B",
+            ),
+            (
+                "endpoint",
+                json!("chat"),
+                "`endpoint` is `responses` in A and `chat` in B",
+            ),
+        ] {
+            let mut b = a.to_json();
+            b["asked"][field] = value;
+            let path_b = write("asked-b", &b);
+            let error = SavedComparison::read(&path_a, &path_b, &slos).unwrap_err().to_string();
+            assert!(error.contains(said) && error.contains("do not compare"), "{error}");
+        }
+        let mut old = a.to_json();
+        old.as_object_mut().unwrap().remove("asked");
+        let path_old = write("asked-old", &old);
+        let error = SavedComparison::read(&path_a, &path_old, &slos)
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("`asked`: missing"), "{error}");
+        for path in [path_a, path_old, write("asked-b", &json!({}))] {
+            std::fs::remove_file(path).unwrap();
+        }
+    }
+
+    /// `step` judged by fewer requests: `valid` of them, `good` good.
+    fn few(load: Load, valid: u64, good: u64, slos: &SloSet) -> StepResult {
+        let mut step = step(load, good, slos);
+        step.attainment[0].valid = valid;
+        step.attainment[0].attainment = good as f64 / valid as f64;
+        step
+    }
+
+    #[test]
+    fn a_replay_says_one_thing_of_held_crossed_and_the_knee() {
+        let slos = slos(SLOS);
+        let asked = |workload: &str| Asked(json!({ "workload": workload }).as_object().unwrap().clone());
+        // 2 req/s: 26 of 30 good, 86.7 % under the 90 % objective, too few to judge; 4 req/s missed.
+        let steps = vec![
+            step(Load::Rate(1.0), 98, &slos),
+            few(Load::Rate(2.0), 30, 26, &slos),
+            step(Load::Rate(4.0), 60, &slos),
+        ];
+        let knee = Knee::from_steps(&steps, false);
+        assert_eq!(
+            (knee.reached_load(), knee.first_missed),
+            (Some(Load::Rate(2.0)), Some(Load::Rate(4.0)))
+        );
+        assert!(
+            knee.crossing.is_nan(),
+            "no crossing above a knee already under its objective"
+        );
+        let line = knee.describe(asked("replay of t.jsonl (30 requests)").more_requests());
+        assert!(
+            line.starts_with("knee: 2 req/s")
+                && line.contains("`tpot-30ms` had 30 of the 50 requests it needs, and stood at 86.7 % under its 90.0 % objective (replay a longer trace)")
+                && !line.contains("held")
+                && !line.contains("--duration"),
+            "{line}"
+        );
+        // Without the miss above it, nothing is said to have held, and no knee is named.
+        let knee = Knee::from_steps(&steps[..2], false);
+        let line = knee.describe("replay a longer trace");
+        assert!(
+            line.starts_with("knee not reached: no load missed the SLOs up to 2 req/s") && !line.contains("held"),
+            "{line}"
+        );
+        // A crossing lies between the knee and the first miss, never below the knee.
+        let steps = vec![
+            step(Load::Rate(1.0), 98, &slos),
+            step(Load::Rate(2.0), 95, &slos),
+            step(Load::Rate(4.0), 60, &slos),
+        ];
+        let knee = Knee::from_steps(&steps, false);
+        assert!((2.0..4.0).contains(&knee.crossing), "{}", knee.crossing);
     }
 }

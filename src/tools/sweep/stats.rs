@@ -2,6 +2,7 @@
 //! attainment and goodput, judged with the sidecar's own classification.
 
 use super::client::Sample;
+use super::health::{self, ClientHealth};
 use crate::quantile::nearest_rank;
 use crate::record::Outcome;
 use crate::slo::spec::SloSet;
@@ -114,6 +115,9 @@ pub enum Judgement {
     Missed,
     /// Too few requests to tell.
     Unjudged,
+    /// The objective failed while the client lagged past its bound: the client, not the
+    /// engine, may be what missed it, so the step is not judged.
+    ClientLimited,
 }
 
 impl Judgement {
@@ -123,6 +127,7 @@ impl Judgement {
             Judgement::Met => "meets",
             Judgement::Missed => "misses",
             Judgement::Unjudged => "unjudged",
+            Judgement::ClientLimited => "client-limited",
         }
     }
 }
@@ -198,6 +203,10 @@ pub struct StepResult {
     pub goodput_output_tokens_per_second: f64,
     /// Each SLO, in file order.
     pub attainment: Vec<Attainment>,
+    /// How the client fared, when it was watched.
+    pub client: Option<ClientHealth>,
+    /// The client lag (p99, seconds) above which a miss is not the engine's ([`health::lag_bound`]).
+    pub lag_bound_s: f64,
 }
 
 impl StepResult {
@@ -296,7 +305,27 @@ impl StepResult {
             goodput_requests_per_second: per_request(good_requests),
             goodput_output_tokens_per_second: per_request(good_tokens),
             attainment,
+            client: None,
+            lag_bound_s: health::lag_bound(slos),
         }
+    }
+
+    /// The step with how its client fared.
+    pub fn with_client(self, client: ClientHealth) -> Self {
+        Self {
+            client: Some(client),
+            ..self
+        }
+    }
+
+    /// Whether the client lagged past its bound in this step.
+    pub fn client_behind(&self) -> bool {
+        self.client.is_some_and(|c| c.behind(self.lag_bound_s))
+    }
+
+    /// How far the inter-chunk gaps strayed from the engine's step ([`health::gap_stray`]).
+    pub fn gap_stray(&self) -> f64 {
+        health::gap_stray(&self.itl, &self.tpot)
     }
 
     /// Failed requests, all outcomes together.
@@ -304,13 +333,23 @@ impl StepResult {
         self.errors.values().sum()
     }
 
-    /// The step's verdict on the SLOs that decide the knee: missed when one of them missed,
-    /// unjudged when one had too few requests, met when all held.
+    /// The step's verdict on the SLOs that decide the knee: missed when one of them missed
+    /// (client-limited when its client lagged past the bound meanwhile), unjudged when one had
+    /// too few requests, met when all held.
     pub fn verdict(&self) -> Judgement {
         if self.requests > 0 && self.failed() == self.requests {
             // Nothing was served at this load: a miss whatever the SLOs count.
             return Judgement::Missed;
         }
+        match self.slo_verdict() {
+            // Lag only makes latencies look worse: a step that met its SLOs met them.
+            Judgement::Missed if self.client_behind() => Judgement::ClientLimited,
+            verdict => verdict,
+        }
+    }
+
+    /// The deciding SLOs' verdict, whoever lagged.
+    fn slo_verdict(&self) -> Judgement {
         let verdicts: Vec<Judgement> = self
             .attainment
             .iter()
