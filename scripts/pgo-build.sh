@@ -12,7 +12,8 @@
 # --instrument-only stops after the instrumented build (the image builds its dependencies so,
 # in a layer of their own). Other arguments, such as --locked, go to both cargo builds, and
 # RUSTFLAGS, if set, to both compilers. It needs rustup's llvm-tools component, for
-# llvm-profdata (`rustup component add llvm-tools`).
+# llvm-profdata (`rustup component add llvm-tools`). The load binds free ports on 127.0.0.1;
+# PGO_ENGINE_LISTEN, PGO_PROXY_LISTEN and PGO_METRICS_LISTEN (HOST:PORT) choose them.
 set -eu
 cd "$(dirname "$0")/.."
 instrument_only=false
@@ -63,14 +64,14 @@ address_in() {
     return 1
 }
 
-LLVM_PROFILE_FILE="$work/others/%p.profraw" "$instrumented" simulate --listen 127.0.0.1:0 \
+LLVM_PROFILE_FILE="$work/others/%p.profraw" "$instrumented" simulate --listen "${PGO_ENGINE_LISTEN:-127.0.0.1:0}" \
     --ttft 50ms --tpot 10ms --max-tokens 64 --log info --log-format text > "$work/run/simulate.log" 2>&1 &
 engine_pid=$!
 proxy_pid=""
 trap 'kill $engine_pid $proxy_pid 2>/dev/null || true' EXIT
 engine=$(address_in "$work/run/simulate.log" listen)
 "$instrumented" run --config "$work/run/llmslo.yaml" --upstream "http://$engine" \
-    --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --log info --log-format text > "$work/run/run.log" 2>&1 &
+    --listen "${PGO_PROXY_LISTEN:-127.0.0.1:0}" --metrics-listen "${PGO_METRICS_LISTEN:-127.0.0.1:0}" --log info --log-format text > "$work/run/run.log" 2>&1 &
 proxy_pid=$!
 proxy=$(address_in "$work/run/run.log" proxy_addr)
 

@@ -421,6 +421,7 @@ impl Cli {
                     nginx,
                     hop: args.hop,
                     proxy_workers: args.proxy_workers.map_or_else(bench::available_cpus, usize::from),
+                    first_port: args.first_port,
                 };
                 match bench::run(&options).await {
                     Ok(rows) => {
@@ -481,6 +482,9 @@ impl Cli {
                 let options = DemoOptions {
                     listen: args.listen,
                     metrics_listen: args.metrics_listen,
+                    engine_listen: args
+                        .engine_listen
+                        .unwrap_or(std::net::SocketAddr::from(([127, 0, 0, 1], 0))),
                     concurrency: args.concurrency as usize,
                     ramp: args.ramp,
                     interval: args.interval,

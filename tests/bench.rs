@@ -163,6 +163,37 @@ fn bad_flags_are_clear_errors() {
     }
 }
 
+/// A first port whose next three are free too.
+fn four_free_ports() -> u16 {
+    loop {
+        let first = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if first < 60_000 && (first..first + 4).all(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok()) {
+            return first;
+        }
+    }
+}
+
+#[test]
+fn the_ports_the_bench_listens_on_can_be_chosen() {
+    let first = four_free_ports();
+    // The engine takes the first port, llmslo the next: held here, llmslo cannot start there.
+    let held = std::net::TcpListener::bind(("127.0.0.1", first + 1)).unwrap();
+    let (code, _, err) = bench(&["--without-nginx", "--first-port", &first.to_string()]);
+    assert_ne!(code, 0, "{err}");
+    assert!(err.contains(&format!("127.0.0.1:{}", first + 1)), "{err}");
+    drop(held);
+    let (code, out, err) = bench(&["--without-nginx", "--first-port", &first.to_string()]);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(rows(&out).len(), 4, "{out}");
+    let (code, _, err) = bench(&["--without-nginx", "--first-port", "65535"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--first-port: the ports after it run past 65535"), "{err}");
+}
+
 #[test]
 #[ignore = "long proof (40 s: it waits for the pooled connections to close): CI runs it with --include-ignored"]
 fn a_short_soak_samples_memory_fds_and_scrapes_and_gives_its_fds_back() {

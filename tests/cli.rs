@@ -294,6 +294,11 @@ fn the_simulator_logs_the_address_the_system_chose_for_port_0() {
 
 #[test]
 fn demo_runs_and_prints_a_table() {
+    let engine_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let output = llmslo()
         .args([
             "demo",
@@ -307,9 +312,14 @@ fn demo_runs_and_prints_a_table() {
             "4s",
         ])
         .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--engine-listen", &format!("127.0.0.1:{engine_port}")])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        stdout.contains(&format!("simulated engine on http://127.0.0.1:{engine_port}")),
+        "the engine's port is the one chosen: {stdout}"
+    );
     assert!(
         output.status.success(),
         "{stdout}\n{}",

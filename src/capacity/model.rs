@@ -250,6 +250,19 @@ pub struct Band {
     pub model_ratio: f64,
 }
 
+/// Served requests the window needs before every deciding latency SLO's tail can be seen:
+/// [`MIN_TAIL`] beyond the tightest objective's quantile (500 for 99 %).
+pub fn requests_to_see_tail(set: &SloSet) -> u64 {
+    set.slos
+        .iter()
+        .enumerate()
+        .filter(|(i, slo)| set.decides_goodput(*i) && Latency::of(slo).is_some())
+        .map(|(_, slo)| (MIN_TAIL / (1.0 - slo.objective) - 1e-9).ceil() as u64)
+        .max()
+        .unwrap_or(MIN_SAMPLES as u64)
+        .max(MIN_SAMPLES as u64)
+}
+
 /// Per latency SLO and concurrency band [c, 2c): what was observed and what the model says
 /// (the model drawn up to twice `knee`).
 pub fn bands<'a>(
@@ -340,6 +353,24 @@ pub(crate) mod tests {
                 }
             })
             .collect()
+    }
+
+    #[test]
+    fn the_tail_of_the_tightest_deciding_objective_sets_the_requests_needed() {
+        let set = |yaml: &str| SloSet::validate(None, None, None, serde_yaml::from_str(yaml).unwrap()).unwrap();
+        let two = set("slos:\n  - {name: a, objective: 99, tpot: 50ms}\n  - {name: b, objective: 99.9, ttft: 1s}\n");
+        assert_eq!(requests_to_see_tail(&two), 5000);
+        let deciding = set(
+            "slos:\n  - {name: a, objective: 99, tpot: 50ms}\n  - {name: b, objective: 99.9, ttft: 1s}\n\
+             goodput: {require: [a]}\n",
+        );
+        assert_eq!(requests_to_see_tail(&deciding), 500);
+        let loose = set("slos:\n  - {name: a, objective: 90, tpot: 50ms}\n");
+        assert_eq!(
+            requests_to_see_tail(&loose),
+            MIN_SAMPLES as u64,
+            "never fewer than a fit needs"
+        );
     }
 
     #[test]

@@ -58,6 +58,10 @@ pub(super) struct BenchArgs {
     /// available, as nginx's `worker_processes auto` and tokio's default].
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=64))]
     pub(super) proxy_workers: Option<u16>,
+    /// Listen on consecutive ports from this one on 127.0.0.1 (the engine, llmslo and its
+    /// metrics, nginx, the hop) [default: free ports].
+    #[arg(long, value_name = "PORT", value_parser = clap::value_parser!(u16).range(1..))]
+    pub(super) first_port: Option<u16>,
 }
 
 #[derive(Debug, Args)]
@@ -298,6 +302,9 @@ pub(super) struct DemoArgs {
     /// Address for the sidecar's /metrics.
     #[arg(long, default_value = "127.0.0.1:9464")]
     pub(super) metrics_listen: SocketAddr,
+    /// Address of the simulated engine [default: a free port on 127.0.0.1].
+    #[arg(long)]
+    pub(super) engine_listen: Option<SocketAddr>,
     /// Streaming clients at the peak of the load (the knee of the demo's engine is about 23).
     #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u64).range(1..=10_000))]
     pub(super) concurrency: u64,

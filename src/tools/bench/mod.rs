@@ -17,7 +17,7 @@ use crate::tools::demo::EXAMPLE_SLOS;
 use crate::tools::simulate::delay::Delay;
 use crate::tools::simulate::{SimEngine, SimOptions};
 use client::{run_streams, Samples};
-use process::{free_port, nginx_config, Proxy};
+use process::{nginx_config, Ports, Proxy};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -42,6 +42,8 @@ pub struct BenchOptions {
     pub hop: Option<PathBuf>,
     /// Worker threads (llmslo, the hop) or worker processes (nginx) each proxy runs.
     pub proxy_workers: usize,
+    /// The first of the consecutive ports the engine and the proxies listen on, when chosen.
+    pub first_port: Option<u16>,
 }
 
 /// The CPUs this process may use (a container's CPU limit included), at least one.
@@ -83,19 +85,24 @@ pub struct Row {
 
 /// Runs every measurement and returns the rows, baseline first at each concurrency.
 pub async fn run(options: &BenchOptions) -> Result<Vec<Row>, String> {
-    with_engine("bench", options.engine, |engine, dir| measure(options, engine, dir)).await
+    let ports = Ports::from(options.first_port);
+    with_engine("bench", options.engine, &ports, |engine, dir| {
+        measure(options, &ports, engine, dir)
+    })
+    .await
 }
 
 /// Runs `work` against the built-in engine, with a scratch directory removed afterwards.
-async fn with_engine<T, F, Fut>(name: &str, timing: EngineTiming, work: F) -> Result<T, String>
+async fn with_engine<T, F, Fut>(name: &str, timing: EngineTiming, ports: &Ports, work: F) -> Result<T, String>
 where
     F: FnOnce(SocketAddr, PathBuf) -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
 {
     let shutdown = CancellationToken::new();
-    let listener = TcpListener::bind("127.0.0.1:0")
+    let port = ports.take()?;
+    let listener = TcpListener::bind(("127.0.0.1", port))
         .await
-        .map_err(|e| format!("engine: {e}"))?;
+        .map_err(|e| format!("engine on 127.0.0.1:{port}: {e}"))?;
     let engine_addr = listener.local_addr().map_err(|e| e.to_string())?;
     let engine = SimEngine::new(SimOptions {
         ttft: Delay::Fixed(timing.ttft),
@@ -119,13 +126,14 @@ async fn start_sidecar_process(
     dir: &std::path::Path,
     extra_config: &str,
     worker_threads: Option<usize>,
+    ports: &Ports,
 ) -> Result<(Proxy, SocketAddr), String> {
     let config = dir.join("llmslo.yaml");
     let sidecar_config = format!("engine: vllm\nservice: bench\n{EXAMPLE_SLOS}gpu: {{enabled: false}}\n{extra_config}");
     std::fs::write(&config, sidecar_config).map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let llmslo_port = free_port()?;
-    let metrics_port = free_port()?;
+    let llmslo_port = ports.take()?;
+    let metrics_port = ports.take()?;
     let proxy = Proxy::start(
         "llmslo",
         exe.as_os_str(),
@@ -149,15 +157,19 @@ async fn start_sidecar_process(
     Ok((proxy, SocketAddr::from(([127, 0, 0, 1], metrics_port))))
 }
 
-async fn measure(options: &BenchOptions, engine: SocketAddr, dir: PathBuf) -> Result<Vec<Row>, String> {
+async fn measure(options: &BenchOptions, ports: &Ports, engine: SocketAddr, dir: PathBuf) -> Result<Vec<Row>, String> {
     let dir = dir.as_path();
     let tokens = options.engine.tokens;
     let workers = options.proxy_workers;
     // The bench's load comes from one address, as through a gateway: every in-flight slot is its.
     let one_client = "max_in_flight_per_client: 1024\n";
-    let mut proxies = vec![start_sidecar_process(engine, dir, one_client, Some(workers)).await?.0];
+    let mut proxies = vec![
+        start_sidecar_process(engine, dir, one_client, Some(workers), ports)
+            .await?
+            .0,
+    ];
     if let Some(nginx) = &options.nginx {
-        let port = free_port()?;
+        let port = ports.take()?;
         let conf = dir.join("nginx.conf");
         std::fs::write(&conf, nginx_config(engine, port, dir, workers)).map_err(|e| e.to_string())?;
         proxies.push(
@@ -173,7 +185,7 @@ async fn measure(options: &BenchOptions, engine: SocketAddr, dir: PathBuf) -> Re
     }
 
     if let Some(hop) = &options.hop {
-        let port = free_port()?;
+        let port = ports.take()?;
         let args = [format!("http://{engine}").into(), format!("127.0.0.1:{port}").into()];
         proxies.push(Proxy::start("hop", hop.as_os_str(), &args, port, Some(workers)).await?);
     }

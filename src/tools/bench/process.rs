@@ -6,6 +6,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 /// Clock ticks per second in /proc/<pid>/stat (USER_HZ, 100 on Linux).
@@ -43,6 +44,39 @@ pub struct Proxy {
     /// Where clients connect.
     pub addr: SocketAddr,
     child: Child,
+}
+
+/// Where the bench's processes listen on 127.0.0.1: consecutive ports from a first one, or
+/// free ones.
+#[derive(Debug)]
+pub struct Ports {
+    /// The next port to hand out, when the user chose the first.
+    next: Option<AtomicU32>,
+}
+
+impl Ports {
+    /// Ports from `first` on, or free ones.
+    pub fn from(first: Option<u16>) -> Self {
+        Self {
+            next: first.map(|p| AtomicU32::new(u32::from(p))),
+        }
+    }
+
+    /// The next port.
+    pub fn take(&self) -> Result<u16, String> {
+        match &self.next {
+            None => free_port(),
+            Some(next) => {
+                let port = next.fetch_add(1, Ordering::Relaxed);
+                let port =
+                    u16::try_from(port).map_err(|_| "--first-port: the ports after it run past 65535".to_string())?;
+                // A process started on a taken port would fail where a client may still connect.
+                std::net::TcpListener::bind(("127.0.0.1", port))
+                    .map_err(|e| format!("127.0.0.1:{port} (from --first-port): {e}"))?;
+                Ok(port)
+            }
+        }
+    }
 }
 
 /// A port that was free a moment ago.

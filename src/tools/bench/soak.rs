@@ -4,6 +4,7 @@
 
 use super::attacks::Attack;
 use super::client::run_streams;
+use super::process::Ports;
 use super::{start_sidecar_process, with_engine, EngineTiming};
 use std::fmt::Write as _;
 use std::net::SocketAddr;
@@ -118,14 +119,18 @@ impl SoakReport {
 
 /// Runs the soak: engine and sidecar started here, `streams` clients for `duration`.
 pub async fn run(options: &SoakOptions) -> Result<SoakReport, String> {
-    with_engine("soak", options.engine, |engine, dir| soak(options, engine, dir)).await
+    let ports = Ports::from(None);
+    with_engine("soak", options.engine, &ports, |engine, dir| {
+        soak(options, &ports, engine, dir)
+    })
+    .await
 }
 
-async fn soak(options: &SoakOptions, engine: SocketAddr, dir: PathBuf) -> Result<SoakReport, String> {
+async fn soak(options: &SoakOptions, ports: &Ports, engine: SocketAddr, dir: PathBuf) -> Result<SoakReport, String> {
     // With attacks, the deadlines that free what a client holds are shorter than the attacks
     // that hold things, so that every one of them fires during the soak.
     let deadlines = if options.attacks { ATTACK_DEADLINES } else { "" };
-    let (sidecar, metrics) = start_sidecar_process(engine, &dir, deadlines, None).await?;
+    let (sidecar, metrics) = start_sidecar_process(engine, &dir, deadlines, None, ports).await?;
     // The readiness probe's connection opens at start: take the baseline once it is there.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let baseline_fds = sidecar.open_fds();

@@ -39,6 +39,8 @@ pub struct DemoOptions {
     pub listen: SocketAddr,
     /// Sidecar metrics address.
     pub metrics_listen: SocketAddr,
+    /// The simulated engine's address (port 0: any free one).
+    pub engine_listen: SocketAddr,
     /// Streaming clients at the peak of the load.
     pub concurrency: usize,
     /// One ramp of the load up to `concurrency` and back; zero holds it there.
@@ -85,7 +87,9 @@ goodput: {require: [ttft-500ms, tpot-50ms]}
 /// Runs the demo until Ctrl-C or the configured duration.
 pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>> {
     let shutdown = CancellationToken::new();
-    let engine_listener = TcpListener::bind("127.0.0.1:0").await?;
+    let engine_listener = TcpListener::bind(options.engine_listen)
+        .await
+        .map_err(|e| format!("the demo's engine on {}: {e}", options.engine_listen))?;
     let engine_addr = engine_listener.local_addr()?;
     let engine = SimEngine::new(SimOptions {
         models: MODELS.iter().map(|m| m.to_string()).collect(),
@@ -110,6 +114,7 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
     // no final scrape to wait for.
     config.final_scrape_grace = Duration::ZERO;
     let period = config.slos.period;
+    let capacity_needs = crate::capacity::model::requests_to_see_tail(&config.slos);
     let feed = Arc::new(feed::RecordFeed::default());
     let records = feed.subscribe();
     let sidecar = Sidecar::start_with(&config, vec![feed]).await?;
@@ -181,7 +186,7 @@ pub async fn run(options: DemoOptions) -> Result<(), Box<dyn std::error::Error>>
                     options.concurrency,
                     render_table(&text, &mut previous, &exact),
                     render_apis(&text, &exact),
-                    render_slos(&text, share_of(started.elapsed(), period)),
+                    render_slos(&text, share_of(started.elapsed(), period), capacity_needs),
                     render_causes(&text),
                 );
                 let view = fit_width(&view, WIDTH);

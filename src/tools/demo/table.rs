@@ -141,7 +141,9 @@ pub(super) fn render_causes(text: &str) -> String {
     out
 }
 
-pub(super) fn render_slos(text: &str, period_share: f64) -> String {
+/// The SLOs' burn and budget, goodput, and the capacity estimate, which says while it waits for
+/// `capacity_needs` served requests to see the SLOs' tail.
+pub(super) fn render_slos(text: &str, period_share: f64, capacity_needs: u64) -> String {
     let exposition = Exposition::parse(text);
     let mut slos: Vec<&str> = exposition
         .samples
@@ -198,9 +200,16 @@ pub(super) fn render_slos(text: &str, period_share: f64) -> String {
         .filter(|(name, _, _)| *name == "llmslo_capacity_requests_per_second")
         .filter_map(|(_, labels, c)| Some(format!("{} {}", Exposition::label(labels, "slo")?, num(Some(*c)))))
         .collect();
+    let knee = gauge("llmslo_capacity_knee_requests_per_second");
+    let served = exposition.sum("llmslo_requests_total", &[("outcome", "success")]);
+    let waiting = if knee.is_some_and(f64::is_finite) || served >= capacity_needs as f64 {
+        String::new()
+    } else {
+        format!(" (it needs {capacity_needs} served requests to see the SLOs' tail: {served:.0} so far)")
+    };
     out += &format!(
-        "capacity engine  knee {} requests/s at {} in flight ({}), load {} requests/s, saturation {}\n",
-        num(gauge("llmslo_capacity_knee_requests_per_second")),
+        "capacity engine  knee {} requests/s{waiting} at {} in flight ({}), load {} requests/s, saturation {}\n",
+        num(knee),
         num(gauge("llmslo_capacity_knee_concurrency")),
         per_slo.join(", "),
         num(gauge("llmslo_capacity_load_requests_per_second")),
@@ -389,9 +398,27 @@ mod tests {
         // 10 s into a 30-day period, a budget overspent 38.46 times over the uptime is a sliver
         // of the month's.
         let share = share_of(Duration::from_secs(10), Duration::from_secs(30 * 86_400));
-        let view = render_slos(text, share);
+        let view = render_slos(text, share, 500);
         assert!(view.contains("budget spent") && view.contains(" 0.015%"), "{view}");
         assert!(!view.contains("-3746"), "{view}");
+    }
+
+    #[test]
+    fn the_capacity_line_says_what_it_waits_for() {
+        let young = "llmslo_requests_total{model=\"m\",outcome=\"success\"} 312\n\
+                     llmslo_capacity_knee_requests_per_second NaN\n";
+        let view = render_slos(young, 0.0, 500);
+        assert!(
+            view.contains("knee - requests/s (it needs 500 served requests to see the SLOs' tail: 312 so far)"),
+            "{view}"
+        );
+        let known = "llmslo_requests_total{model=\"m\",outcome=\"success\"} 812\n\
+                     llmslo_capacity_knee_requests_per_second 7.2\n";
+        let view = render_slos(known, 0.0, 500);
+        assert!(
+            view.contains("knee 7.20 requests/s at") && !view.contains("tail"),
+            "{view}"
+        );
     }
 
     #[test]
