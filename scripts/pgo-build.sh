@@ -54,12 +54,12 @@ EOF
 # Waits for a started process's log (text, as both are started with) to name its address, and
 # prints it.
 address_in() {
-    for _ in $(seq 100); do
+    for _ in $(seq 600); do
         address=$(sed -n "s/.*$2=\([0-9.:]*\).*/\1/p" "$1" | head -n 1)
         [ -n "$address" ] && { echo "$address"; return 0; }
         sleep 0.1
     done
-    echo "pgo-build: nothing listening after 10 s; its log, $1:" >&2
+    echo "pgo-build: nothing listening after 60 s; its log, $1:" >&2
     cat "$1" >&2
     return 1
 }

