@@ -281,12 +281,19 @@ mod tests {
     #[test]
     fn this_process_reads_its_own_cpu_time() {
         let before = own_cpu_seconds().unwrap();
+        let started = std::time::Instant::now();
         let mut x = 0u64;
-        for i in 0..20_000_000u64 {
-            x = x.wrapping_mul(31).wrapping_add(i);
+        // Busy until the CPU time moves (ticks are 10 ms); a reading stuck in place fails.
+        while own_cpu_seconds().unwrap() <= before {
+            for i in 0..1_000_000u64 {
+                x = x.wrapping_mul(31).wrapping_add(i);
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "5 s of work, no CPU time read"
+            );
         }
         std::hint::black_box(x);
-        assert!(own_cpu_seconds().unwrap() >= before);
     }
 
     #[tokio::test(start_paused = true)]
