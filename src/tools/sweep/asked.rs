@@ -2,9 +2,7 @@
 //! the arrivals and the trace or shape. Two saved results compare only when they asked the
 //! same; the first field that differs is named.
 
-use super::load::Arrivals;
-use super::{LoadPlan, SweepOptions, Workload};
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 /// The fields, in the order a difference is looked for.
 pub const FIELDS: [&str; 8] = [
@@ -23,43 +21,6 @@ pub const FIELDS: [&str; 8] = [
 pub struct Asked(pub Map<String, Value>);
 
 impl Asked {
-    /// What `options` ask.
-    pub fn of(options: &SweepOptions) -> Self {
-        let fixed = matches!(options.workload, Workload::Fixed);
-        let workload = match (&options.workload, &options.dataset) {
-            (Workload::Fixed, None) => json!("synthetic prompts"),
-            (Workload::Fixed, Some(_)) => json!("dataset"),
-            (Workload::Replay { name, trace }, _) => {
-                json!(format!("replay of {name} ({} requests)", trace.rows.len()))
-            }
-            (Workload::Shape(shape), _) => json!(shape.describe().trim().replace('\n', "; ")),
-        };
-        let dataset = options
-            .dataset
-            .as_ref()
-            .filter(|_| fixed)
-            .and_then(|p| p.file_name())
-            .map(|n| n.to_string_lossy().into_owned());
-        let mut map = Map::new();
-        map.insert("endpoint".into(), json!(options.endpoint.api()));
-        map.insert("workload".into(), workload);
-        map.insert(
-            "prompt_tokens".into(),
-            json!((fixed && options.dataset.is_none()).then_some(options.prompt_tokens)),
-        );
-        map.insert("output_tokens".into(), json!(fixed.then_some(options.output_tokens)));
-        map.insert("dataset".into(), json!(dataset));
-        map.insert("ignore_eos".into(), json!(options.ignore_eos));
-        map.insert("loads".into(), json!(loads(&options.loads)));
-        let open_loop = matches!(options.loads, LoadPlan::Rate(_) | LoadPlan::AutoRate { .. });
-        let arrivals = match &options.workload {
-            Workload::Replay { .. } => Some("the trace's own times".to_string()),
-            _ => open_loop.then(|| arrivals(&options.arrivals)),
-        };
-        map.insert("arrivals".into(), json!(arrivals));
-        Self(map)
-    }
-
     /// The first field in which `self` (A) and `other` (B) differ, as a sentence.
     pub fn difference(&self, other: &Asked) -> Option<String> {
         let shown = |v: Option<&Value>| match v {
@@ -89,40 +50,21 @@ impl Asked {
     }
 }
 
-/// A saved string, cut to a length a message can hold.
-fn bounded(s: &str) -> String {
-    const MAX: usize = 120;
-    match s.char_indices().nth(MAX) {
-        Some((at, _)) => format!("{}…", &s[..at]),
-        None => s.to_string(),
-    }
-}
+/// Longest string read back from a saved sweep and shown in a message.
+const MAX_SHOWN_CHARS: usize = 200;
 
-/// The loads as asked: a list, or a search and its bounds.
-fn loads(plan: &LoadPlan) -> String {
-    let list = |values: Vec<String>| values.join(",");
-    match plan {
-        LoadPlan::Concurrency(levels) => format!("concurrency {}", list(levels.iter().map(usize::to_string).collect())),
-        LoadPlan::Auto { max } => format!("concurrency auto up to {max}"),
-        LoadPlan::Rate(rates) => format!("rate {}", list(rates.iter().map(|r| format!("{r}")).collect())),
-        LoadPlan::AutoRate { start, max } => format!("rate auto from {start} up to {max}"),
-    }
-}
-
-/// How open-loop arrivals were spaced.
-fn arrivals(arrivals: &Arrivals) -> String {
-    match arrivals {
-        Arrivals::Gamma { burstiness } if *burstiness == 1.0 => "poisson".to_string(),
-        Arrivals::Gamma { burstiness } => format!("gamma, burstiness {burstiness}"),
-        Arrivals::Bursts(b) => format!("bursts {:?} on, {:?} off", b.on, b.off),
-        Arrivals::Exact => "exact count, uniform times".to_string(),
-        Arrivals::Trace(_) => "the trace's own times".to_string(),
+/// A string from a saved sweep, cut to a length a message can hold.
+pub fn bounded(text: &str) -> String {
+    match text.char_indices().nth(MAX_SHOWN_CHARS) {
+        Some((end, _)) => format!("{}…", &text[..end]),
+        None => text.to_string(),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn asked(pairs: &[(&str, Value)]) -> Asked {
         Asked(pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect())

@@ -3,7 +3,6 @@
 //! that drift falls on both), each one's curve and knee, and a verdict on the difference that
 //! knows its noise ([`super::verdict`]).
 
-use super::asked::Asked;
 use super::client::Sample;
 use super::health::ClientHealth;
 use super::load::Bodies;
@@ -11,7 +10,7 @@ use super::report::{number, Knee, Report};
 use super::stats::{Load, StepResult};
 use super::verdict::{self, Judging, Observation, Run, Verdict, MAX_SLOS};
 use super::{check_slos, connect, describe_workload, hold, judge_step, planned_requests, preflight};
-use super::{step_plan, LoadPlan, SweepError, SweepOptions};
+use super::{step_plan, what_was_asked, LoadPlan, SweepError, SweepOptions};
 use crate::record::Outcome;
 use crate::slo::spec::SloSet;
 use crate::slo::{classify, Verdict as SloVerdict};
@@ -117,7 +116,7 @@ pub async fn run(options: CompareOptions) -> Result<Comparison, SweepError> {
             steps,
             gpu_hour_price: sweep.gpu_hour_price,
             workload: describe_workload(sweep),
-            asked: Asked::of(sweep),
+            asked: what_was_asked(sweep),
         }
     };
     let runs = |side: usize| -> Vec<Run> {

@@ -32,6 +32,7 @@ use knee::{KneeSearch, RateSearch};
 use load::{Arrivals, Bodies, StepPlan};
 use prompts::{Entry, Prompt};
 use report::{Knee, Report};
+use serde_json::{json, Map};
 use stats::{Judgement, Load, StepResult};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -167,7 +168,7 @@ pub async fn run(options: SweepOptions) -> Result<Report, SweepError> {
         knee,
         gpu_hour_price: options.gpu_hour_price,
         workload: describe_workload(&options),
-        asked: Asked::of(&options),
+        asked: what_was_asked(&options),
     })
 }
 
@@ -348,6 +349,65 @@ pub async fn prompt_scale(options: &SweepOptions, requester: &Requester) -> Prom
             eprintln!("llmslo sweep: the target states no plausible prompt token counts: prompts are a word a token");
             PromptScale::default()
         }
+    }
+}
+
+/// What `options` ask, as saved with the results.
+pub fn what_was_asked(options: &SweepOptions) -> Asked {
+    let fixed = matches!(options.workload, Workload::Fixed);
+    let workload = match (&options.workload, &options.dataset) {
+        (Workload::Fixed, None) => json!("synthetic prompts"),
+        (Workload::Fixed, Some(_)) => json!("dataset"),
+        (Workload::Replay { name, trace }, _) => {
+            json!(format!("replay of {name} ({} requests)", trace.rows.len()))
+        }
+        (Workload::Shape(shape), _) => json!(shape.describe().trim().replace('\n', "; ")),
+    };
+    let dataset = options
+        .dataset
+        .as_ref()
+        .filter(|_| fixed)
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().into_owned());
+    let mut map = Map::new();
+    map.insert("endpoint".into(), json!(options.endpoint.api()));
+    map.insert("workload".into(), workload);
+    map.insert(
+        "prompt_tokens".into(),
+        json!((fixed && options.dataset.is_none()).then_some(options.prompt_tokens)),
+    );
+    map.insert("output_tokens".into(), json!(fixed.then_some(options.output_tokens)));
+    map.insert("dataset".into(), json!(dataset));
+    map.insert("ignore_eos".into(), json!(options.ignore_eos));
+    map.insert("loads".into(), json!(asked_loads(&options.loads)));
+    let open_loop = matches!(options.loads, LoadPlan::Rate(_) | LoadPlan::AutoRate { .. });
+    let arrivals = match &options.workload {
+        Workload::Replay { .. } => Some("the trace's own times".to_string()),
+        _ => open_loop.then(|| asked_arrivals(&options.arrivals)),
+    };
+    map.insert("arrivals".into(), json!(arrivals));
+    Asked(map)
+}
+
+/// The loads as asked: a list, or a search and its bounds.
+fn asked_loads(plan: &LoadPlan) -> String {
+    let list = |values: Vec<String>| values.join(",");
+    match plan {
+        LoadPlan::Concurrency(levels) => format!("concurrency {}", list(levels.iter().map(usize::to_string).collect())),
+        LoadPlan::Auto { max } => format!("concurrency auto up to {max}"),
+        LoadPlan::Rate(rates) => format!("rate {}", list(rates.iter().map(|r| format!("{r}")).collect())),
+        LoadPlan::AutoRate { start, max } => format!("rate auto from {start} up to {max}"),
+    }
+}
+
+/// How open-loop arrivals were spaced.
+fn asked_arrivals(arrivals: &Arrivals) -> String {
+    match arrivals {
+        Arrivals::Gamma { burstiness } if *burstiness == 1.0 => "poisson".to_string(),
+        Arrivals::Gamma { burstiness } => format!("gamma, burstiness {burstiness}"),
+        Arrivals::Bursts(b) => format!("bursts {:?} on, {:?} off", b.on, b.off),
+        Arrivals::Exact => "exact count, uniform times".to_string(),
+        Arrivals::Trace(_) => "the trace's own times".to_string(),
     }
 }
 

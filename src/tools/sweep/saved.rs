@@ -3,7 +3,7 @@
 //! shown on one report and one plot. Saved sweeps ran at different times with no repetitions,
 //! so their difference is shown, not tested: only a live comparison gives a verdict.
 
-use super::asked::Asked;
+use super::asked::{bounded, Asked};
 use super::client::Endpoint;
 use super::health::ClientHealth;
 use super::report::{self, Knee, Report};
@@ -14,9 +14,6 @@ use crate::slo::spec::SloSet;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::path::Path;
-
-/// The longest failure message read back from a saved step.
-const MAX_EXAMPLE_CHARS: usize = 200;
 
 /// Two saved sweeps side by side.
 #[derive(Debug, Clone)]
@@ -403,14 +400,6 @@ fn text(object: &Value, key: &str) -> Result<String, String> {
         .and_then(Value::as_str)
         .map(bounded)
         .ok_or_else(|| format!("`{key}`: expected text"))
-}
-
-/// A string from the file, cut short: what is read back is shown.
-fn bounded(text: &str) -> String {
-    match text.char_indices().nth(MAX_EXAMPLE_CHARS) {
-        Some((end, _)) => format!("{}…", &text[..end]),
-        None => text.to_string(),
-    }
 }
 
 #[cfg(test)]
