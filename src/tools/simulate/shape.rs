@@ -83,8 +83,19 @@ impl Shape {
         })
     }
 
+    /// A streamed chunk carrying `choice`, typed: built for every token, so no map is built.
+    fn typed_chunk<'a, C: Serialize>(&'a self, choice: C) -> Chunk<'a, C> {
+        Chunk {
+            id: &self.id,
+            object: self.object(true),
+            created: self.created,
+            model: &self.model,
+            choices: [choice],
+        }
+    }
+
     /// One SSE event in this engine's formatting.
-    fn event(&self, value: &Value) -> String {
+    fn event<T: Serialize>(&self, value: &T) -> String {
         match (self.flavor, self.operation) {
             (_, Operation::Generate) => format!("data:{}\n\n", to_json(value, false)),
             (Flavor::Llamacpp, _) => format!("data: {}\n\n", to_json(value, true)),
@@ -154,16 +165,26 @@ impl Shape {
                 "generated_text": finish.map(|(all, _)| all),
                 "details": finish.map(|(_, n)| json!({"finish_reason": "length", "generated_tokens": n, "seed": null})),
             }),
-            Operation::TextCompletion => self.chunk(json!([
-                {"index": choice, "text": text, "logprobs": null, "finish_reason": finish_reason}
-            ])),
+            Operation::TextCompletion => {
+                return self.event(&self.typed_chunk(TextChoice {
+                    index: choice,
+                    text,
+                    logprobs: None,
+                    finish_reason,
+                }))
+            }
             _ => {
-                let key = if reasoning { "reasoning_content" } else { "content" };
-                let mut delta = json!({ key: text });
-                if self.flavor == Flavor::Tgi {
-                    delta["role"] = json!("assistant");
-                }
-                self.chunk(json!([{"index": choice, "delta": delta, "logprobs": null, "finish_reason": finish_reason}]))
+                let delta = Delta {
+                    reasoning_content: reasoning.then_some(text),
+                    content: (!reasoning).then_some(text),
+                    role: (self.flavor == Flavor::Tgi).then_some("assistant"),
+                };
+                return self.event(&self.typed_chunk(ChatChoice {
+                    index: choice,
+                    delta,
+                    logprobs: None,
+                    finish_reason,
+                }));
             }
         };
         self.event(&value)
@@ -286,10 +307,49 @@ pub fn error_body(message: &str, kind: &str, code: u16) -> Value {
     json!({"error": {"object": "error", "message": message, "type": kind, "param": null, "code": code}})
 }
 
+/// A streamed chunk of the OpenAI APIs with its one choice, fields in the engines' order.
+#[derive(Serialize)]
+struct Chunk<'a, C> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: [C; 1],
+}
+
+/// A chat chunk's choice.
+#[derive(Serialize)]
+struct ChatChoice<'a> {
+    index: u32,
+    delta: Delta<'a>,
+    logprobs: Option<()>,
+    finish_reason: Option<&'a str>,
+}
+
+/// A chat delta: its text as the answer or the reasoning, and the role where the engine repeats it.
+#[derive(Serialize)]
+struct Delta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reasoning_content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+}
+
+/// A completions chunk's choice.
+#[derive(Serialize)]
+struct TextChoice<'a> {
+    index: u32,
+    text: &'a str,
+    logprobs: Option<()>,
+    finish_reason: Option<&'a str>,
+}
+
 /// JSON text, compact or with Python's default `", "` and `": "` separators.
-pub fn to_json(value: &Value, spaced: bool) -> String {
+pub fn to_json<T: Serialize + ?Sized>(value: &T, spaced: bool) -> String {
     if !spaced {
-        return value.to_string();
+        return serde_json::to_string(value).expect("the simulator's JSON always serializes");
     }
     let mut out = Vec::new();
     let mut serializer = serde_json::Serializer::with_formatter(&mut out, Spaced);
@@ -362,6 +422,31 @@ mod tests {
         assert!(last.contains(r#""generated_tokens":3"#));
         assert!(s.done().is_none() && s.usage(1, 3, None).is_none());
         assert!(s.error().contains("incomplete_generation_stream"));
+    }
+
+    #[test]
+    fn token_chunks_keep_the_engines_field_order() {
+        let vllm = shape(Flavor::Vllm, Operation::Chat);
+        assert_eq!(
+            vllm.token(0, 1, "hi", false, Some(("hi", 1))),
+            "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\
+             \"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"logprobs\":null,\"finish_reason\":\"length\"}]}\n\n"
+        );
+        assert_eq!(
+            shape(Flavor::Llamacpp, Operation::Chat).token(1, 1, "t", true, None),
+            "data: {\"id\": \"x\", \"object\": \"chat.completion.chunk\", \"created\": 1, \"model\": \"m\", \
+             \"choices\": [{\"index\": 1, \"delta\": {\"reasoning_content\": \"t\"}, \"logprobs\": null, \"finish_reason\": null}]}\n\n"
+        );
+        assert_eq!(
+            shape(Flavor::Tgi, Operation::Chat).token(0, 1, "a", false, None),
+            "data: {\"id\":\"x\",\"object\":\"chat.completion.chunk\",\"created\":1,\"model\":\"m\",\
+             \"choices\":[{\"index\":0,\"delta\":{\"content\":\"a\",\"role\":\"assistant\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n"
+        );
+        assert_eq!(
+            shape(Flavor::Vllm, Operation::TextCompletion).token(0, 1, "\"q\"", false, None),
+            "data: {\"id\":\"x\",\"object\":\"text_completion\",\"created\":1,\"model\":\"m\",\
+             \"choices\":[{\"index\":0,\"text\":\"\\\"q\\\"\",\"logprobs\":null,\"finish_reason\":null}]}\n\n"
+        );
     }
 
     #[test]

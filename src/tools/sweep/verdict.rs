@@ -136,15 +136,23 @@ pub fn judge(a: &[Run], b: &[Run], judging: &Judging, seed: u64) -> Verdict {
     let names = figure_names(judging);
     let m = names.len() as f64;
     let level = ALPHA / m;
-    let observed_a = figures(&a.iter().collect::<Vec<_>>(), judging);
-    let observed_b = figures(&b.iter().collect::<Vec<_>>(), judging);
+    let (summaries_a, summaries_b) = (summarize_all(a, judging), summarize_all(b, judging));
+    let observed_a = figures(&summaries_a.iter().collect::<Vec<_>>(), judging);
+    let observed_b = figures(&summaries_b.iter().collect::<Vec<_>>(), judging);
     let mut rng = SmallRng::seed_from_u64(seed);
 
     // Bootstrap: resample each run's requests in blocks.
     let mut boot: Vec<Vec<f64>> = vec![Vec::with_capacity(RESAMPLES); names.len()];
+    let mut scratch = Scratch::default();
     for _ in 0..RESAMPLES {
-        let ra: Vec<Run> = a.iter().map(|run| resample(run, &mut rng)).collect();
-        let rb: Vec<Run> = b.iter().map(|run| resample(run, &mut rng)).collect();
+        let ra: Vec<Summary> = a
+            .iter()
+            .map(|run| resample(run, &mut rng, judging, &mut scratch))
+            .collect();
+        let rb: Vec<Summary> = b
+            .iter()
+            .map(|run| resample(run, &mut rng, judging, &mut scratch))
+            .collect();
         let (fa, fb) = (
             figures(&ra.iter().collect::<Vec<_>>(), judging),
             figures(&rb.iter().collect::<Vec<_>>(), judging),
@@ -157,8 +165,8 @@ pub fn judge(a: &[Run], b: &[Run], judging: &Judging, seed: u64) -> Verdict {
         }
     }
 
-    // Permutation: swap A and B within strata.
-    let strata = strata(a, b);
+    // Permutation: swap A and B within strata. A run's summary moves whole with its label.
+    let strata = strata(&summaries_a, &summaries_b);
     let exhaustive = strata.len() < 12;
     let count = if exhaustive {
         1usize << strata.len()
@@ -169,7 +177,7 @@ pub fn judge(a: &[Run], b: &[Run], judging: &Judging, seed: u64) -> Verdict {
     let mut as_extreme = vec![0usize; names.len()];
     let mut counted = vec![0usize; names.len()];
     for k in 0..count {
-        let (mut pa, mut pb): (Vec<&Run>, Vec<&Run>) = (Vec::new(), Vec::new());
+        let (mut pa, mut pb): (Vec<&Summary>, Vec<&Summary>) = (Vec::new(), Vec::new());
         for (s, (run_a, run_b)) in strata.iter().enumerate() {
             let swap = if exhaustive {
                 k >> s & 1 == 1
@@ -256,32 +264,79 @@ fn figure_names(judging: &Judging) -> Vec<(String, bool)> {
     names
 }
 
+/// What the figures need of one run: its SLOs' (good, counted) and its p99 TTFT and TPOT.
+#[derive(Debug, Clone)]
+struct Summary {
+    step: usize,
+    repetition: usize,
+    counts: Vec<(u64, u64)>,
+    ttft_p99: f64,
+    tpot_p99: f64,
+}
+
+/// Reusable buffers for the latencies of one run.
+#[derive(Default)]
+struct Scratch {
+    ttft: Vec<f64>,
+    tpot: Vec<f64>,
+}
+
+fn summarize_all(runs: &[Run], judging: &Judging) -> Vec<Summary> {
+    let mut scratch = Scratch::default();
+    runs.iter()
+        .map(|run| summarize(run.step, run.repetition, &run.requests, judging, &mut scratch))
+        .collect()
+}
+
+/// One run's summary, from its requests.
+fn summarize<'a>(
+    step: usize,
+    repetition: usize,
+    requests: impl IntoIterator<Item = &'a Observation>,
+    judging: &Judging,
+    scratch: &mut Scratch,
+) -> Summary {
+    let slos = judging.slos.len();
+    let mut counts = vec![(0u64, 0u64); slos];
+    scratch.ttft.clear();
+    scratch.tpot.clear();
+    for request in requests {
+        for (s, count) in counts
+            .iter_mut()
+            .enumerate()
+            .filter(|(s, _)| request.counted >> s & 1 == 1)
+        {
+            *count = (count.0 + (request.good >> s & 1), count.1 + 1);
+        }
+        scratch.ttft.extend(request.ttft);
+        scratch.tpot.extend(request.tpot);
+    }
+    Summary {
+        step,
+        repetition,
+        counts,
+        ttft_p99: p99(&mut scratch.ttft),
+        tpot_p99: p99(&mut scratch.tpot),
+    }
+}
+
 /// One side's figures over its runs: each SLO's attainment (all loads pooled), p99 TTFT and
 /// TPOT (each run's, averaged over the runs: every run weighs the same, and one run's tail
 /// does not decide a load's), and the knee interpolated between loads (NaN when outside them).
-fn figures(runs: &[&Run], judging: &Judging) -> Figures {
+fn figures(runs: &[&Summary], judging: &Judging) -> Figures {
     let slos = judging.slos.len();
     let steps = judging.loads.len();
     let mut pooled = vec![(0u64, 0u64); slos];
     let mut per_step = vec![vec![(0u64, 0u64); slos]; steps];
-    let (mut ttft, mut tpot) = (Vec::with_capacity(runs.len()), Vec::with_capacity(runs.len()));
-    let (mut run_ttft, mut run_tpot) = (Vec::new(), Vec::new());
     for run in runs {
-        run_ttft.clear();
-        run_tpot.clear();
-        for request in &run.requests {
-            for s in (0..slos).filter(|s| request.counted >> s & 1 == 1) {
-                let g = request.good >> s & 1;
-                pooled[s] = (pooled[s].0 + g, pooled[s].1 + 1);
-                let c = &mut per_step[run.step][s];
-                *c = (c.0 + g, c.1 + 1);
-            }
-            run_ttft.extend(request.ttft);
-            run_tpot.extend(request.tpot);
+        for (s, (good, valid)) in run.counts.iter().enumerate() {
+            pooled[s] = (pooled[s].0 + good, pooled[s].1 + valid);
+            let c = &mut per_step[run.step][s];
+            *c = (c.0 + good, c.1 + valid);
         }
-        ttft.push(p99(&mut run_ttft));
-        tpot.push(p99(&mut run_tpot));
     }
+    let ttft: Vec<f64> = runs.iter().map(|r| r.ttft_p99).collect();
+    let tpot: Vec<f64> = runs.iter().map(|r| r.tpot_p99).collect();
     let ratio = |(good, valid): (u64, u64)| {
         if valid == 0 {
             f64::NAN
@@ -339,25 +394,23 @@ fn p99(values: &mut [f64]) -> f64 {
     *values.select_nth_unstable_by(rank, f64::total_cmp).1
 }
 
-/// A run's requests resampled in blocks of about √n consecutive requests.
-fn resample(run: &Run, rng: &mut SmallRng) -> Run {
+/// The summary of a run's requests resampled in blocks of about √n consecutive requests.
+fn resample(run: &Run, rng: &mut SmallRng, judging: &Judging, scratch: &mut Scratch) -> Summary {
     let n = run.requests.len();
     let block = ((n as f64).sqrt().round() as usize).max(1);
-    let mut requests = Vec::with_capacity(n + block);
-    while requests.len() < n {
+    let mut blocks = Vec::with_capacity(n / block + 1);
+    let mut drawn = 0;
+    while drawn < n {
         let start = rng.random_range(0..n.saturating_sub(block) + 1);
-        requests.extend_from_slice(&run.requests[start..(start + block).min(n)]);
+        let end = (start + block).min(n).min(start + n - drawn);
+        blocks.push(&run.requests[start..end]);
+        drawn += end - start;
     }
-    requests.truncate(n);
-    Run {
-        step: run.step,
-        repetition: run.repetition,
-        requests,
-    }
+    summarize(run.step, run.repetition, blocks.into_iter().flatten(), judging, scratch)
 }
 
 /// Each stratum's pair of runs (the same load and repetition).
-fn strata<'a>(a: &'a [Run], b: &'a [Run]) -> Vec<(&'a Run, &'a Run)> {
+fn strata<'a>(a: &'a [Summary], b: &'a [Summary]) -> Vec<(&'a Summary, &'a Summary)> {
     a.iter()
         .filter_map(|run_a| {
             b.iter()
