@@ -367,6 +367,7 @@ impl Cli {
                         step_jitter: args.step_jitter,
                     }),
                     per_request_metrics: args.per_request_metrics,
+                    chars_per_token: args.chars_per_token,
                     pd: args.pd.then_some(PdOptions {
                         prefill_per_token: args.pd_prefill_per_token,
                         transfer_per_token: args.pd_transfer_per_token,

@@ -301,10 +301,23 @@ spec:
     )
 }
 
+/// Two free ports under 32768 (the ephemeral range starts there), the first with the port
+/// 100 above it free too.
+fn quiet_ports() -> (u16, u16) {
+    let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+    let start = 20_000 + (std::process::id() % 5_000) as u16;
+    let mut ports = (start..32_000).filter(|&p| free(p) && free(p + 100) && free(p + 200));
+    let router = ports.next().expect("a free port under 32000");
+    (router, router + 200)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_injected_llm_d_decode_pod_chains_client_llmslo_routing_sidecar_engine_on_the_ports_inject_chose() {
     let _alone = ONE_AT_A_TIME.lock().await;
-    let (router_port, engine_port) = (free_port(), free_port());
+    // Below the kernel's ephemeral range, where no outgoing connection of a test beside this one
+    // can take them: the router's port, the port 100 above it where inject moves the routing
+    // sidecar, and the engine's.
+    let (router_port, engine_port) = quiet_ports();
     let options = llmslo::k8s::inject::InjectOptions::with_image("registry.example/llmslo:test");
     let injected = llmslo::k8s::inject::inject_yaml(&llm_d_decode_pod(router_port, engine_port), &options).unwrap();
     let pod: serde_json::Value = serde_yaml::from_str(&injected.output).unwrap();

@@ -245,6 +245,33 @@ async fn open_loop_steps_say_the_rate_they_sent_and_exact_arrivals_send_the_rate
     stop.cancel();
 }
 
+#[tokio::test(start_paused = true)]
+async fn prompt_tokens_are_the_targets_tokens_whatever_its_tokenizer() {
+    // Two characters a token: each four-character word of the synthetic prompt is two tokens.
+    let (engine, stop) = start_engine(SimOptions {
+        chars_per_token: 2,
+        ..timed_engine(5, 1)
+    })
+    .await;
+    let mut sweep = options(format!("http://{engine}"), LoadPlan::Concurrency(vec![2]));
+    sweep.prompt_tokens = 256;
+    let report = llmslo::tools::sweep::run(sweep).await.unwrap();
+    let counted = report.steps[0].prompt_tokens_mean;
+    assert!(
+        (counted - 256.0).abs() <= 0.05 * 256.0,
+        "256 asked, {counted} counted\n{}",
+        report.render()
+    );
+    let table = report.render();
+    assert!(
+        table.contains(&format!(
+            "256 prompt tokens asked, {counted:.1} counted; 32 output tokens asked, 32.0 counted"
+        )),
+        "{table}"
+    );
+    stop.cancel();
+}
+
 /// In real time: it counts outcomes, not timings, and a paused clock may jump to the request
 /// timeout while a reply is still in the kernel's loopback path.
 #[tokio::test]

@@ -281,6 +281,10 @@ pub(super) struct SimulateArgs {
     /// latency) beside its usage, as vLLM does with --enable-per-request-metrics.
     #[arg(long)]
     pub(super) per_request_metrics: bool,
+    /// The tokenizer's characters a token: the prompt tokens the usage states are the
+    /// prompt's characters over this.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub(super) chars_per_token: u32,
     /// Follow vLLM's kv_transfer_params as an engine of a disaggregated pair (run two: the
     /// prefill and the decode engine): a prefill leg answers where its KV blocks are, a decode
     /// leg skips the prefill and waits for the transfer (not with --batching).

@@ -94,6 +94,8 @@ pub struct SimOptions {
     pub per_request_metrics: bool,
     /// One half of a disaggregated pair (prefill or decode engine), outside batching mode.
     pub pd: Option<PdOptions>,
+    /// The tokenizer's characters a token: a prompt of N characters counts N / this tokens.
+    pub chars_per_token: u32,
 }
 
 impl Default for SimOptions {
@@ -113,6 +115,7 @@ impl Default for SimOptions {
             batching: None,
             per_request_metrics: false,
             pd: None,
+            chars_per_token: 4,
         }
     }
 }
@@ -311,12 +314,13 @@ impl SimEngine {
             created: unix_now(),
             model,
             operation,
-            prompt_tokens: prompt_tokens(&parsed),
+            prompt_tokens: prompt_tokens(&parsed, self.options.chars_per_token),
             reasons_first: self.options.reasoning_tokens > 0 && operation != Operation::TextCompletion,
         };
-        self.prompt_tokens.fetch_add(prompt_tokens(&parsed), Ordering::Relaxed);
+        self.prompt_tokens
+            .fetch_add(prompt_tokens(&parsed, self.options.chars_per_token), Ordering::Relaxed);
         let plan = Plan {
-            prompt_tokens: prompt_tokens(&parsed),
+            prompt_tokens: prompt_tokens(&parsed, self.options.chars_per_token),
             max_tokens,
             choices,
             include_usage: parsed.stream_options.is_some_and(|o| o.include_usage),
@@ -484,7 +488,7 @@ impl SimEngine {
             return json_response(StatusCode::INTERNAL_SERVER_ERROR, body.to_string());
         }
         tokio::time::sleep(self.options.ttft.sample(&mut rng)).await;
-        let tokens = prompt_tokens(&parsed);
+        let tokens = prompt_tokens(&parsed, self.options.chars_per_token);
         let answer = serde_json::json!({
             "object": "list",
             "model": parsed.model.unwrap_or_else(|| self.options.models[0].clone()),

@@ -54,9 +54,9 @@ pub(super) async fn read_request(request: Request<Incoming>) -> Result<Generatio
     serde_json::from_slice(&body).map_err(|e| bad_request(&format!("invalid JSON body: {e}")))
 }
 
-/// A rough prompt token count: the text of the messages or prompt, four characters a token
-/// (at least one).
-pub(super) fn prompt_tokens(request: &GenerationRequest) -> u64 {
+/// A rough prompt token count: the characters of the messages or prompt over
+/// `chars_per_token` (at least one).
+pub(super) fn prompt_tokens(request: &GenerationRequest, chars_per_token: u32) -> u64 {
     fn count_chars(value: &serde_json::Value) -> u64 {
         match value {
             serde_json::Value::String(s) => s.chars().count() as u64,
@@ -76,7 +76,7 @@ pub(super) fn prompt_tokens(request: &GenerationRequest) -> u64 {
         .or(request.inputs.as_ref())
         .or(request.input.as_ref())
         .map_or(0, count_chars);
-    ((messages + prompt) / 4).max(1)
+    ((messages + prompt) / u64::from(chars_per_token.max(1))).max(1)
 }
 
 #[cfg(test)]
@@ -89,8 +89,9 @@ mod tests {
             r#"{"messages":[{"role":"user","content":"one two three"},{"role":"user","content":[{"type":"text","text":"xyz"}]}]}"#,
         )
         .unwrap();
-        assert_eq!(prompt_tokens(&request), 4, "16 characters");
+        assert_eq!(prompt_tokens(&request, 4), 4, "16 characters");
         let request: GenerationRequest = serde_json::from_str(r#"{"prompt":"a b"}"#).unwrap();
-        assert_eq!(prompt_tokens(&request), 1, "at least one");
+        assert_eq!(prompt_tokens(&request, 4), 1, "at least one");
+        assert_eq!(prompt_tokens(&request, 1), 3, "a tokenizer of a character a token");
     }
 }

@@ -127,6 +127,10 @@ pub struct Sample {
     pub ttfb: Option<Duration>,
     /// For a failure: what the target said or what went wrong, bounded.
     pub failure: Option<String>,
+    /// The API it was sent to.
+    pub endpoint: Endpoint,
+    /// The output tokens it asked for.
+    pub asked_output_tokens: u32,
 }
 
 /// A pooled HTTP client that sends the sweep's requests.
@@ -216,6 +220,8 @@ impl Requester {
             gaps: Vec::new(),
             ttfb: None,
             failure: None,
+            endpoint,
+            asked_output_tokens: planned.output_tokens,
         };
         let exchange = self.exchange(endpoint, body, sent, &mut sample);
         let outcome = match tokio::time::timeout(self.shape.timeout, exchange).await {

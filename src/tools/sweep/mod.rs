@@ -308,7 +308,7 @@ pub fn planned_requests(
             let entries: Vec<Entry> = match &options.dataset {
                 Some(path) => prompts::load_dataset(path).map_err(SweepError::Usage)?,
                 None => vec![Entry {
-                    prompt: prompts::synthetic(options.prompt_tokens),
+                    prompt: prompts::synthetic(scale.words(options.endpoint, options.prompt_tokens)),
                     output_tokens: None,
                 }],
             };
@@ -325,11 +325,13 @@ fn endpoint_of(options: &SweepOptions, api: &Option<String>) -> Endpoint {
     api.as_deref().and_then(Endpoint::from_api).unwrap_or(options.endpoint)
 }
 
-/// How many words make a token on `requester`'s target, for a workload of sized prompts (a
-/// trace or a shape), told on standard error; one a token for fixed prompts.
+/// How many words make a token on `requester`'s target, for every workload whose prompts the
+/// sweep sizes (the synthetic prompt, a trace or a shape), told on standard error; a dataset's
+/// prompts are sent as written.
 pub async fn prompt_scale(options: &SweepOptions, requester: &Requester) -> PromptScale {
     let apis: Vec<Option<&str>> = match &options.workload {
-        Workload::Fixed => return PromptScale::default(),
+        Workload::Fixed if options.dataset.is_some() => return PromptScale::default(),
+        Workload::Fixed => vec![None],
         Workload::Replay { trace, .. } => trace.rows.iter().map(|r| r.api.as_deref()).collect(),
         Workload::Shape(shape) => shape.classes.iter().map(|c| Some(c.api.as_str())).collect(),
     };

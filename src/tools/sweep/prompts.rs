@@ -62,9 +62,10 @@ pub struct Entry {
     pub output_tokens: Option<u32>,
 }
 
-/// A prompt of about `tokens` tokens made of short common words.
-pub fn synthetic(tokens: u32) -> Prompt {
-    let words: Vec<&str> = (0..tokens.max(1) as usize)
+/// A prompt of `words` short common words (a token each on the common BPE tokenizers; the
+/// sweep scales the count to the target's tokenizer).
+pub fn synthetic(words: u32) -> Prompt {
+    let words: Vec<&str> = (0..words.max(1) as usize)
         .map(|i| WORDS[(i * 7 + i / 16) % WORDS.len()])
         .collect();
     Prompt::Text(words.join(" "))

@@ -338,6 +338,7 @@ fn step_from_json(step: &Value, slos: &SloSet) -> Result<StepResult, String> {
         e2e: quantiles("e2e")?,
         prompt_tokens_mean: number(step, "prompt_tokens_mean")?,
         output_tokens_mean: number(step, "output_tokens_mean")?,
+        ended_early: ended_early(step).map_err(|e| format!("ended_early.{e}"))?,
         requests_per_second: number(step, "requests_per_second")?,
         output_tokens_per_second: number(step, "output_tokens_per_second")?,
         per_user_tokens_per_second: number(step, "per_user_output_tokens_per_second")?,
@@ -347,6 +348,28 @@ fn step_from_json(step: &Value, slos: &SloSet) -> Result<StepResult, String> {
         client,
         lag_bound_s,
     })
+}
+
+/// A step's requests that ended before the output length they asked, by API (none in files
+/// from before they were counted).
+fn ended_early(step: &Value) -> Result<BTreeMap<&'static str, (u64, u64)>, String> {
+    let Some(apis) = step.get("ended_early").and_then(Value::as_object) else {
+        return Ok(BTreeMap::new());
+    };
+    apis.iter()
+        .map(|(api, counts)| {
+            let name = Endpoint::from_api(api)
+                .ok_or_else(|| format!("{}: not an API", bounded(api)))?
+                .api();
+            let count = |field: &str| {
+                counts
+                    .get(field)
+                    .and_then(Value::as_u64)
+                    .ok_or_else(|| format!("{name}.{field}: expected a count"))
+            };
+            Ok((name, (count("ended_early")?, count("served")?)))
+        })
+        .collect()
 }
 
 /// A step's saved client health and the lag bound it was judged by.

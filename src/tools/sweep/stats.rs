@@ -191,6 +191,9 @@ pub struct StepResult {
     pub prompt_tokens_mean: f64,
     /// Mean output tokens per successful request.
     pub output_tokens_mean: f64,
+    /// By API: the successful requests whose usage counted fewer output tokens than they
+    /// asked for, and all its successful requests that stated their output tokens.
+    pub ended_early: BTreeMap<&'static str, (u64, u64)>,
     /// Requests completed per second (see [`throughput`]).
     pub requests_per_second: f64,
     /// Output tokens of successful requests per second.
@@ -218,6 +221,7 @@ impl StepResult {
         let mut counts: Vec<(u64, u64)> = vec![(0, 0); slos.slos.len()];
         let (mut good_requests, mut good_tokens, mut output_tokens) = (0u64, 0u64, 0u64);
         let mut succeeded = 0u64;
+        let mut ended_early = BTreeMap::new();
         let (mut ttft, mut tpot, mut itl, mut e2e, mut prompt) = (vec![], vec![], vec![], vec![], vec![]);
         let mut ttfb = vec![];
         let mut busy_s = 0.0;
@@ -242,6 +246,13 @@ impl StepResult {
                 continue;
             }
             succeeded += 1;
+            if let Some(counted) = record.output_tokens {
+                let entry = ended_early.entry(sample.endpoint.api()).or_insert((0, 0));
+                *entry = (
+                    entry.0 + u64::from(counted < u64::from(sample.asked_output_tokens)),
+                    entry.1 + 1,
+                );
+            }
             let tokens = record.output_tokens.unwrap_or(0);
             output_tokens += tokens;
             if is_goodput(slos, record, &verdicts) {
@@ -294,6 +305,7 @@ impl StepResult {
             itl: Quantiles::of(itl),
             e2e: Quantiles::of(e2e),
             prompt_tokens_mean: mean(&prompt),
+            ended_early,
             output_tokens_mean: if succeeded == 0 {
                 f64::NAN
             } else {
@@ -431,6 +443,7 @@ fn shortfall(a: &Attainment) -> f64 {
 
 #[cfg(test)]
 mod tests {
+    use super::super::client::Endpoint;
     use super::*;
     use crate::record::Operation;
     use crate::record::RequestRecord;
@@ -479,6 +492,8 @@ mod tests {
             gaps: vec![Duration::from_millis(tpot_ms); tokens as usize - 1],
             ttfb: Some(Duration::from_millis(ttft_ms)),
             failure: (outcome != Outcome::Success).then(|| "503 Service Unavailable".to_string()),
+            endpoint: Endpoint::Chat,
+            asked_output_tokens: tokens as u32,
         }
     }
 
@@ -488,6 +503,24 @@ mod tests {
         assert_eq!((q.p50, q.p90, q.p99, q.mean), (50.0, 90.0, 99.0, 50.5));
         assert!(Quantiles::of(vec![]).p99.is_nan());
         assert_eq!(Quantiles::of(vec![0.25]).p50, 0.25);
+    }
+
+    #[tokio::test]
+    async fn requests_that_ended_before_the_length_asked_are_counted_by_api() {
+        let mut samples = vec![sample(Outcome::Success, 100, 20, 10); 3];
+        samples[0].asked_output_tokens = 64;
+        samples[1].endpoint = Endpoint::Messages;
+        samples[1].asked_output_tokens = 11;
+        samples.push(Sample {
+            asked_output_tokens: 64,
+            ..sample(Outcome::UpstreamError, 100, 20, 10)
+        });
+        let step = StepResult::from_samples(Load::Rate(1.0), Duration::from_secs(10), &samples, &slos(&["tpot"]));
+        assert_eq!(
+            step.ended_early,
+            BTreeMap::from([("chat", (1, 2)), ("messages", (1, 1))]),
+            "failed requests are not counted"
+        );
     }
 
     #[tokio::test]

@@ -35,6 +35,7 @@ fn step(load: Load, good: u64, slos: &SloSet) -> StepResult {
         e2e: q(2.0),
         prompt_tokens_mean: 256.0,
         output_tokens_mean: 128.0,
+        ended_early: BTreeMap::from([("messages", (4, 25))]),
         requests_per_second: 3.2,
         output_tokens_per_second: 409.6,
         per_user_tokens_per_second: 50.0,
@@ -109,6 +110,26 @@ fn a_saved_sweep_reads_back_as_the_report_it_was() {
 }
 
 #[test]
+fn the_lengths_asked_and_counted_and_the_apis_that_ended_early_are_told() {
+    let mut report = report(&[(Load::Rate(1.0), 97), (Load::Rate(2.0), 90)], None);
+    let text = report.render();
+    assert!(text.contains("128 output tokens asked, 128.0 counted"), "{text}");
+    assert!(
+        text.contains(
+            "output lengths: requests ended before the output tokens they asked (messages 8 of 50): the model \
+             ended them first"
+        ),
+        "{text}"
+    );
+    report.asked.0.insert("ignore_eos".into(), json!(true));
+    let text = report.render();
+    assert!(
+        text.contains("(messages 8 of 50): every request asked the engine to ignore its end-of-sequence token"),
+        "{text}"
+    );
+}
+
+#[test]
 fn a_file_that_is_not_a_saved_sweep_is_refused_naming_the_field() {
     let slos = slos(SLOS);
     let good = report(&[(Load::Rate(1.0), 97), (Load::Rate(2.0), 90)], None).to_json();
@@ -135,6 +156,10 @@ fn a_file_that_is_not_a_saved_sweep_is_refused_naming_the_field() {
         (
             Box::new(|d| d["steps"][0]["errors"] = json!({"oops": 1})),
             "`oops` is not an outcome",
+        ),
+        (
+            Box::new(|d| d["steps"][0]["ended_early"] = json!({"grpc": {"ended_early": 1, "served": 2}})),
+            "ended_early.grpc: not an API",
         ),
         (
             Box::new(|d| d["steps"][0]["errors"] = json!({"timeout": 101})),
