@@ -301,6 +301,7 @@ impl SimEngine {
             let body = error_body("simulated engine failure", "InternalServerError", 500);
             return json_response(StatusCode::INTERNAL_SERVER_ERROR, body.to_string());
         }
+        let prompt_tokens = prompt_tokens(&parsed, self.options.chars_per_token);
         let shape = Shape {
             flavor: self.options.flavor,
             id: format!(
@@ -314,13 +315,12 @@ impl SimEngine {
             created: unix_now(),
             model,
             operation,
-            prompt_tokens: prompt_tokens(&parsed, self.options.chars_per_token),
+            prompt_tokens,
             reasons_first: self.options.reasoning_tokens > 0 && operation != Operation::TextCompletion,
         };
-        self.prompt_tokens
-            .fetch_add(prompt_tokens(&parsed, self.options.chars_per_token), Ordering::Relaxed);
+        self.prompt_tokens.fetch_add(prompt_tokens, Ordering::Relaxed);
         let plan = Plan {
-            prompt_tokens: prompt_tokens(&parsed, self.options.chars_per_token),
+            prompt_tokens,
             max_tokens,
             choices,
             include_usage: parsed.stream_options.is_some_and(|o| o.include_usage),

@@ -74,6 +74,11 @@ impl Endpoint {
         }
     }
 
+    /// The route whose requests are `operation`'s, when the sweep has one.
+    pub fn of_operation(operation: Operation) -> Option<Self> {
+        Self::ALL.into_iter().find(|e| e.operation() == operation)
+    }
+
     fn operation(self) -> Operation {
         match self {
             Endpoint::Chat => Operation::Chat,
@@ -127,8 +132,6 @@ pub struct Sample {
     pub ttfb: Option<Duration>,
     /// For a failure: what the target said or what went wrong, bounded.
     pub failure: Option<String>,
-    /// The API it was sent to.
-    pub endpoint: Endpoint,
     /// The output tokens it asked for.
     pub asked_output_tokens: u32,
 }
@@ -220,7 +223,6 @@ impl Requester {
             gaps: Vec::new(),
             ttfb: None,
             failure: None,
-            endpoint,
             asked_output_tokens: planned.output_tokens,
         };
         let exchange = self.exchange(endpoint, body, sent, &mut sample);

@@ -1,7 +1,7 @@
 //! One step's figures from its samples: exact sample quantiles, throughput, each SLO's
 //! attainment and goodput, judged with the sidecar's own classification.
 
-use super::client::Sample;
+use super::client::{Endpoint, Sample};
 use super::health::{self, ClientHealth};
 use crate::quantile::nearest_rank;
 use crate::record::Outcome;
@@ -247,7 +247,8 @@ impl StepResult {
             }
             succeeded += 1;
             if let Some(counted) = record.output_tokens {
-                let entry = ended_early.entry(sample.endpoint.api()).or_insert((0, 0));
+                let api = Endpoint::of_operation(record.operation).map_or(record.operation.as_str(), Endpoint::api);
+                let entry = ended_early.entry(api).or_insert((0, 0));
                 *entry = (
                     entry.0 + u64::from(counted < u64::from(sample.asked_output_tokens)),
                     entry.1 + 1,
@@ -443,7 +444,6 @@ fn shortfall(a: &Attainment) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::super::client::Endpoint;
     use super::*;
     use crate::record::Operation;
     use crate::record::RequestRecord;
@@ -492,7 +492,6 @@ mod tests {
             gaps: vec![Duration::from_millis(tpot_ms); tokens as usize - 1],
             ttfb: Some(Duration::from_millis(ttft_ms)),
             failure: (outcome != Outcome::Success).then(|| "503 Service Unavailable".to_string()),
-            endpoint: Endpoint::Chat,
             asked_output_tokens: tokens as u32,
         }
     }
@@ -509,7 +508,7 @@ mod tests {
     async fn requests_that_ended_before_the_length_asked_are_counted_by_api() {
         let mut samples = vec![sample(Outcome::Success, 100, 20, 10); 3];
         samples[0].asked_output_tokens = 64;
-        samples[1].endpoint = Endpoint::Messages;
+        samples[1].record.operation = Operation::Messages;
         samples[1].asked_output_tokens = 11;
         samples.push(Sample {
             asked_output_tokens: 64,

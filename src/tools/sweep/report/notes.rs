@@ -39,7 +39,7 @@ impl Report {
     /// The lengths asked of every request beside the engine's own counts (its usage), averaged
     /// over the served requests: a fixed workload's prompt and output tokens.
     fn lengths_note(&self) -> Option<String> {
-        let asked = |field: &str| self.asked.0.get(field).and_then(serde_json::Value::as_u64);
+        let asked = |field: &str| self.asked.0.get(field).and_then(Value::as_u64);
         let served = |s: &StepResult| (s.requests - s.failed()) as f64;
         let counted = |of: fn(&StepResult) -> f64| {
             let (sum, weight) = self
