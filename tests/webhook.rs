@@ -323,10 +323,11 @@ async fn hostile_reviews_cost_bounded_memory_and_the_next_pod_is_still_injected(
     }
     let peak = peak_rss_bytes(child.id());
     eprintln!("webhook RSS {} MiB at start, peak {} MiB", start >> 20, peak >> 20);
-    // One review at a time: measured 20 MiB for one such review, 32 MiB with sixteen waiting;
-    // before the bounds, one 4 MiB review took it past 300 MiB.
+    // One review at a time: measured 20 MiB for one such review, 29 to 41 MiB with sixteen
+    // waiting (the allocator's timing varies the peak); before the bounds, one 4 MiB review took
+    // it past 300 MiB.
     assert!(
-        peak < start + (40 << 20),
+        peak < start + (64 << 20),
         "peak {} MiB from {} MiB",
         peak >> 20,
         start >> 20
