@@ -3,9 +3,7 @@
 //! usage (with and without per-event counts or a tokenizer), llama.cpp's empty final event,
 //! and an engine without `/health`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::Duration;
 
 const CHAT: &str = "/v1/chat/completions";

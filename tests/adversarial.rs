@@ -1,9 +1,7 @@
 //! Attacks a hostile client can make on a pod, each bounded and on loopback: the sidecar must
 //! keep `/metrics` parseable for Prometheus and keep serving everyone else.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::io::Write;
 
 /// Checks every line of an exposition against the text format's grammar: a metric name, then

@@ -3,9 +3,7 @@
 //! delays under paused time (reasoning before the answer, faults), and scripted engines for
 //! every outcome and for held-back tokens.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use http_body_util::BodyExt;
 use llmslo::tools::simulate::SimOptions;
 use std::time::Duration;

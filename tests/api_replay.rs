@@ -3,9 +3,7 @@
 //! client (the per-event arrival times in `.timing.jsonl`), and the sidecar forwarding each
 //! capture byte for byte while it counts outcome, tokens and latency.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use llmslo::observe::stream::{StreamObserver, StreamSummary};
 use llmslo::record::Fault;
 use llmslo::record::Protocol;

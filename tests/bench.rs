@@ -2,9 +2,7 @@
 //! installed, which `.ci/run` does) gives one complete row per target and concurrency, and bad
 //! flags are clear errors.
 
-mod common;
-
-use common::{llmslo_output, required_tool};
+use crate::common::{llmslo_output, required_tool};
 
 /// A fast built-in engine for short runs.
 const ENGINE: [&str; 6] = ["--tokens", "6", "--ttft", "5ms", "--tpot", "2ms"];

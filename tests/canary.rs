@@ -3,9 +3,7 @@
 //! `llmslo rules --compare-by` generates, give the gap they judge (promtool evaluates them).
 //! .ci/k8s/validate.sh also validates each against its CRD schema (Argo Rollouts', Flagger's).
 
-mod common;
-
-use common::{llmslo_output, required_tool};
+use crate::common::{llmslo_output, required_tool};
 use serde_yaml::Value;
 use std::path::Path;
 

@@ -10,9 +10,7 @@
 //! of the offered rate over the true knee rate; after each step in load the saturation must
 //! settle within 30 s; a pod at half its knee never reads 0.9, one at 120 % reads at least 1.
 
-mod common;
-
-use common::{knee_40_engine, start_engine, start_sidecar};
+use crate::common::{knee_40_engine, start_engine, start_sidecar};
 use llmslo::tools::simulate::batching::BatchingOptions;
 use llmslo::tools::simulate::SimOptions;
 use llmslo::tools::sweep::client::Endpoint;

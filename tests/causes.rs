@@ -3,9 +3,7 @@
 //! decode contention each get the right cause for at least 90 % of the bad events, and the
 //! client never sees the engine's metrics it did not ask for.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use llmslo::tools::simulate::batching::BatchingOptions;
 use llmslo::tools::simulate::SimOptions;
 use std::time::Duration;

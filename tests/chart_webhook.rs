@@ -3,11 +3,9 @@
 //! certificate, and calls it the way the API server would, trusting only the rendered
 //! MutatingWebhookConfiguration's caBundle and naming the rendered Service's DNS name.
 
-mod common;
-
+use crate::common::{free_port, required_tool, tls};
 use base64::Engine as _;
 use bytes::Bytes;
-use common::{free_port, required_tool, tls};
 use http_body_util::Full;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::CertificateDer;

@@ -1,8 +1,6 @@
 //! The `llmslo` binary itself: configuration errors, precedence, signals and the demo.
 
-mod common;
-
-use common::terminate;
+use crate::common::terminate;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Command, Stdio};
 

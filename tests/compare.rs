@@ -2,9 +2,9 @@
 //! engine compared with itself says "no measurable difference" in at least 95 % of seeded
 //! repetitions, and two engines whose knees differ by 15 % are told apart.
 
-mod common;
+use crate::common;
 
-use common::start_engine;
+use crate::common::start_engine;
 use llmslo::tools::simulate::batching::BatchingOptions;
 use llmslo::tools::simulate::SimOptions;
 use llmslo::tools::sweep::client::Endpoint;

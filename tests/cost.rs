@@ -3,9 +3,7 @@
 //! tokens the engine served, each tenant's share adding up to the whole, and the cost SLO's
 //! standing.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::json;
 use std::time::Duration;
 

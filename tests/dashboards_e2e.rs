@@ -3,9 +3,9 @@
 //! name only metrics llmslo exports or rules it records, and return data, with the dashboard
 //! variables substituted the way Grafana would.
 
-mod common;
+use crate::common;
 
-use common::*;
+use crate::common::*;
 use llmslo::slo::rules::{self, RulesFormat};
 use serde_json::Value;
 use std::collections::BTreeSet;

@@ -6,11 +6,9 @@
 //! that add up to it; legs are legs; a breach is charged to the pool that caused it; and a
 //! sidecar placed behind the routing sidecar says so.
 
-mod common;
-
+use crate::common::routing::{start_routing_sidecar, start_routing_sidecar_at};
+use crate::common::*;
 use bytes::Bytes;
-use common::routing::{start_routing_sidecar, start_routing_sidecar_at};
-use common::*;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use llmslo::config::Config;

@@ -1,9 +1,9 @@
 //! Every metric name the README and the docs mention is one a running sidecar exports, so the
 //! docs cannot name a metric that does not exist (or no longer does).
 
-mod common;
+use crate::common;
 
-use common::*;
+use crate::common::*;
 use std::collections::BTreeSet;
 use std::time::Duration;
 

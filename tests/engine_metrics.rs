@@ -3,10 +3,8 @@
 //! page merged into llmslo's exposition on request, and every way the page can go wrong
 //! (slow, huge, garbage) bounded without delaying llmslo's own `/metrics` or the traffic.
 
-mod common;
-
-use common::prometheus;
-use common::*;
+use crate::common::prometheus;
+use crate::common::*;
 use llmslo::sidecar::Sidecar;
 use std::collections::HashSet;
 use std::time::{Duration, Instant};

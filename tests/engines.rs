@@ -1,9 +1,7 @@
 //! Every engine's stream shape through the sidecar, with `engine: auto` identifying it:
 //! TGI (native generate API and OpenAI routes), llama.cpp, vLLM with `n > 1` and reasoning.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use http_body_util::BodyExt;
 use llmslo::tools::simulate::shape::Flavor;
 use llmslo::tools::simulate::SimOptions;

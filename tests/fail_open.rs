@@ -1,10 +1,8 @@
 //! A bad config file never stops the traffic: the sidecar forwards without it, says so on
 //! `/metrics`, in the log and in `/readyz`'s body, and picks up a fixed file on its own.
 
-mod common;
-
-use common::process::SidecarProcess;
-use common::*;
+use crate::common::process::SidecarProcess;
+use crate::common::*;
 use std::time::Duration;
 
 /// Waits up to 10 s for `name` to read `value` on the process's `/metrics`.

@@ -1,9 +1,7 @@
 //! Real vLLM 0.32 captures replayed through the observer: the first token, N, usage and
 //! outcome signals it derives, and the timings from a capture with per-read arrival times.
 
-mod common;
-
-use common::fixture;
+use crate::common::fixture;
 use llmslo::observe::stream::{StreamObserver, StreamSummary};
 use llmslo::record::Protocol;
 use std::time::Duration;

@@ -18,7 +18,7 @@
 //! - the events, and the measurement summary, are the same whatever the split.
 //!
 //! CI runs `FUZZ_DEFAULT` executions. A long run:
-//! `LLMSLO_FUZZ_EXECUTIONS=10000000 cargo test --release --test fuzz_stream -- --nocapture`
+//! `LLMSLO_FUZZ_EXECUTIONS=10000000 cargo test --release --test integration fuzz_stream:: -- --nocapture`
 //! (`LLMSLO_FUZZ_SEED` picks another start).
 
 use bytes::Bytes;

@@ -1,9 +1,7 @@
 //! GPU telemetry on a machine without a GPU (every CI machine): the real NVML path is
 //! absent, so `llmslo_gpu_up` is 0, no GPU series exist, and everything else works.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 #[tokio::test]
 async fn without_nvml_gpu_up_is_0_and_the_rest_works() {

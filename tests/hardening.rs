@@ -2,10 +2,8 @@
 //! aggregate as well as per request, and responses an engine frames oddly are still right.
 //! Each test drives real sockets on 127.0.0.1 and checks that the proxy keeps serving after.
 
-mod common;
-
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use http_body_util::BodyExt;
 use std::io::Write;
 use std::net::SocketAddr;

@@ -1,8 +1,6 @@
 //! What clients send cannot grow the exported series or memory, and never reaches the logs.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;

@@ -2,12 +2,11 @@
 //! request beside llmslo's own readers, with the exact figures `/metrics` counts, and adding
 //! it changes nothing else.
 
-mod common;
 #[allow(dead_code)] // the example's `main`
 #[path = "../examples/json_lines.rs"]
 mod example;
 
-use common::*;
+use crate::common::*;
 use llmslo::config::Config;
 use llmslo::sidecar::Sidecar;
 use serde_json::Value;

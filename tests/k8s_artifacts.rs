@@ -1,11 +1,9 @@
 //! The generated Kubernetes artifacts never drift from their generators: the injected example
 //! Deployment, the SLO ConfigMap, the PrometheusRule and the Helm chart's copies of the SLO
-//! file and its rules. `LLMSLO_BLESS=1 cargo test --test k8s_artifacts` rewrites them. And the
+//! file and its rules. `LLMSLO_BLESS=1 cargo test --test integration k8s_artifacts::` rewrites them. And the
 //! injected sidecar, run exactly as declared, works.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -30,7 +28,7 @@ fn check_generated(path: &str, generated: &str, how: &str) {
     let committed = std::fs::read_to_string(&file).unwrap_or_default();
     assert!(
         committed == generated,
-        "{path} drifted from its generator ({how}): run `LLMSLO_BLESS=1 cargo test --test k8s_artifacts`"
+        "{path} drifted from its generator ({how}): run `LLMSLO_BLESS=1 cargo test --test integration k8s_artifacts::`"
     );
 }
 

@@ -6,11 +6,9 @@
 //! paused time.
 //!
 //! After a deliberate change to what `/metrics` shows, regenerate the files with
-//! `LLMSLO_BLESS=1 cargo test --test metrics_golden` and review the diff.
+//! `LLMSLO_BLESS=1 cargo test --test integration metrics_golden::` and review the diff.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use http::{header, Request};
 use http_body_util::{BodyExt, Full};
 use llmslo::tools::simulate::SimOptions;

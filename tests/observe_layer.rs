@@ -1,12 +1,12 @@
 //! The observer as a tower layer, mounted in the axum gateway of `examples/observe_axum.rs`,
 //! records exactly what the sidecar records for the same streams.
 
-mod common;
+use crate::common;
 #[allow(dead_code)] // the example's `main`
 #[path = "../examples/observe_axum.rs"]
 mod example;
 
-use common::*;
+use crate::common::*;
 use llmslo::metrics::Metrics;
 use llmslo::observe::recorder::RecorderSettings;
 use llmslo::record::Engine;

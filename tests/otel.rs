@@ -4,10 +4,10 @@
 //! handed llmslo's span; `/metrics` carries exemplars that name those traces; and a real
 //! Prometheus with exemplar storage returns a slow request's exemplar.
 
-mod common;
+use crate::common;
 
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;

@@ -4,12 +4,10 @@
 //! and TPOT drawn for it, on absolute deadlines; `histogram_quantile` over each server's
 //! histograms is compared with the exact quantile of what the engine sent.
 
-mod common;
-
+use crate::common::*;
 use axum::body::Body;
 use axum::extract::State;
 use axum::routing::{get, post};
-use common::*;
 use rand::{rngs::StdRng, SeedableRng};
 use rand_distr::{Distribution, LogNormal};
 use std::collections::HashMap;

@@ -3,9 +3,7 @@
 //! and evaluates the rules `llmslo rules` generates. The fleet-level recording rule must agree
 //! with the sidecar's own gauge, and the page alert must go pending or firing.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use llmslo::sidecar::Sidecar;
 use llmslo::slo::rules::{self, RulesFormat};
 use std::time::{Duration, Instant};

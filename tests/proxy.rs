@@ -1,10 +1,8 @@
 //! Transparency and robustness of the proxy: byte-identical streams, header handling,
 //! target pinning, error answers, the request peek, h2c, the metrics port and shutdown.
 
-mod common;
-
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use http::{header, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use std::time::Duration;

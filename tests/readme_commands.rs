@@ -1,9 +1,7 @@
 //! The `llmslo …` commands in the README's and docs' shell blocks run as written, so they
 //! cannot drift from the code; and the README's config examples are valid.
 
-mod common;
-
-use common::llmslo_output;
+use crate::common::llmslo_output;
 
 /// File names the docs use as placeholders for the reader's own files.
 const PLACEHOLDERS: [&str; 5] = ["my-slos.yaml", "manifests.yaml", "tls.crt", "tls.key", "IMG"];

@@ -2,10 +2,8 @@
 //! refused with a logged error while the running SLOs stay, SIGHUP forces a re-read, and the
 //! counters keep counting throughout.
 
-mod common;
-
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use http_body_util::{BodyExt, Full};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};

@@ -6,10 +6,8 @@
 //! service; the healthy one does not; and the fleet SLI is the ratio of the requests the test
 //! saw fail.
 
-mod common;
-
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use http_body_util::{BodyExt, Full};
 use llmslo::slo::rules::{self, RulesFormat};
 use std::net::SocketAddr;

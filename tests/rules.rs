@@ -1,9 +1,7 @@
 //! `llmslo rules` and `llmslo check-config`: the committed example rules never drift from
 //! the generator, and bad SLO files are refused with the key named.
 
-mod common;
-
-use common::llmslo_output as llmslo;
+use crate::common::llmslo_output as llmslo;
 use std::path::Path;
 
 /// `llmslo rules` with `flags` on `config` gives the committed `rules` file, byte for byte.

@@ -4,9 +4,7 @@
 //! 1,500 native. Counted as Prometheus stores them: every line of the text page; on the
 //! protobuf page a histogram is one series (native histograms, classic buckets not kept).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use llmslo::proto::MetricFamily;
 use serde_json::json;
 

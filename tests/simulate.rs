@@ -1,9 +1,7 @@
 //! The built-in simulated engine on its own: vLLM-shaped streams and answers.
 
-mod common;
-
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use llmslo::tools::simulate::SimOptions;

@@ -1,9 +1,7 @@
 //! The sidecar in front of the simulated engine: timings, token counts and outcomes of
 //! streamed responses, with paused tokio time so the scripted timings are exact.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use http_body_util::BodyExt;
 use llmslo::tools::simulate::SimOptions;
 

@@ -2,9 +2,9 @@
 //! exact under paused time and within 10 % through the binary in real time, and every bad
 //! input a user can give it.
 
-mod common;
+use crate::common;
 
-use common::{free_port, knee_40_engine, start_engine, timed_engine};
+use crate::common::{free_port, knee_40_engine, start_engine, timed_engine};
 use llmslo::slo::spec::SloSet;
 use llmslo::tools::simulate::SimOptions;
 use llmslo::tools::sweep::client::Endpoint;

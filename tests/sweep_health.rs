@@ -3,9 +3,7 @@
 //! leave it) and once not. Starved, its timers wake late, its TTFT misses are marked as the
 //! client's and no knee is named; unstarved, nothing is marked.
 
-mod common;
-
-use common::{start_engine, timed_engine};
+use crate::common::{start_engine, timed_engine};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

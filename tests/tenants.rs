@@ -3,9 +3,7 @@
 //! is bounded and never shows a key, each tenant has its own exact burn rate and goodput, and
 //! a request's own latency targets judge its goodput.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use serde_json::json;

@@ -1,12 +1,12 @@
 //! The admission webhook over real TLS on 127.0.0.1: AdmissionReview in, JSONPatch out,
 //! applied to the Pod it came with.
 
-mod common;
+use crate::common;
 
+use crate::common::required_tool;
+use crate::common::tls::https;
 use base64::Engine as _;
 use bytes::Bytes;
-use common::required_tool;
-use common::tls::https;
 use http_body_util::Full;
 use llmslo::k8s::inject::{inject_pod_template, InjectOptions};
 use serde_json::{json, Value};

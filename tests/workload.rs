@@ -3,10 +3,10 @@
 //! its `/workload` as it was sent; the shape read from there reproduces the lengths and finds
 //! the knee that replaying the trace finds; a fixed-length workload finds another.
 
-mod common;
+use crate::common;
 
+use crate::common::{start_engine, start_sidecar};
 use clap::Parser;
-use common::{start_engine, start_sidecar};
 use llmslo::tools::simulate::batching::BatchingOptions;
 use llmslo::tools::simulate::SimOptions;
 use llmslo::tools::sweep::args::SweepArgs;

@@ -1,5 +1,4 @@
 //! Shared harness for the integration tests: real servers on 127.0.0.1:0.
-#![allow(dead_code)] // each test binary uses a different part of the harness
 
 pub mod process;
 pub mod prometheus;
