@@ -20,12 +20,13 @@ require_free_ports() {
     done
 }
 
-# Installs vLLM and the model when missing, builds llmslo, and starts vLLM on 127.0.0.1:$PORT
-# with prefix caching off (so that no run finds another's prompts cached).
+# Installs vLLM and the model when missing, builds llmslo (unless NO_LLMSLO is set: the
+# script uses only the engine), and starts vLLM on 127.0.0.1:$PORT with prefix caching off (so
+# that no run finds another's prompts cached).
 start_vllm() {
     [ -d "$VLLM_DIR/venv" ] || bash "$VLLM_SH" install
     [ -d "$VLLM_DIR/small" ] || bash "$VLLM_SH" model small
-    (cd "$ROOT" && cargo build --release --quiet)
+    [ -n "${NO_LLMSLO:-}" ] || (cd "$ROOT" && cargo build --release --quiet)
     echo "starting vLLM (small) on 127.0.0.1:$PORT ..."
     export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
     "${PIN_ENGINE[@]}" "$VLLM_DIR/venv/bin/python" -m vllm.entrypoints.openai.api_server --model "$VLLM_DIR/small" \

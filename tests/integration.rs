@@ -46,5 +46,6 @@ mod streaming;
 mod sweep;
 mod sweep_health;
 mod tenants;
+mod tpot_under_load;
 mod webhook;
 mod workload;

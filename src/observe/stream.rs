@@ -26,6 +26,10 @@ pub struct Counting {
     pub empty_finish_is_no_token: bool,
     /// The model's tokenizer, for streams that state no counts.
     pub tokenizer: Option<Arc<TokenCounter>>,
+    /// The event that marks the first token (Messages' `message_start`) is sent with it, as
+    /// vLLM does: the decode clock starts there however long the first text was held back.
+    /// Otherwise the mark is trusted only when the held-back tokens can explain its lead.
+    pub mark_is_first_token: bool,
 }
 
 /// Timing and token facts gathered from one streamed response.
@@ -258,10 +262,16 @@ impl StreamObserver {
                 .map(|c| (c.unstated_events == 0).then_some(c.stated))
                 .collect(),
         };
+        let engine_tpot = facts.engine.and_then(|e| e.tpot).map(Duration::from_secs_f64);
         let tpot_per_choice = active
             .iter()
             .zip(per_choice)
             .filter_map(|(c, n)| match self.protocol {
+                // Tokens held back without a delta leave the stream's figure an estimate: the
+                // engine's own, where it states one, is exact.
+                Protocol::Responses | Protocol::Messages if n? > c.events && active.len() == 1 => {
+                    engine_tpot.or_else(|| self.delta_tpot(c, n?))
+                }
                 Protocol::Responses | Protocol::Messages => self.delta_tpot(c, n?),
                 Protocol::OpenAi | Protocol::Tgi => tpot(c.first, c.last, n?),
             })
@@ -285,8 +295,8 @@ impl StreamObserver {
 
     /// TPOT where the engine sends no delta for held-back tokens (Responses, Messages), so
     /// that `n` tokens arrive in fewer deltas. The decode clock starts at the first token:
-    /// an event that marks it (vLLM's `message_start`), when its lead over the first delta
-    /// fits the held-back tokens. Else it starts at the first delta, over the steps after it:
+    /// an event that marks it (vLLM's `message_start`), when the engine is known to send it
+    /// with the first token or its lead over the first delta fits the held-back tokens. Else it starts at the first delta, over the steps after it:
     /// the tokenizer's count of the first delta's text says how many tokens it carried;
     /// without one, the gap pattern says how many steps each later gap spanned
     /// ([`DecodeSteps`]), the rest of the held-back tokens being the first delta's; with too
@@ -306,7 +316,8 @@ impl StreamObserver {
                         .mul_f64(held_back as f64 + 0.5)
                         .div_f64((deltas - 1) as f64)
         };
-        if let Some(mark) = self.facts.first_token_mark.filter(|&mark| mark_fits(mark)) {
+        let trusted = |mark: Instant| self.counting.mark_is_first_token || mark_fits(mark);
+        if let Some(mark) = self.facts.first_token_mark.filter(|&mark| trusted(mark)) {
             return (n > 1 && last > mark).then(|| (last - mark).div_f64((n - 1) as f64));
         }
         if let Some(carried) = self.first_delta_tokenized(choice) {

@@ -284,6 +284,7 @@ impl RequestTracker {
                 .with_counting(Counting {
                     empty_finish_is_no_token: self.recorder.engine() == Some(Engine::Llamacpp),
                     tokenizer: self.tokenizer.clone(),
+                    mark_is_first_token: self.recorder.engine() == Some(Engine::Vllm),
                 }),
                 now: self.t0,
                 gaps: self.handles.ongoing.clone(),

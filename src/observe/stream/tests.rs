@@ -220,6 +220,7 @@ async fn a_tokenizer_counts_what_the_stream_does_not_state() {
     let counting = Counting {
         empty_finish_is_no_token: false,
         tokenizer: Some(Arc::new(TokenCounter::load(&dir).unwrap())),
+        mark_is_first_token: false,
     };
     let t0 = Instant::now();
     let mut obs = observer().with_counting(counting);
@@ -249,6 +250,7 @@ async fn llamacpps_empty_final_event_is_no_token() {
     let llamacpp = Counting {
         empty_finish_is_no_token: true,
         tokenizer: None,
+        mark_is_first_token: false,
     };
     let mut obs = observer().with_counting(llamacpp);
     stream(&mut obs);
