@@ -262,15 +262,13 @@ impl StreamObserver {
                 .map(|c| (c.unstated_events == 0).then_some(c.stated))
                 .collect(),
         };
-        let engine_tpot = facts.engine.and_then(|e| e.tpot).map(Duration::from_secs_f64);
+        let engine_tpot = facts.engine.and_then(|e| Duration::try_from_secs_f64(e.tpot?).ok());
         let tpot_per_choice = active
             .iter()
             .zip(per_choice)
             .filter_map(|(c, n)| match self.protocol {
-                // Tokens held back without a delta leave the stream's figure an estimate: the
-                // engine's own, where it states one, is exact.
                 Protocol::Responses | Protocol::Messages if n? > c.events && active.len() == 1 => {
-                    engine_tpot.or_else(|| self.delta_tpot(c, n?))
+                    engine_or_stream(engine_tpot, self.delta_tpot(c, n?))
                 }
                 Protocol::Responses | Protocol::Messages => self.delta_tpot(c, n?),
                 Protocol::OpenAi | Protocol::Tgi => tpot(c.first, c.last, n?),
@@ -296,7 +294,8 @@ impl StreamObserver {
     /// TPOT where the engine sends no delta for held-back tokens (Responses, Messages), so
     /// that `n` tokens arrive in fewer deltas. The decode clock starts at the first token:
     /// an event that marks it (vLLM's `message_start`), when the engine is known to send it
-    /// with the first token or its lead over the first delta fits the held-back tokens. Else it starts at the first delta, over the steps after it:
+    /// with the first token or its lead over the first delta fits the held-back tokens. Else
+    /// it starts at the first delta, over the steps after it:
     /// the tokenizer's count of the first delta's text says how many tokens it carried;
     /// without one, the gap pattern says how many steps each later gap spanned
     /// ([`DecodeSteps`]), the rest of the held-back tokens being the first delta's; with too
@@ -405,6 +404,19 @@ fn split_total(total: u64, active: &[&ChoiceFacts]) -> Vec<Option<u64>> {
         .zip(shares)
         .map(|(c, (share, _))| Some(if c.unstated_events == 0 { c.stated } else { share }))
         .collect()
+}
+
+/// The TPOT of an answer whose held-back tokens left the stream's figure an estimate: the
+/// engine's own, where the answer states one, is exact. It is untrusted input too: a figure
+/// more than twice the stream's or under half of it (the stream's estimate errs by a third at
+/// worst on real answers under load) is not the engine's account of this answer, and the
+/// stream's stands.
+fn engine_or_stream(engine: Option<Duration>, stream: Option<Duration>) -> Option<Duration> {
+    match (engine, stream) {
+        (Some(engine), Some(stream)) if engine <= stream * 2 && engine * 2 >= stream => Some(engine),
+        (Some(engine), None) => Some(engine),
+        (_, stream) => stream,
+    }
 }
 
 /// (t_last − t_first) / (N − 1), when two distinct token times and N ≥ 2 exist.

@@ -289,6 +289,11 @@ async fn a_message_start_sent_before_prefill_does_not_start_the_decode_clock() {
 
 /// A Responses stream of `deltas` (text, ms) closed at `end` ms, `tokens` in all.
 fn responses(deltas: &[(&str, u64)], end: u64, tokens: u64) -> (StreamSummary, Instant) {
+    responses_stating(deltas, end, tokens, "")
+}
+
+/// As [`responses`], with `metrics` (a JSON object's members) in `response.completed`.
+fn responses_stating(deltas: &[(&str, u64)], end: u64, tokens: u64, metrics: &str) -> (StreamSummary, Instant) {
     let t0 = Instant::now();
     let mut obs = StreamObserver::new(Protocol::Responses, 1 << 20, false);
     let at = |ms| t0 + Duration::from_millis(ms);
@@ -296,8 +301,13 @@ fn responses(deltas: &[(&str, u64)], end: u64, tokens: u64) -> (StreamSummary, I
         let delta = format!("event: response.output_text.delta\ndata: {{\"delta\":\"{text}\"}}\n\n");
         obs.feed(delta.as_bytes(), at(*ms), |_| {});
     }
+    let metrics = if metrics.is_empty() {
+        String::new()
+    } else {
+        format!(",\"metrics\":{{{metrics}}}")
+    };
     let completed = format!(
-        "event: response.completed\ndata: {{\"response\":{{\"status\":\"completed\",\"usage\":{{\"output_tokens\":{tokens}}}}}}}\n\n"
+        "event: response.completed\ndata: {{\"response\":{{\"status\":\"completed\",\"usage\":{{\"output_tokens\":{tokens}}}{metrics}}}}}\n\n"
     );
     obs.feed(completed.as_bytes(), at(end), |_| {});
     (obs.summary(), t0)
@@ -346,4 +356,27 @@ fn usage_only_spans_are_marked_only_when_stripping() {
     assert!(stream[start..end].starts_with(b"data: {\"choices\":[],\"usage\""));
     assert!(stream[end..].starts_with(b"data: [DONE]"));
     assert_eq!(strip.boundary(), stream.len() as u64);
+}
+
+#[tokio::test(start_paused = true)]
+async fn held_back_tokens_take_the_engines_own_figure_within_reason() {
+    // The stream of the gap-pattern test reads 20 ms; the engine states its own figure.
+    let deltas = [
+        ("ab", 100),
+        ("ef", 120),
+        ("é f", 160),
+        ("ef", 180),
+        ("ef", 200),
+        ("ef", 220),
+    ];
+    let tpot = |metrics: &str| responses_stating(&deltas, 221, 10, metrics).0.tpot_per_choice;
+    assert_eq!(tpot(r#""mean_itl_ms": 24.5"#), [Duration::from_micros(24_500)]);
+    // Untrusted: beyond twice the stream's figure, under half of it, or past any duration.
+    for hostile in [r#""mean_itl_ms": 41"#, r#""mean_itl_ms": 9"#, r#""mean_itl_ms": 1e300"#] {
+        assert_eq!(tpot(hostile), [Duration::from_millis(20)], "{hostile}");
+    }
+    // Every token with its delta: the stream's own figure is exact and stands.
+    let whole = [("a", 100), ("b", 120), ("c", 140)];
+    let (s, _) = responses_stating(&whole, 140, 3, r#""mean_itl_ms": 30"#);
+    assert_eq!(s.tpot_per_choice, [Duration::from_millis(20)]);
 }
