@@ -12,15 +12,15 @@ de-chunked, and each event stamped when the bytes that complete it come off the 
 """
 import gzip
 import json
-import socket
 import sys
 import threading
 import time
 
-ROUTES = {"responses": "/v1/responses", "messages": "/v1/messages"}
+from raw_client import ROUTES, send
 
 
 def body(api, model, prompt, max_tokens):
+    """A sampled streaming request of `api` (responses or messages)."""
     if api == "responses":
         return {"model": model, "input": prompt, "max_output_tokens": max_tokens, "temperature": 1.0, "stream": True}
     return {
@@ -35,16 +35,7 @@ def body(api, model, prompt, max_tokens):
 def stream(addr, path, payload):
     """Sends one request; returns [[t_ms, event text], ...] (the body de-chunked), or raises on a
     status other than 200."""
-    host, port = addr.rsplit(":", 1)
-    data = json.dumps(payload).encode()
-    head = (
-        f"POST {path} HTTP/1.0\r\nHost: {host}\r\ncontent-type: application/json\r\n"
-        f"content-length: {len(data)}\r\n\r\n"
-    ).encode()
-    sock = socket.create_connection((host, int(port)))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sent = time.monotonic()
-    sock.sendall(head + data)
+    sock, sent = send(addr, path, payload)
     raw, body, events, chunked, head_seen = b"", b"", [], False, False
     while True:
         chunk = sock.recv(65536)

@@ -23,9 +23,8 @@ import time
 ROUTES = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
 
 
-def stream(addr, body, path="/v1/chat/completions"):
-    """Sends one request; returns (t_sent, [(t_arrived, event_json_or_None)]); a typed event's
-    JSON gets its `event:` type under "_event"."""
+def send(addr, path, body):
+    """Sends one JSON POST over HTTP/1.0 on a new connection; returns (socket, t_sent)."""
     host, port = addr.rsplit(":", 1)
     payload = json.dumps(body).encode()
     head = (
@@ -36,6 +35,13 @@ def stream(addr, body, path="/v1/chat/completions"):
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     t_sent = time.monotonic()
     sock.sendall(head + payload)
+    return sock, t_sent
+
+
+def stream(addr, body, path="/v1/chat/completions"):
+    """Sends one request; returns (t_sent, [(t_arrived, event_json_or_None)]); a typed event's
+    JSON gets its `event:` type under "_event"."""
+    sock, t_sent = send(addr, path, body)
     buf, events, in_body = b"", [], False
     while True:
         data = sock.recv(65536)

@@ -138,6 +138,15 @@ impl Errors {
     }
 }
 
+/// Each answer's figure from `measure` (llmslo's, the truth) judged as errors; the report is
+/// printed for `--nocapture`.
+fn judge(answers: &[Answer], what: &str, measure: impl Fn(&Answer) -> (Option<f64>, f64)) -> (Errors, String) {
+    let errors = Errors::of(answers.iter().map(measure));
+    let report = errors.report(what);
+    println!("{report}");
+    (errors, report)
+}
+
 /// The engine's mean inter-token latency for a Responses answer, in ms.
 fn engine_tpot_ms(answer: &Answer) -> f64 {
     let (_, completed) = answer.event("response.completed").expect("a completed answer");
@@ -173,12 +182,12 @@ fn responses_counts(answer: &Answer) -> (u64, usize) {
 fn responses_tpot_is_the_engines_own_where_tokens_were_held_back() {
     let answers = capture("responses-8-clients");
     assert_eq!(answers.len(), 160);
-    let errors = Errors::of(answers.iter().map(|answer| {
-        let summary = answer.replay(Protocol::Responses, true);
-        (tpot_ms(&summary), engine_tpot_ms(answer))
-    }));
-    let report = errors.report("Responses, with the engine's metrics");
-    println!("{report}");
+    let (errors, report) = judge(&answers, "Responses, with the engine's metrics", |answer| {
+        (
+            tpot_ms(&answer.replay(Protocol::Responses, true)),
+            engine_tpot_ms(answer),
+        )
+    });
     // Every answer of this capture held tokens back (sampled from a random model), so each
     // takes the engine's figure: exact.
     assert!(answers.iter().all(|a| {
@@ -218,12 +227,10 @@ fn answers_whose_first_text_came_after_many_held_back_tokens_take_the_engines_fi
 #[test]
 fn responses_tpot_from_the_stream_alone_stays_where_it_was_measured() {
     let answers = capture("responses-8-clients");
-    let errors = Errors::of(answers.iter().map(|answer| {
+    let (errors, report) = judge(&answers, "Responses, the stream alone", |answer| {
         let summary = answer.without_metrics().replay(Protocol::Responses, true);
         (tpot_ms(&summary), engine_tpot_ms(answer))
-    }));
-    let report = errors.report("Responses, the stream alone");
-    println!("{report}");
+    });
     assert!(errors.within(0.05) >= 0.92, "{report}");
     assert!(errors.mean().abs() <= 0.015, "{report}");
     assert_eq!(errors.unjudged, 0);
@@ -233,12 +240,12 @@ fn responses_tpot_from_the_stream_alone_stays_where_it_was_measured() {
 fn messages_tpot_is_within_5_percent_for_95_percent_of_answers() {
     let answers = capture("messages-8-clients");
     assert_eq!(answers.len(), 160);
-    let errors = Errors::of(answers.iter().map(|answer| {
-        let summary = answer.replay(Protocol::Messages, true);
-        (tpot_ms(&summary), message_start_tpot_ms(answer))
-    }));
-    let report = errors.report("Messages");
-    println!("{report}");
+    let (errors, report) = judge(&answers, "Messages", |answer| {
+        (
+            tpot_ms(&answer.replay(Protocol::Messages, true)),
+            message_start_tpot_ms(answer),
+        )
+    });
     assert!(errors.within(0.05) >= 0.95, "{report}");
     assert!(errors.mean().abs() <= 0.01, "{report}");
 }

@@ -267,10 +267,15 @@ impl StreamObserver {
             .iter()
             .zip(per_choice)
             .filter_map(|(c, n)| match self.protocol {
-                Protocol::Responses | Protocol::Messages if n? > c.events && active.len() == 1 => {
-                    engine_or_stream(engine_tpot, self.delta_tpot(c, n?))
+                Protocol::Responses | Protocol::Messages => {
+                    let stream = self.delta_tpot(c, n?);
+                    let held_back = n? > c.events && active.len() == 1;
+                    if held_back {
+                        engine_or_stream(engine_tpot, stream)
+                    } else {
+                        stream
+                    }
                 }
-                Protocol::Responses | Protocol::Messages => self.delta_tpot(c, n?),
                 Protocol::OpenAi | Protocol::Tgi => tpot(c.first, c.last, n?),
             })
             .collect();

@@ -275,6 +275,7 @@ impl RequestTracker {
             }
         };
         let decoder = if stream {
+            let engine = self.recorder.engine();
             let sink = StreamSink {
                 observer: StreamObserver::new(
                     self.handles.operation.protocol(),
@@ -282,9 +283,9 @@ impl RequestTracker {
                     self.strip_usage,
                 )
                 .with_counting(Counting {
-                    empty_finish_is_no_token: self.recorder.engine() == Some(Engine::Llamacpp),
+                    empty_finish_is_no_token: engine == Some(Engine::Llamacpp),
                     tokenizer: self.tokenizer.clone(),
-                    mark_is_first_token: self.recorder.engine() == Some(Engine::Vllm),
+                    mark_is_first_token: engine == Some(Engine::Vllm),
                 }),
                 now: self.t0,
                 gaps: self.handles.ongoing.clone(),
