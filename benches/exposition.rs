@@ -6,7 +6,7 @@
 use criterion::{criterion_group, criterion_main, Criterion};
 use llmslo::metrics::Metrics;
 use llmslo::observe::recorder::RecorderSettings;
-use llmslo::record::{Engine, Operation, Outcome, RequestRecord};
+use llmslo::record::{Engine, Operation, Outcome, RequestRecord, TpotBasis};
 use llmslo::{Measurement, MeasurementSettings};
 use std::hint::black_box;
 use std::time::Duration;
@@ -45,6 +45,7 @@ fn busy_metrics() -> Metrics {
                     ttft: Some(Duration::from_secs_f64(0.05 * spread)),
                     answer_ttft: Some(Duration::from_secs_f64(0.06 * spread)),
                     tpot_per_choice: vec![Duration::from_secs_f64(0.01 * spread)],
+                    tpot_basis: Some(TpotBasis::Stream),
                     e2e: Duration::from_secs_f64(2.0 * spread),
                     output_tokens: Some(50 * (i % 20 + 1)),
                     input_tokens: Some(300 * (i % 20 + 1)),

@@ -39,6 +39,7 @@ impl Reader for JsonLines {
             "ttft_s": seconds(record.ttft),
             "answer_ttft_s": seconds(record.answer_ttft),
             "tpot_s": seconds(record.tpot()),
+            "tpot_basis": record.tpot_basis.map(|b| b.as_str()),
             "e2e_s": record.e2e.as_secs_f64(),
             "input_tokens": record.input_tokens,
             "output_tokens": record.output_tokens,

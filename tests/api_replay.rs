@@ -380,6 +380,17 @@ fn script_of(name: &str) -> (Script, Vec<u8>) {
     (script, body)
 }
 
+/// As [`script_of`], each event sent when the capture received it.
+fn timed_script_of(name: &str) -> Script {
+    let (mut script, _) = script_of(name);
+    let mut previous = 0.0;
+    for ((t_ms, _), piece) in timed_events(name).into_iter().zip(script.pieces.iter_mut()) {
+        piece.0 = Duration::from_secs_f64((t_ms - previous) / 1e3);
+        previous = t_ms;
+    }
+    script
+}
+
 /// (capture, outcome, output tokens, input tokens).
 const THROUGH_THE_SIDECAR: [(&str, &str, u64, u64); 20] = [
     ("chat-continuous-usage", "success", 32, 41),
@@ -461,6 +472,11 @@ async fn every_capture_passes_byte_for_byte_and_is_counted_right() {
         assert_eq!((ttft, answer), if streamed { (1.0, 1.0) } else { (0.0, 0.0) }, "{name}");
         let tpot = sample(&metrics, "gen_ai_server_time_per_output_token_seconds_count", &ops);
         assert_eq!(tpot, if streamed { 1.0 } else { 0.0 }, "{name}");
+        let bases: f64 = ["stream", "engine", "estimated"]
+            .iter()
+            .map(|basis| sample(&metrics, "llmslo_tpot_basis_total", &[("basis", basis)]))
+            .sum();
+        assert_eq!(bases, tpot, "{name}: each TPOT says how it was known");
         if let Some((_, Some((queue_ms, prefill_ms, _)))) = ENGINE_STATED.iter().find(|(n, _)| *n == name) {
             let queue = sample(&metrics, "llmslo_engine_queue_time_seconds_sum", &ops);
             assert!((queue - queue_ms / 1e3).abs() < 1e-12, "{name}: {queue}");
@@ -497,13 +513,7 @@ async fn responses_and_messages_ttft_is_timed_at_the_first_delta_through_the_sid
         ("responses-sampled-1", "/v1/responses", 75.167),
         ("messages-stream", "/v1/messages", 82.385),
     ] {
-        let (mut script, _) = script_of(name);
-        let mut previous = 0.0;
-        for ((t_ms, _), piece) in timed_events(name).into_iter().zip(script.pieces.iter_mut()) {
-            piece.0 = Duration::from_secs_f64((t_ms - previous) / 1e3);
-            previous = t_ms;
-        }
-        let (upstream, _) = scripted_upstream(script).await;
+        let (upstream, _) = scripted_upstream(timed_script_of(name)).await;
         let sidecar = start_sidecar(
             upstream,
             "engine: vllm\nslos:\n  - {name: fast, objective: 99, ttft: 1s}\n",
@@ -520,6 +530,35 @@ async fn responses_and_messages_ttft_is_timed_at_the_first_delta_through_the_sid
         );
         let good = sample(&metrics, "llmslo_slo_events_total", &[("slo", "fast")]);
         assert_eq!(good, 1.0, "{name}: a valid event of the TTFT SLO");
+        sidecar.shutdown().await;
+    }
+}
+
+#[tokio::test]
+async fn each_tpot_says_whether_the_stream_the_engine_or_an_estimate_gave_it() {
+    // At the captures' own times, through a sidecar for vLLM: the sampled Responses answer
+    // held tokens back with nothing to say when they were made (an estimate) unless the
+    // answer states the engine's own figure; Messages' `message_start` marks the first
+    // token, so its clock is the stream's, held-back tokens or not.
+    for (name, route, basis) in [
+        ("responses-stream", "/v1/responses", "stream"),
+        ("responses-sampled-1", "/v1/responses", "estimated"),
+        ("responses-per-request-metrics", "/v1/responses", "engine"),
+        ("messages-sampled-1", "/v1/messages", "stream"),
+    ] {
+        let (upstream, _) = scripted_upstream(timed_script_of(name)).await;
+        let sidecar = start_sidecar(upstream, "engine: vllm\n").await;
+        let (status, _) = post_collect(sidecar.proxy_addr, route, request_of(name)).await;
+        assert_eq!(status, 200);
+        let metrics = settled(&sidecar).await;
+        for counted in ["stream", "engine", "estimated"] {
+            let n = sample(&metrics, "llmslo_tpot_basis_total", &[("basis", counted)]);
+            assert_eq!(n, f64::from(u8::from(counted == basis)), "{name}: {counted}");
+        }
+        if basis == "engine" {
+            let tpot = sample(&metrics, "gen_ai_server_time_per_output_token_seconds_sum", &[]);
+            assert!((tpot * 1e3 - reference_ms(name)).abs() < 1e-6, "{name}: {tpot}");
+        }
         sidecar.shutdown().await;
     }
 }

@@ -52,6 +52,7 @@ async fn every_request_is_one_line_with_its_exact_figures() {
     assert_eq!(chat["tpot_s"], 0.015);
     assert_eq!(chat["output_tokens"], 9);
     assert_eq!(chat["token_count_source"], "usage");
+    assert_eq!(chat["tpot_basis"], "stream");
     assert_eq!(
         (&messages["operation"], &messages["tpot_s"]),
         (&Value::from("messages"), &Value::from(0.015))

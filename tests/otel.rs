@@ -311,6 +311,7 @@ async fn spans_and_metrics_arrive(protocol: &str, receiver: SocketAddr, received
             ("gen_ai.request.model", "sim"),
             ("gen_ai.provider.name", "vllm"),
             ("llmslo.outcome", "success"),
+            ("llmslo.time_per_output_token.basis", "stream"),
         ] {
             assert_eq!(
                 string_attribute(attributes, key).as_deref(),

@@ -11,7 +11,7 @@
 
 use crate::common::fixture;
 use llmslo::observe::stream::{Counting, StreamObserver, StreamSummary};
-use llmslo::record::Protocol;
+use llmslo::record::{Protocol, TpotBasis};
 use std::io::Read;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -64,6 +64,28 @@ impl Answer {
             observer.feed(text.as_bytes(), base + Duration::from_secs_f64(t_ms / 1e3), |_| {});
         }
         observer.summary()
+    }
+}
+
+impl Answer {
+    /// A Responses answer of `n` tokens, each in its own delta `step_ms` apart, closed by
+    /// `response.completed` with the last.
+    fn responses_with_every_token(n: u64, step_ms: f64) -> Answer {
+        let mut events: Vec<(f64, String)> = (0..n)
+            .map(|i| {
+                let delta = r#"{"type":"response.output_text.delta","delta":"a"}"#;
+                (
+                    100.0 + step_ms * i as f64,
+                    format!("event: response.output_text.delta\ndata: {delta}\n\n"),
+                )
+            })
+            .collect();
+        let completed = format!(
+            r#"{{"type":"response.completed","response":{{"status":"completed","usage":{{"output_tokens":{n}}}}}}}"#
+        );
+        let end = 100.0 + step_ms * (n - 1) as f64;
+        events.push((end, format!("event: response.completed\ndata: {completed}\n\n")));
+        Answer { events }
     }
 }
 
@@ -196,6 +218,9 @@ fn responses_tpot_is_the_engines_own_where_tokens_were_held_back() {
     }));
     assert!(errors.errors.iter().all(|e| e.abs() < 1e-6), "{report}");
     assert_eq!(errors.unjudged, 0);
+    assert!(answers
+        .iter()
+        .all(|a| a.replay(Protocol::Responses, true).tpot_basis == Some(TpotBasis::Engine)));
 }
 
 #[test]
@@ -236,6 +261,34 @@ fn responses_tpot_from_the_stream_alone_stays_where_it_was_measured() {
     assert_eq!(errors.unjudged, 0);
 }
 
+/// Where the stream alone cannot show when held-back tokens were made, each answer says its
+/// TPOT is an estimate; where it can (every token with its delta), it says the stream's.
+#[test]
+fn a_figure_the_stream_alone_cannot_show_says_it_is_an_estimate() {
+    let answers = capture("responses-8-clients");
+    let mut estimated_misses = 0;
+    for answer in &answers {
+        let summary = answer.without_metrics().replay(Protocol::Responses, true);
+        let (n, deltas) = responses_counts(answer);
+        let expected = if n > deltas as u64 {
+            TpotBasis::Estimated
+        } else {
+            TpotBasis::Stream
+        };
+        assert_eq!(summary.tpot_basis, Some(expected));
+        let truth = engine_tpot_ms(answer);
+        let miss = (tpot_ms(&summary).unwrap() - truth).abs() / truth > 0.05;
+        estimated_misses += usize::from(miss);
+    }
+    assert!(estimated_misses >= 10, "the capture holds the misses, each an estimate");
+    // The same answer with every held-back token given its own event at its step: the
+    // stream's own figure, exact.
+    let whole = Answer::responses_with_every_token(64, 30.0);
+    let summary = whole.replay(Protocol::Responses, true);
+    assert_eq!(summary.tpot_basis, Some(TpotBasis::Stream));
+    assert!((tpot_ms(&summary).unwrap() - 30.0).abs() < 1e-6);
+}
+
 #[test]
 fn messages_tpot_is_within_5_percent_for_95_percent_of_answers() {
     let answers = capture("messages-8-clients");
@@ -248,6 +301,10 @@ fn messages_tpot_is_within_5_percent_for_95_percent_of_answers() {
     });
     assert!(errors.within(0.05) >= 0.95, "{report}");
     assert!(errors.mean().abs() <= 0.01, "{report}");
+    // `message_start` marks the first token: the clock is the stream's, not an estimate.
+    assert!(answers
+        .iter()
+        .all(|a| a.replay(Protocol::Messages, true).tpot_basis == Some(TpotBasis::Stream)));
 }
 
 #[test]
@@ -265,8 +322,12 @@ fn a_message_start_long_before_the_first_text_starts_the_clock_for_vllm() {
         let truth = message_start_tpot_ms(answer);
         let vllm = tpot_ms(&answer.replay(Protocol::Messages, true)).unwrap();
         assert!((vllm - truth).abs() / truth < 0.01, "{vllm} ms against {truth} ms");
-        let unknown = tpot_ms(&answer.replay(Protocol::Messages, false)).unwrap();
-        unknown_engine_misses += usize::from((unknown - truth).abs() / truth > 0.05);
+        let unknown = answer.replay(Protocol::Messages, false);
+        let missed = (tpot_ms(&unknown).unwrap() - truth).abs() / truth > 0.05;
+        if missed {
+            unknown_engine_misses += 1;
+            assert_eq!(unknown.tpot_basis, Some(TpotBasis::Estimated), "a miss says so");
+        }
     }
     // For an engine not known to send it with the first token, a lead the held-back tokens
     // cannot explain is not trusted: at least one of these reads otherwise.

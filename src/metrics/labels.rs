@@ -1,9 +1,9 @@
 //! The label sets of the Prometheus families.
 
 use crate::fingerprint::hash_as_fingerprint;
-use crate::record::CountSource;
 use crate::record::Operation;
 use crate::record::Outcome;
+use crate::record::{CountSource, TpotBasis};
 use crate::record::{LabelText, TraceRef, UnmeasuredReason};
 use crate::tenant::TenantLabel;
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
@@ -226,6 +226,19 @@ impl EncodeLabelValue for CountSource {
 pub struct CountSourceLabels {
     /// Where the count came from.
     pub source: CountSource,
+}
+
+impl EncodeLabelValue for TpotBasis {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        encoder.write_str(self.as_str())
+    }
+}
+
+/// `basis` of a TPOT.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct TpotBasisLabels {
+    /// How the TPOT was known.
+    pub basis: TpotBasis,
 }
 
 /// `reason`.

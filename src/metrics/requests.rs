@@ -7,14 +7,15 @@
 use super::buckets::{self, BucketOverrides, Buckets};
 use super::labels::{
     ClientTimeoutLabels, CountSourceLabels, ExemplarLabels, InFlightLabels, OutcomeLabels, RefusalLabels,
-    RequestLabels, TenantOutcomeLabels, TenantRequestLabels, TenantSourceLabels, TokenLabels, UnmeasuredLabels,
+    RequestLabels, TenantOutcomeLabels, TenantRequestLabels, TenantSourceLabels, TokenLabels, TpotBasisLabels,
+    UnmeasuredLabels,
 };
 use super::limits::{GaugeGuard, LimitCounters};
 use super::native::{ClassicAndNative, ExemplarHistograms};
 use super::{phases, ClientTimeout, RefusalReason, Registry};
 use crate::record::{
     CountSource, Engine, LabelText, Ongoing, Operation, Outcome, Reader, RequestRecord, Started, TenantSource,
-    UnmeasuredReason,
+    TpotBasis, UnmeasuredReason,
 };
 use crate::slo::spec::{SloKind, SloSet};
 use crate::tenant::TenantLabel;
@@ -94,6 +95,7 @@ pub struct RequestFamilies {
     limits: LimitCounters,
     engine_fields_unreadable: Counter,
     count_sources: Family<CountSourceLabels, Counter>,
+    tpot_bases: Family<TpotBasisLabels, Counter>,
     unmeasured: Family<UnmeasuredLabels, Counter>,
     /// The tenant labels whose series are created at zero: `[None]` without tenants.
     tenants: Vec<TenantLabel>,
@@ -145,6 +147,7 @@ impl RequestFamilies {
             limits: LimitCounters::default(),
             engine_fields_unreadable: Counter::default(),
             count_sources: Family::default(),
+            tpot_bases: Family::default(),
             unmeasured: Family::default(),
             tenants: match &tenants {
                 Some(known) => known.iter().map(|t| TenantLabel(Some(t.clone()))).collect(),
@@ -276,6 +279,16 @@ impl RequestFamilies {
         );
         for source in CountSource::ALL {
             drop(self.count_sources.get_or_create(&CountSourceLabels { source }));
+        }
+        r.register(
+            "llmslo_tpot_basis",
+            "Requests with a TPOT by how it was known: stream (the token events' times), engine (the \
+             engine's own figure for the request, where the stream held tokens back) or estimated \
+             (tokens were held back without an event and nothing said when they were made)",
+            self.tpot_bases.clone(),
+        );
+        for basis in TpotBasis::ALL {
+            drop(self.tpot_bases.get_or_create(&TpotBasisLabels { basis }));
         }
         r.register(
             "llmslo_unmeasured_responses",
@@ -435,6 +448,9 @@ impl Reader for RequestFamilies {
         }
         if let Some(source) = record.count_source {
             self.count_sources.get_or_create(&CountSourceLabels { source }).inc();
+        }
+        if let Some(basis) = record.tpot_basis {
+            self.tpot_bases.get_or_create(&TpotBasisLabels { basis }).inc();
         }
         self.duration.observe(&labels, record.e2e.as_secs_f64(), exemplar);
         self.requests

@@ -8,7 +8,7 @@ use super::steps::DecodeSteps;
 use super::tokens::TokenCounter;
 use super::{messages, openai, responses};
 use crate::record::Protocol;
-use crate::record::{CountSource, EngineTiming, Fault, Outcome, RequestRecord};
+use crate::record::{CountSource, EngineTiming, Fault, Outcome, RequestRecord, TpotBasis};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -106,6 +106,8 @@ pub struct StreamSummary {
     /// TPOT of each choice whose token count is known and that had two token events, timed
     /// from its first token-carrying event (visible or not) to its last.
     pub tpot_per_choice: Vec<Duration>,
+    /// How the TPOT was known: the least sure of the choices' bases.
+    pub tpot_basis: Option<TpotBasis>,
     /// Output tokens, when known.
     pub output_tokens: Option<u64>,
     /// Where `output_tokens` came from; `None` when nothing was generated or reported.
@@ -136,6 +138,7 @@ impl StreamSummary {
         record.ttft = self.first_token.map(|first| first - t0);
         record.answer_ttft = self.first_answer_token.map(|first| first - t0);
         record.tpot_per_choice = self.tpot_per_choice;
+        record.tpot_basis = self.tpot_basis;
         record.count_source = self.count_source;
         record.output_tokens = self.output_tokens;
         record.input_tokens = self.input_tokens;
@@ -263,7 +266,7 @@ impl StreamObserver {
                 .collect(),
         };
         let engine_tpot = facts.engine.and_then(|e| Duration::try_from_secs_f64(e.tpot?).ok());
-        let tpot_per_choice = active
+        let tpots: Vec<(Duration, TpotBasis)> = active
             .iter()
             .zip(per_choice)
             .filter_map(|(c, n)| match self.protocol {
@@ -276,14 +279,15 @@ impl StreamObserver {
                         stream
                     }
                 }
-                Protocol::OpenAi | Protocol::Tgi => tpot(c.first, c.last, n?),
+                Protocol::OpenAi | Protocol::Tgi => Some((tpot(c.first, c.last, n?)?, TpotBasis::Stream)),
             })
             .collect();
         StreamSummary {
             first_token: facts.first_token,
             first_token_event: facts.first_token_event,
             first_answer_token: facts.first_answer,
-            tpot_per_choice,
+            tpot_per_choice: tpots.iter().map(|&(tpot, _)| tpot).collect(),
+            tpot_basis: tpots.iter().map(|&(_, basis)| basis).max(),
             output_tokens,
             count_source,
             input_tokens: usage.input_tokens,
@@ -306,8 +310,10 @@ impl StreamObserver {
     /// ([`DecodeSteps`]), the rest of the held-back tokens being the first delta's; with too
     /// few gaps for a pattern, the first delta takes its share by characters of text. The
     /// clock stops at the last token: the last delta, or the first event after it that
-    /// closes the output, when the last tokens' text was held back to the end.
-    fn delta_tpot(&self, choice: &ChoiceFacts, n: u64) -> Option<Duration> {
+    /// closes the output, when the last tokens' text was held back to the end. The figure is
+    /// an estimate ([`TpotBasis::Estimated`]) where tokens were held back and neither the mark
+    /// nor the tokenizer says where they went.
+    fn delta_tpot(&self, choice: &ChoiceFacts, n: u64) -> Option<(Duration, TpotBasis)> {
         let (first, last_delta) = (choice.first?, choice.last?);
         let last = self.facts.generation_end.map_or(last_delta, |end| end.max(last_delta));
         let deltas = choice.events;
@@ -321,20 +327,22 @@ impl StreamObserver {
                         .div_f64((deltas - 1) as f64)
         };
         let trusted = |mark: Instant| self.counting.mark_is_first_token || mark_fits(mark);
+        let known = TpotBasis::Stream;
         if let Some(mark) = self.facts.first_token_mark.filter(|&mark| trusted(mark)) {
-            return (n > 1 && last > mark).then(|| (last - mark).div_f64((n - 1) as f64));
+            return (n > 1 && last > mark).then(|| ((last - mark).div_f64((n - 1) as f64), known));
         }
         if let Some(carried) = self.first_delta_tokenized(choice) {
-            return (n > carried && last > first).then(|| (last - first).div_f64((n - carried) as f64));
+            return (n > carried && last > first).then(|| ((last - first).div_f64((n - carried) as f64), known));
         }
+        let basis = if held_back > 0 { TpotBasis::Estimated } else { known };
         if let Some(steps) = choice.steps.count(last - last_delta) {
             let gaps = deltas - 1;
             let after_first = gaps + held_back.min(steps.between - gaps + steps.tail);
             let end = if steps.tail > 0 { last } else { last_delta };
-            return (after_first > 0 && end > first).then(|| (end - first).div_f64(after_first as f64));
+            return (after_first > 0 && end > first).then(|| ((end - first).div_f64(after_first as f64), basis));
         }
         let carried = self.first_delta_share(choice, held_back);
-        (n > carried && last > first).then(|| (last - first).div_f64((n - carried) as f64))
+        (n > carried && last > first).then(|| ((last - first).div_f64((n - carried) as f64), basis))
     }
 
     /// How many tokens a choice's first delta carried, by the tokenizer's count of its text.
@@ -411,15 +419,17 @@ fn split_total(total: u64, active: &[&ChoiceFacts]) -> Vec<Option<u64>> {
         .collect()
 }
 
-/// The TPOT of an answer whose held-back tokens left the stream's figure an estimate: the
-/// engine's own, where the answer states one, is exact. It is untrusted input too: a figure
-/// more than twice the stream's or under half of it (the stream's estimate errs by a third at
-/// worst on real answers under load) is not the engine's account of this answer, and the
-/// stream's stands.
-fn engine_or_stream(engine: Option<Duration>, stream: Option<Duration>) -> Option<Duration> {
+/// The TPOT of an answer whose held-back tokens may have left the stream's figure an
+/// estimate: the engine's own, where the answer states one, is exact. It is untrusted input
+/// too: a figure more than twice the stream's or under half of it (the stream's estimate errs
+/// by a third at worst on real answers under load) is not the engine's account of this
+/// answer, and the stream's stands.
+fn engine_or_stream(engine: Option<Duration>, stream: Option<(Duration, TpotBasis)>) -> Option<(Duration, TpotBasis)> {
     match (engine, stream) {
-        (Some(engine), Some(stream)) if engine <= stream * 2 && engine * 2 >= stream => Some(engine),
-        (Some(engine), None) => Some(engine),
+        (Some(engine), Some((stream, _))) if engine <= stream * 2 && engine * 2 >= stream => {
+            Some((engine, TpotBasis::Engine))
+        }
+        (Some(engine), None) => Some((engine, TpotBasis::Engine)),
         (_, stream) => stream,
     }
 }

@@ -12,7 +12,7 @@ use super::{messages, openai, responses, tgi};
 use crate::otel::spans::RequestSpan;
 use crate::record::{
     CountSource, Engine, EngineContext, EngineMoment, LabelText, LegPhase, Ongoing, Operation, Outcome, PrefillTimer,
-    Protocol, RequestRecord, RequestTargets, Served, TenantSource, TraceRef, TtftParts, UnmeasuredReason,
+    Protocol, RequestRecord, RequestTargets, Served, TenantSource, TpotBasis, TraceRef, TtftParts, UnmeasuredReason,
 };
 use bytes::Bytes;
 use http::{header, HeaderMap, StatusCode};
@@ -446,6 +446,7 @@ impl RequestTracker {
             answer_ttft_ms = record.answer_ttft.map(|d| d.as_secs_f64() * 1e3),
             first_token_event_ms = first_event.map(|d| d.as_secs_f64() * 1e3),
             tpot_ms = record.tpot().map(|d| d.as_secs_f64() * 1e3),
+            tpot_basis = record.tpot_basis.map(TpotBasis::as_str),
             e2e_ms = record.e2e.as_secs_f64() * 1e3,
             output_tokens = record.output_tokens,
             input_tokens = record.input_tokens,

@@ -85,6 +85,9 @@ impl RequestSpan {
         if let Some(tpot) = record.tpot() {
             attributes.push(KeyValue::new("gen_ai.server.time_per_output_token", tpot.as_secs_f64()));
         }
+        if let Some(basis) = record.tpot_basis {
+            attributes.push(KeyValue::new("llmslo.time_per_output_token.basis", basis.as_str()));
+        }
         if let Some(error) = error_type(record.outcome) {
             attributes.push(KeyValue::new("error.type", error));
             self.span.set_status(Status::error(error));

@@ -116,6 +116,8 @@ pub struct RequestRecord {
     /// Time per output token of each choice that had at least two token events
     /// (one entry for ordinary requests, one per choice for `n > 1`).
     pub tpot_per_choice: Vec<Duration>,
+    /// How its TPOT was known, when it had one.
+    pub tpot_basis: Option<TpotBasis>,
     /// Request head to end of response (or abort).
     pub e2e: Duration,
     /// Output tokens: from usage when reported, else counted from events.
@@ -163,6 +165,7 @@ impl RequestRecord {
             ttft: None,
             answer_ttft: None,
             tpot_per_choice: Vec::new(),
+            tpot_basis: None,
             e2e,
             output_tokens: None,
             input_tokens: None,
@@ -228,6 +231,35 @@ impl CountSource {
             CountSource::TokenIds => "token_ids",
             CountSource::Tokenizer => "tokenizer",
             CountSource::Events => "events",
+        }
+    }
+}
+
+/// How a request's TPOT was known (`llmslo_tpot_basis_total`), from the surest to the least
+/// sure, so that the largest of several choices' is the request's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TpotBasis {
+    /// The stream's own times: every token's event, or the first token's and the last's with
+    /// the count of tokens between them.
+    Stream,
+    /// The engine's own figure for the request (vLLM's per-request `mean_itl_ms`), where
+    /// tokens the stream held back left its figure an estimate.
+    Engine,
+    /// An estimate: tokens were held back without an event of their own, and nothing in the
+    /// answer says when they were made (the gaps between the later events are read as steps).
+    Estimated,
+}
+
+impl TpotBasis {
+    /// Every basis, in label order.
+    pub const ALL: [TpotBasis; 3] = [TpotBasis::Engine, TpotBasis::Estimated, TpotBasis::Stream];
+
+    /// The `basis` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TpotBasis::Stream => "stream",
+            TpotBasis::Engine => "engine",
+            TpotBasis::Estimated => "estimated",
         }
     }
 }

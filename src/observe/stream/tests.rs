@@ -27,6 +27,7 @@ async fn ttft_tpot_and_gaps_from_timed_events() {
     assert_eq!(s.output_tokens, Some(4));
     assert_eq!(s.count_source, Some(CountSource::TokenIds));
     assert_eq!(s.tpot_per_choice, [Duration::from_millis(20)]);
+    assert_eq!(s.tpot_basis, Some(TpotBasis::Stream));
     assert_eq!(gaps, vec![Duration::from_millis(20); 3]);
     assert!(s.saw_done && s.error.is_none());
     assert_eq!(obs.facts.choices.capacity(), 1, "one choice seen, one kept");
@@ -369,14 +370,27 @@ async fn held_back_tokens_take_the_engines_own_figure_within_reason() {
         ("ef", 200),
         ("ef", 220),
     ];
-    let tpot = |metrics: &str| responses_stating(&deltas, 221, 10, metrics).0.tpot_per_choice;
-    assert_eq!(tpot(r#""mean_itl_ms": 24.5"#), [Duration::from_micros(24_500)]);
+    let tpot = |metrics: &str| {
+        let (s, _) = responses_stating(&deltas, 221, 10, metrics);
+        (s.tpot_per_choice, s.tpot_basis)
+    };
+    assert_eq!(
+        tpot(r#""mean_itl_ms": 24.5"#),
+        (vec![Duration::from_micros(24_500)], Some(TpotBasis::Engine))
+    );
     // Untrusted: beyond twice the stream's figure, under half of it, or past any duration.
+    // The stream's figure stands, and says it is an estimate (four tokens were held back).
     for hostile in [r#""mean_itl_ms": 41"#, r#""mean_itl_ms": 9"#, r#""mean_itl_ms": 1e300"#] {
-        assert_eq!(tpot(hostile), [Duration::from_millis(20)], "{hostile}");
+        assert_eq!(
+            tpot(hostile),
+            (vec![Duration::from_millis(20)], Some(TpotBasis::Estimated)),
+            "{hostile}"
+        );
     }
+    assert_eq!(tpot("").1, Some(TpotBasis::Estimated), "no engine figure");
     // Every token with its delta: the stream's own figure is exact and stands.
     let whole = [("a", 100), ("b", 120), ("c", 140)];
     let (s, _) = responses_stating(&whole, 140, 3, r#""mean_itl_ms": 30"#);
     assert_eq!(s.tpot_per_choice, [Duration::from_millis(20)]);
+    assert_eq!(s.tpot_basis, Some(TpotBasis::Stream));
 }
