@@ -36,11 +36,11 @@ PY
 
 sweep() {
     "${PIN_CLIENT[@]}" "$ROOT/target/release/llmslo" sweep --target "http://127.0.0.1:$PORT" --model small \
-        --config "$WORK/slo.yaml" --warmup 2s "$@"
+        --config "$WORK/slo.yaml" "$@"
 }
 for endpoint in $ENDPOINTS; do
     echo "$endpoint: a synthetic prompt of $PROMPT_TOKENS tokens, 2 clients, 20 s ..."
-    sweep --endpoint "$endpoint" --concurrency 2 --duration 20s --prompt-tokens "$PROMPT_TOKENS" \
+    sweep --endpoint "$endpoint" --concurrency 2 --warmup 2s --duration 20s --prompt-tokens "$PROMPT_TOKENS" \
         --output-tokens 16 --json "$WORK/synthetic-$endpoint.json" >"$WORK/synthetic-$endpoint.txt" 2>&1
     echo "$endpoint: the trace replayed at its own rate ..."
     sweep --endpoint "$endpoint" --replay "$WORK/trace.jsonl" --rate-scale 1 \

@@ -51,14 +51,15 @@ pub struct Class {
 }
 
 impl Shape {
-    /// The shape of `trace`; a class is an API and model (`chat` where the trace names none).
-    pub fn of(trace: &Trace) -> Result<Self, String> {
+    /// The shape of `trace`; a class is an API and model (`unnamed_api` where the trace names
+    /// none: the endpoint its requests are sent to).
+    pub fn of(trace: &Trace, unnamed_api: &str) -> Result<Self, String> {
         if trace.rows.is_empty() {
             return Err("the trace holds no request".into());
         }
         let mut groups: BTreeMap<ClassKey, Lengths> = BTreeMap::new();
         for row in &trace.rows {
-            let api = row.api.clone().unwrap_or_else(|| "chat".into());
+            let api = row.api.clone().unwrap_or_else(|| unnamed_api.into());
             let (input, output) = groups.entry((api, row.model.clone())).or_default();
             input.push(row.input_length);
             output.push(row.output_length);
@@ -257,7 +258,7 @@ mod tests {
                 ..TraceRow::lengths(input, output)
             });
         }
-        let shape = Shape::of(&trace_of(rows)).unwrap();
+        let shape = Shape::of(&trace_of(rows), "chat").unwrap();
         assert_eq!(shape.requests, 1000);
         assert!((shape.rate - 10.0).abs() < 1e-9);
         assert_eq!(shape.burstiness, 100.0, "evenly spaced: as steady as it gets");
@@ -292,15 +293,28 @@ mod tests {
                     }
                 })
                 .collect();
-            let shape = Shape::of(&trace_of(rows)).unwrap();
+            let shape = Shape::of(&trace_of(rows), "chat").unwrap();
             assert!((shape.burstiness - k).abs() < tolerance, "k={k}: {}", shape.burstiness);
             assert!((shape.rate - 5.0).abs() < 0.2, "{}", shape.rate);
         }
     }
 
     #[test]
+    fn requests_that_name_no_api_are_the_endpoints_they_are_sent_to() {
+        let named = TraceRow {
+            api: Some("chat".into()),
+            ..TraceRow::lengths(3, 4)
+        };
+        let rows = vec![TraceRow::lengths(3, 4), TraceRow::lengths(5, 6), named];
+        let shape = Shape::of(&trace_of(rows), "messages").unwrap();
+        let apis: Vec<(&str, f64)> = shape.classes.iter().map(|c| (c.api.as_str(), c.share)).collect();
+        assert_eq!(apis, [("messages", 2.0 / 3.0), ("chat", 1.0 / 3.0)]);
+        assert!(shape.describe().contains("% messages: prompt"), "{}", shape.describe());
+    }
+
+    #[test]
     fn a_bad_shape_file_says_what_is_wrong() {
-        let shape = Shape::of(&trace_of(vec![TraceRow::lengths(3, 4)])).unwrap();
+        let shape = Shape::of(&trace_of(vec![TraceRow::lengths(3, 4)]), "chat").unwrap();
         assert_eq!(shape.burstiness, 1.0, "one request: Poisson");
         let error = |yaml: String| Shape::from_yaml("s", &yaml).unwrap_err();
         assert!(error(shape.to_yaml().replace("burstiness: 1.0", "burstiness: 0.0"))

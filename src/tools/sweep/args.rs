@@ -367,7 +367,8 @@ impl SweepArgs {
                 .await
                 .map_err(|e| SweepError::Target(format!("--workload-from {url}: {e}")))?;
             let trace = Trace::parse(&url, &text).map_err(|e| SweepError::Target(format!("--workload-from {e}")))?;
-            let shape = Shape::of(&trace).map_err(|e| SweepError::Target(format!("--workload-from {url}: {e}")))?;
+            let shape = Shape::of(&trace, self.endpoint.api())
+                .map_err(|e| SweepError::Target(format!("--workload-from {url}: {e}")))?;
             if let Some(path) = &self.workload {
                 std::fs::write(path, shape.to_yaml())
                     .map_err(|e| usage(format!("--workload {}: cannot write there: {e}", path.display())))?;

@@ -418,7 +418,7 @@ pub fn describe_workload(options: &SweepOptions) -> Option<String> {
     match &options.workload {
         Workload::Fixed => None,
         Workload::Replay { name, trace } => {
-            let classes: String = Shape::of(trace)
+            let classes: String = Shape::of(trace, options.endpoint.api())
                 .map(|s| s.describe())
                 .unwrap_or_default()
                 .lines()
