@@ -23,12 +23,14 @@ import time
 ROUTES = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
 
 
-def send(addr, path, body):
-    """Sends one JSON POST over HTTP/1.0 on a new connection; returns (socket, t_sent)."""
+def send(addr, path, body, headers=None):
+    """Sends one JSON POST (with any further `headers`) over HTTP/1.0 on a new connection;
+    returns (socket, t_sent)."""
     host, port = addr.rsplit(":", 1)
     payload = json.dumps(body).encode()
+    extra = "".join(f"{name}: {value}\r\n" for name, value in (headers or {}).items())
     head = (
-        f"POST {path} HTTP/1.0\r\nHost: {host}\r\ncontent-type: application/json\r\n"
+        f"POST {path} HTTP/1.0\r\nHost: {host}\r\ncontent-type: application/json\r\n{extra}"
         f"content-length: {len(payload)}\r\n\r\n"
     ).encode()
     sock = socket.create_connection((host, int(port)))
@@ -38,10 +40,10 @@ def send(addr, path, body):
     return sock, t_sent
 
 
-def stream(addr, body, path="/v1/chat/completions"):
+def stream(addr, body, path="/v1/chat/completions", headers=None):
     """Sends one request; returns (t_sent, [(t_arrived, event_json_or_None)]); a typed event's
     JSON gets its `event:` type under "_event"."""
-    sock, t_sent = send(addr, path, body)
+    sock, t_sent = send(addr, path, body, headers)
     buf, events, in_body = b"", [], False
     while True:
         data = sock.recv(65536)
