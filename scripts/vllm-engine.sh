@@ -31,10 +31,10 @@ start_vllm() {
     export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
     "${PIN_ENGINE[@]}" "$VLLM_DIR/venv/bin/python" -m vllm.entrypoints.openai.api_server --model "$VLLM_DIR/small" \
         --served-model-name small --host 127.0.0.1 --port "$PORT" --dtype float32 --max-model-len 1024 \
-        --no-enable-prefix-caching ${VLLM_EXTRA_ARGS:-} >"$WORK/vllm.log" 2>&1 &
+        --no-enable-prefix-caching ${VLLM_EXTRA_ARGS:-} >"$WORK/vllm-$PORT.log" 2>&1 &
     ENGINE_PID=$!
     for _ in $(seq 1 120); do curl -sf "http://127.0.0.1:$PORT/health" >/dev/null && break; sleep 2; done
-    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null || { tail -30 "$WORK/vllm.log"; exit 1; }
+    curl -sf "http://127.0.0.1:$PORT/health" >/dev/null || { tail -30 "$WORK/vllm-$PORT.log"; exit 1; }
 }
 
 # Writes $WORK/llmslo.yaml: the sidecar on PORT+1 (proxy) and PORT+2 (metrics) in front of

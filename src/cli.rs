@@ -3,6 +3,7 @@
 use crate::config::{Config, EngineSetting, LogFormat, Overrides};
 use crate::k8s::inject::{self, InjectOptions, SidecarMode};
 use crate::k8s::webhook;
+use crate::observe::tokens::TokenCounter;
 use crate::record::Role;
 use crate::sidecar::{stop_unless_interrupted_again, termination_signal, Sidecar};
 use crate::slo::rules::{self, RulesFormat};
@@ -12,7 +13,7 @@ use crate::tools::simulate::batching::BatchingOptions;
 use crate::tools::simulate::delay::Delay;
 use crate::tools::simulate::disagg::PdOptions;
 use crate::tools::simulate::shape::Flavor;
-use crate::tools::simulate::{SimEngine, SimOptions};
+use crate::tools::simulate::{PromptCounting, SimEngine, SimOptions};
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -339,6 +340,13 @@ impl Cli {
                     self.log.as_deref().unwrap_or("info"),
                     self.log_format.unwrap_or(LogFormat::Text),
                 );
+                let tokenizer = match args.tokenizer.as_deref().map(TokenCounter::load).transpose() {
+                    Ok(tokenizer) => tokenizer.map(Arc::new),
+                    Err(e) => {
+                        error!(error = %e, "--tokenizer: could not load it");
+                        return ExitCode::FAILURE;
+                    }
+                };
                 let listener = match TcpListener::bind(args.listen).await {
                     Ok(listener) => listener,
                     Err(e) => {
@@ -367,7 +375,11 @@ impl Cli {
                         step_jitter: args.step_jitter,
                     }),
                     per_request_metrics: args.per_request_metrics,
-                    chars_per_token: args.chars_per_token,
+                    prompt_counting: PromptCounting {
+                        chars_per_token: args.chars_per_token,
+                        tokenizer,
+                        template_tokens: args.template_tokens,
+                    },
                     pd: args.pd.then_some(PdOptions {
                         prefill_per_token: args.pd_prefill_per_token,
                         transfer_per_token: args.pd_transfer_per_token,

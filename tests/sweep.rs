@@ -5,13 +5,15 @@
 use crate::common;
 
 use crate::common::{free_port, knee_40_engine, start_engine, timed_engine};
+use llmslo::observe::tokens::TokenCounter;
 use llmslo::slo::spec::SloSet;
-use llmslo::tools::simulate::SimOptions;
+use llmslo::tools::simulate::{PromptCounting, SimOptions};
 use llmslo::tools::sweep::client::Endpoint;
 use llmslo::tools::sweep::load::Arrivals;
 use llmslo::tools::sweep::stats::{Judgement, Load};
 use llmslo::tools::sweep::{LoadPlan, SweepOptions, Workload};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 const TPOT_30MS: &str =
@@ -249,7 +251,10 @@ async fn open_loop_steps_say_the_rate_they_sent_and_exact_arrivals_send_the_rate
 async fn prompt_tokens_are_the_targets_tokens_whatever_its_tokenizer() {
     // Two characters a token: each four-character word of the synthetic prompt is two tokens.
     let (engine, stop) = start_engine(SimOptions {
-        chars_per_token: 2,
+        prompt_counting: PromptCounting {
+            chars_per_token: 2,
+            ..PromptCounting::default()
+        },
         ..timed_engine(5, 1)
     })
     .await;
@@ -269,6 +274,37 @@ async fn prompt_tokens_are_the_targets_tokens_whatever_its_tokenizer() {
         )),
         "{table}"
     );
+    stop.cancel();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_short_prompt_is_the_targets_count_under_its_chat_template() {
+    // The tokenizer of the small model the real-vLLM checks serve (one to four tokens a word)
+    // and a chat template of eight tokens, as vLLM counts a chat prompt: two calibration
+    // prompts of random words leave the template's tokens in their noise, and a synthetic
+    // prompt of 64 tokens would come to 73.
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/tokenizer-vllm-small");
+    let tokenizer = TokenCounter::load(std::path::Path::new(path)).unwrap();
+    let (engine, stop) = start_engine(SimOptions {
+        prompt_counting: PromptCounting {
+            tokenizer: Some(Arc::new(tokenizer)),
+            template_tokens: 8,
+            ..PromptCounting::default()
+        },
+        ..timed_engine(5, 1)
+    })
+    .await;
+    for asked in [64, 256] {
+        let mut sweep = options(format!("http://{engine}"), LoadPlan::Concurrency(vec![2]));
+        sweep.prompt_tokens = asked;
+        let report = llmslo::tools::sweep::run(sweep).await.unwrap();
+        let counted = report.steps[0].prompt_tokens_mean;
+        assert!(
+            (counted - f64::from(asked)).abs() <= 0.05 * f64::from(asked),
+            "{asked} asked, {counted} counted\n{}",
+            report.render()
+        );
+    }
     stop.cancel();
 }
 

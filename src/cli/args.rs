@@ -285,6 +285,14 @@ pub(super) struct SimulateArgs {
     /// prompt's characters over this.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=64))]
     pub(super) chars_per_token: u32,
+    /// Count prompt tokens with this tokenizer (a tokenizer.json, or a model directory that
+    /// holds one) instead of by characters.
+    #[arg(long, value_name = "PATH")]
+    pub(super) tokenizer: Option<PathBuf>,
+    /// Tokens a chat template adds to every prompt sent as messages (chat, Messages, a
+    /// Responses input), as a model's template does.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=100_000))]
+    pub(super) template_tokens: u32,
     /// Follow vLLM's kv_transfer_params as an engine of a disaggregated pair (run two: the
     /// prefill and the decode engine): a prefill leg answers where its KV blocks are, a decode
     /// leg skips the prefill and waits for the transfer (not with --batching).

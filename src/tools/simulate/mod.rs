@@ -27,7 +27,8 @@ use pace::{EngineClock, Pacer};
 use prometheus_client::metrics::gauge::Gauge;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use request::{prompt_tokens, read_request};
+use request::read_request;
+pub use request::PromptCounting;
 pub use respond::SimAbort;
 use respond::{bad_request, json_response, not_found, ChannelBody, SimBody};
 use shape::{error_body, Flavor, Shape};
@@ -94,8 +95,8 @@ pub struct SimOptions {
     pub per_request_metrics: bool,
     /// One half of a disaggregated pair (prefill or decode engine), outside batching mode.
     pub pd: Option<PdOptions>,
-    /// The tokenizer's characters a token: a prompt of N characters counts N / this tokens.
-    pub chars_per_token: u32,
+    /// How prompts are counted for the usage.
+    pub prompt_counting: PromptCounting,
 }
 
 impl Default for SimOptions {
@@ -115,7 +116,7 @@ impl Default for SimOptions {
             batching: None,
             per_request_metrics: false,
             pd: None,
-            chars_per_token: 4,
+            prompt_counting: PromptCounting::default(),
         }
     }
 }
@@ -301,7 +302,7 @@ impl SimEngine {
             let body = error_body("simulated engine failure", "InternalServerError", 500);
             return json_response(StatusCode::INTERNAL_SERVER_ERROR, body.to_string());
         }
-        let prompt_tokens = prompt_tokens(&parsed, self.options.chars_per_token);
+        let prompt_tokens = self.options.prompt_counting.count(&parsed);
         let shape = Shape {
             flavor: self.options.flavor,
             id: format!(
@@ -488,7 +489,7 @@ impl SimEngine {
             return json_response(StatusCode::INTERNAL_SERVER_ERROR, body.to_string());
         }
         tokio::time::sleep(self.options.ttft.sample(&mut rng)).await;
-        let tokens = prompt_tokens(&parsed, self.options.chars_per_token);
+        let tokens = self.options.prompt_counting.count(&parsed);
         let answer = serde_json::json!({
             "object": "list",
             "model": parsed.model.unwrap_or_else(|| self.options.models[0].clone()),

@@ -2,10 +2,12 @@
 //! its prompt tokens.
 
 use super::respond::{bad_request, SimBody};
+use crate::observe::tokens::TokenCounter;
 use http::{Request, Response};
 use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use serde::Deserialize;
+use std::sync::Arc;
 
 /// Largest request body the simulated engine reads.
 const MAX_REQUEST_BYTES: usize = 4 << 20;
@@ -54,29 +56,60 @@ pub(super) async fn read_request(request: Request<Incoming>) -> Result<Generatio
     serde_json::from_slice(&body).map_err(|e| bad_request(&format!("invalid JSON body: {e}")))
 }
 
-/// A rough prompt token count: the characters of the messages or prompt over
-/// `chars_per_token` (at least one).
-pub(super) fn prompt_tokens(request: &GenerationRequest, chars_per_token: u32) -> u64 {
-    fn count_chars(value: &serde_json::Value) -> u64 {
-        match value {
-            serde_json::Value::String(s) => s.chars().count() as u64,
-            serde_json::Value::Array(items) => items.iter().map(count_chars).sum(),
-            serde_json::Value::Object(map) => ["content", "text"]
-                .iter()
-                .filter_map(|k| map.get(*k))
-                .map(count_chars)
-                .sum(),
-            _ => 0,
+/// How the simulated engine counts a prompt's tokens for its usage.
+#[derive(Debug, Clone)]
+pub struct PromptCounting {
+    /// Characters a token, where no tokenizer is set.
+    pub chars_per_token: u32,
+    /// A tokenizer that counts the prompt's text instead.
+    pub tokenizer: Option<Arc<TokenCounter>>,
+    /// Tokens a chat template adds to every prompt sent as messages (chat, Messages) or as a
+    /// Responses `input`.
+    pub template_tokens: u32,
+}
+
+impl Default for PromptCounting {
+    /// Four characters a token, no template: a rough count of any text.
+    fn default() -> Self {
+        Self {
+            chars_per_token: 4,
+            tokenizer: None,
+            template_tokens: 0,
         }
     }
-    let messages = request.messages.iter().flatten().map(count_chars).sum::<u64>();
-    let prompt = request
-        .prompt
-        .as_ref()
-        .or(request.inputs.as_ref())
-        .or(request.input.as_ref())
-        .map_or(0, count_chars);
-    ((messages + prompt) / u64::from(chars_per_token.max(1))).max(1)
+}
+
+impl PromptCounting {
+    /// The prompt tokens of `request` (at least one): its messages' or prompt's text, by the
+    /// tokenizer or by characters, and the template's tokens where it was sent as messages.
+    pub(super) fn count(&self, request: &GenerationRequest) -> u64 {
+        fn texts<'a>(value: &'a serde_json::Value, out: &mut Vec<&'a str>) {
+            match value {
+                serde_json::Value::String(s) => out.push(s),
+                serde_json::Value::Array(items) => items.iter().for_each(|item| texts(item, out)),
+                serde_json::Value::Object(map) => ["content", "text"]
+                    .iter()
+                    .filter_map(|k| map.get(*k))
+                    .for_each(|item| texts(item, out)),
+                _ => {}
+            }
+        }
+        let mut parts = Vec::new();
+        request.messages.iter().flatten().for_each(|m| texts(m, &mut parts));
+        let prompt = request.prompt.as_ref().or(request.inputs.as_ref());
+        prompt
+            .or(request.input.as_ref())
+            .iter()
+            .for_each(|p| texts(p, &mut parts));
+        let text = match &self.tokenizer {
+            Some(tokenizer) => tokenizer.count(&parts.join("\n")).unwrap_or(0),
+            None => {
+                parts.iter().map(|p| p.chars().count() as u64).sum::<u64>() / u64::from(self.chars_per_token.max(1))
+            }
+        };
+        let templated = request.messages.is_some() || request.input.is_some();
+        (text + if templated { u64::from(self.template_tokens) } else { 0 }).max(1)
+    }
 }
 
 #[cfg(test)]
@@ -89,9 +122,35 @@ mod tests {
             r#"{"messages":[{"role":"user","content":"one two three"},{"role":"user","content":[{"type":"text","text":"xyz"}]}]}"#,
         )
         .unwrap();
-        assert_eq!(prompt_tokens(&request, 4), 4, "16 characters");
+        let counting = |chars_per_token| PromptCounting {
+            chars_per_token,
+            ..PromptCounting::default()
+        };
+        assert_eq!(counting(4).count(&request), 4, "16 characters");
+        let templated = PromptCounting {
+            template_tokens: 7,
+            ..counting(4)
+        };
+        assert_eq!(templated.count(&request), 11, "and the chat template's");
         let request: GenerationRequest = serde_json::from_str(r#"{"prompt":"a b"}"#).unwrap();
-        assert_eq!(prompt_tokens(&request, 4), 1, "at least one");
-        assert_eq!(prompt_tokens(&request, 1), 3, "a tokenizer of a character a token");
+        assert_eq!(counting(4).count(&request), 1, "at least one");
+        assert_eq!(counting(1).count(&request), 3, "a tokenizer of a character a token");
+        assert_eq!(templated.count(&request), 1, "a plain prompt has no template");
+    }
+
+    #[test]
+    fn a_tokenizer_counts_the_text_it_was_given() {
+        let tokenizer = TokenCounter::load(std::path::Path::new("tests/fixtures/tokenizer")).unwrap();
+        let expected = tokenizer.count("one two three\nxyz").unwrap();
+        let counting = PromptCounting {
+            tokenizer: Some(Arc::new(tokenizer)),
+            template_tokens: 2,
+            ..PromptCounting::default()
+        };
+        let request: GenerationRequest = serde_json::from_str(
+            r#"{"messages":[{"role":"user","content":"one two three"},{"role":"user","content":"xyz"}]}"#,
+        )
+        .unwrap();
+        assert_eq!(counting.count(&request), expected + 2);
     }
 }

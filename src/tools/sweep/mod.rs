@@ -308,7 +308,7 @@ pub fn planned_requests(
             let entries: Vec<Entry> = match &options.dataset {
                 Some(path) => prompts::load_dataset(path).map_err(SweepError::Usage)?,
                 None => vec![Entry {
-                    prompt: prompts::synthetic(scale.words(options.endpoint, options.prompt_tokens)),
+                    prompt: prompts::synthetic(scale.synthetic_words(options.endpoint, options.prompt_tokens)),
                     output_tokens: None,
                 }],
             };
@@ -343,7 +343,10 @@ pub async fn prompt_scale(options: &SweepOptions, requester: &Requester) -> Prom
         }
     }
     match calibrate::measure(requester, &endpoints).await {
-        Some(scale) => {
+        Some(mut scale) => {
+            if matches!(options.workload, Workload::Fixed) {
+                calibrate::fit_synthetic(requester, options.endpoint, options.prompt_tokens, &mut scale).await;
+            }
             eprint!("llmslo sweep: {}", scale.describe());
             scale
         }
