@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # The lengths `llmslo sweep` states, on a real vLLM (CPU, the `small` model of the vLLM-on-CPU
-# runner that VLLM_SH names): a synthetic prompt of PROMPT_TOKENS tokens on each API, against
-# the prompt tokens the engine counted (usage); then a replayed trace on each API, with the
-# output lengths asked against those served and the APIs that ended requests early.
+# runner that VLLM_SH names): a synthetic prompt of each of PROMPT_TOKENS tokens on each API,
+# against the prompt tokens the engine counted (usage); then a replayed trace on each API, with
+# the output lengths asked against those served and the APIs that ended requests early.
 #
-#   scripts/lengths-vs-vllm.sh                          256 prompt tokens, chat and Messages
-#   PROMPT_TOKENS=512 ENDPOINTS="chat responses messages" scripts/lengths-vs-vllm.sh
+#   scripts/lengths-vs-vllm.sh                  prompts of 64 and 256 tokens, chat, Responses, Messages
+#   PROMPT_TOKENS="32 512" ENDPOINTS=chat scripts/lengths-vs-vllm.sh
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PORT=${PORT:-18000}
-PROMPT_TOKENS=${PROMPT_TOKENS:-256}
-ENDPOINTS=${ENDPOINTS:-chat messages}
+PROMPT_TOKENS=${PROMPT_TOKENS:-64 256}
+ENDPOINTS=${ENDPOINTS:-chat responses messages}
 WORK=$(mktemp -d)
 . "$ROOT/scripts/vllm-engine.sh"
 
@@ -39,9 +39,12 @@ sweep() {
         --config "$WORK/slo.yaml" "$@"
 }
 for endpoint in $ENDPOINTS; do
-    echo "$endpoint: a synthetic prompt of $PROMPT_TOKENS tokens, 2 clients, 20 s ..."
-    sweep --endpoint "$endpoint" --concurrency 2 --warmup 2s --duration 20s --prompt-tokens "$PROMPT_TOKENS" \
-        --output-tokens 16 --json "$WORK/synthetic-$endpoint.json" >"$WORK/synthetic-$endpoint.txt" 2>&1
+    for tokens in $PROMPT_TOKENS; do
+        echo "$endpoint: a synthetic prompt of $tokens tokens, 2 clients, 20 s ..."
+        sweep --endpoint "$endpoint" --concurrency 2 --warmup 2s --duration 20s --prompt-tokens "$tokens" \
+            --output-tokens 16 --json "$WORK/synthetic-$endpoint-$tokens.json" >"$WORK/synthetic-$endpoint-$tokens.txt" 2>&1
+        grep '^llmslo sweep: prompts' "$WORK/synthetic-$endpoint-$tokens.txt" || true
+    done
     echo "$endpoint: the trace replayed at its own rate ..."
     sweep --endpoint "$endpoint" --replay "$WORK/trace.jsonl" --rate-scale 1 \
         --json "$WORK/replay-$endpoint.json" >"$WORK/replay-$endpoint.txt" 2>&1
@@ -49,19 +52,21 @@ done
 
 python3 - "$WORK" "$PROMPT_TOKENS" $ENDPOINTS <<'PY'
 import json, sys
-work, asked, endpoints = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
+work, lengths, endpoints = sys.argv[1], [int(t) for t in sys.argv[2].split()], sys.argv[3:]
 trace = [json.loads(line) for line in open(f"{work}/trace.jsonl")]
 trace_mean = sum(r["output_length"] for r in trace) / len(trace)
-print(f"\n| API | prompt tokens asked | engine's count (mean) | difference | replay: output tokens asked / served (mean) | ended early |")
-print("| --- | --- | --- | --- | --- | --- |")
+print(f"\n| API | prompt tokens asked | the engine's count, mean | difference |")
+print("| --- | --- | --- | --- |")
 for api in endpoints:
-    synthetic = json.load(open(f"{work}/synthetic-{api}.json"))["steps"][0]
+    for asked in lengths:
+        got = json.load(open(f"{work}/synthetic-{api}-{asked}.json"))["steps"][0]["prompt_tokens_mean"]
+        print(f"| {api} | {asked} | {got:.1f} | {100 * (got - asked) / asked:+.1f} % |")
+print(f"\n| API | replay: output tokens asked / served, mean | ended early |")
+print("| --- | --- | --- |")
+for api in endpoints:
     replay = json.load(open(f"{work}/replay-{api}.json"))["steps"][0]
-    got = synthetic["prompt_tokens_mean"]
     early = replay.get("ended_early", {}).get(api, {"ended_early": 0, "served": 0})
-    print(f"| {api} | {asked} | {got:.1f} | {100 * (got - asked) / asked:+.1f} % "
-          f"| {trace_mean:.1f} / {replay['output_tokens_mean']:.1f} "
-          f"| {early['ended_early']} of {early['served']} |")
+    print(f"| {api} | {trace_mean:.1f} / {replay['output_tokens_mean']:.1f} | {early['ended_early']} of {early['served']} |")
 PY
 for api in $ENDPOINTS; do
     echo; echo "== llmslo sweep's report of the $api replay =="; cat "$WORK/replay-$api.txt"
