@@ -37,6 +37,8 @@ struct Case {
     models: &'static [&'static str],
     /// The rates the truth is searched over (requests per second).
     rates: Vec<f64>,
+    /// How far the capacity may stray from the truth at 20, 40 and 60 % of it.
+    capacity_tolerance: f64,
 }
 
 /// TPOT within 30 ms and TTFT within 1 s: the batching simulator's TPOT is 10 + 0.5·C ms.
@@ -47,6 +49,7 @@ const BASELINE: Case = Case {
     bursts: None,
     models: &["sim"],
     rates: Vec::new(),
+    capacity_tolerance: 0.15,
 };
 
 /// The prompts' length: at the knee (about one arrival per 30 ms step), 150 µs a token stalls
@@ -275,7 +278,7 @@ async fn prove(name: &str, case: Case) {
             }
             if let Some(s) = settled
                 .iter()
-                .find(|s| !near(s.knee_requests_per_second / knee, 1.0, 0.15))
+                .find(|s| !near(s.knee_requests_per_second / knee, 1.0, case.capacity_tolerance))
             {
                 failures.push(format!("{share}: capacity {s:?}"));
             }
@@ -380,6 +383,10 @@ async fn noisy_engine() {
     let case = Case {
         step_jitter: 0.5,
         rates: around(26.0, 40.0),
+        // The truth is one draw of a noisy engine: over the engine's seeds 11 to 14 it was
+        // 30.7, 31.1, 33.3 and 29.3 req/s, and the cold first phase's capacity −15, −2, +8
+        // and +10 % from it.
+        capacity_tolerance: 0.2,
         ..BASELINE
     };
     prove("noisy engine", case).await;
