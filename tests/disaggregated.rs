@@ -204,9 +204,14 @@ async fn each_user_request_is_counted_once_with_the_ttft_the_client_waited_for_s
         assert_eq!(record.served, Some(Served::Disaggregated));
         let ttft = record.ttft.unwrap();
         let gap = ttft.as_secs_f64() - client.as_secs_f64();
-        // The client shares two cores with five servers in this process and the next: a 2 ms
-        // bound failed one CI run in three (3.9 ms); the real-vLLM check agrees within 0.9 ms.
-        assert!(gap.abs() <= 0.005, "llmslo {ttft:?} against the client's {client:?}");
+        // llmslo's clock starts after the client sent and stops before the client reads, so it
+        // never reads later; how much earlier is the client's own lateness, on two cores shared
+        // with five servers and the tests beside it (3.9 and 6.6 ms in CI runs; the real-vLLM
+        // check agrees within 0.9 ms). A part left out would be a whole leg: 40 ms or more.
+        assert!(
+            (-0.02..=0.001).contains(&gap),
+            "llmslo {ttft:?} against the client's {client:?}"
+        );
         let parts = record.ttft_parts.expect("the parts of a disaggregated TTFT");
         let each: Vec<f64> = parts
             .each()
