@@ -7,16 +7,16 @@ was sent), for tests that replay them (scripts/capture-load.sh runs it on a real
 
 API is responses or messages. Requests are sampled (temperature 1), so some tokens are held
 back. One JSON line per request, in the order they were sent: {"api", "clients",
-"max_tokens", "events": [[t_ms, raw event text], ...]}. Standard library only: the body is
-de-chunked, and each event stamped when the bytes that complete it come off the socket.
+"max_tokens", "events": [[t_ms, raw event text], ...]}. Standard library only: HTTP/1.0, so
+the body is not chunked, and each event is stamped when the bytes that complete it come off the
+socket.
 """
 import gzip
 import json
 import sys
 import threading
-import time
 
-from raw_client import ROUTES, send
+from raw_client import ROUTES, raw_events, send
 
 
 def body(api, model, prompt, max_tokens):
@@ -33,41 +33,10 @@ def body(api, model, prompt, max_tokens):
 
 
 def stream(addr, path, payload):
-    """Sends one request; returns [[t_ms, event text], ...] (the body de-chunked), or raises on a
-    status other than 200."""
+    """Sends one request; returns [[t_ms, event text], ...], or raises on a status other than
+    200."""
     sock, sent = send(addr, path, payload)
-    raw, body, events, chunked, head_seen = b"", b"", [], False, False
-    while True:
-        chunk = sock.recv(65536)
-        now = time.monotonic()
-        if not chunk:
-            break
-        raw += chunk
-        if not head_seen:
-            if b"\r\n\r\n" not in raw:
-                continue
-            head, raw = raw.split(b"\r\n\r\n", 1)
-            status = head.split(b"\r\n", 1)[0]
-            if b" 200 " not in status:
-                raise RuntimeError(f"status {status!r}")
-            chunked = b"transfer-encoding: chunked" in head.lower()
-            head_seen = True
-        if chunked:
-            # Whole chunks only: a size line, its bytes, and their CRLF.
-            while b"\r\n" in raw:
-                size_line, rest = raw.split(b"\r\n", 1)
-                size = int(size_line.split(b";")[0], 16)
-                if len(rest) < size + 2:
-                    break
-                body += rest[:size]
-                raw = rest[size + 2 :]
-        else:
-            body, raw = body + raw, b""
-        while b"\n\n" in body:
-            event, body = body.split(b"\n\n", 1)
-            events.append([round((now - sent) * 1e3, 3), event.decode() + "\n\n"])
-    sock.close()
-    return events
+    return [[round((now - sent) * 1e3, 3), event.decode() + "\n\n"] for now, event in raw_events(sock)]
 
 
 def main():

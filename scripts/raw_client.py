@@ -40,11 +40,11 @@ def send(addr, path, body, headers=None):
     return sock, t_sent
 
 
-def stream(addr, body, path="/v1/chat/completions", headers=None):
-    """Sends one request; returns (t_sent, [(t_arrived, event_json_or_None)]); a typed event's
-    JSON gets its `event:` type under "_event"."""
-    sock, t_sent = send(addr, path, body, headers)
-    buf, events, in_body = b"", [], False
+def raw_events(sock):
+    """Reads a streamed HTTP/1.0 answer off `sock` (not chunked: HTTP/1.0) and yields each
+    SSE event's bytes with the time the bytes that complete it arrived; raises on a status
+    other than 200."""
+    buf, in_body = b"", False
     while True:
         data = sock.recv(65536)
         now = time.monotonic()
@@ -56,19 +56,28 @@ def stream(addr, body, path="/v1/chat/completions", headers=None):
                 continue
             status = buf.split(b"\r\n", 1)[0]
             if b" 200 " not in status:
-                raise SystemExit(f"request failed: {status!r}")
+                raise RuntimeError(f"request failed: {status!r}")
             buf = buf.split(b"\r\n\r\n", 1)[1]
             in_body = True
         while b"\n\n" in buf:
             event, buf = buf.split(b"\n\n", 1)
-            lines = event.split(b"\n")
-            kind = next((l[len(b"event: "):].decode() for l in lines if l.startswith(b"event: ")), None)
-            payload = next((l[len(b"data: "):] for l in lines if l.startswith(b"data: ")), b"")
-            parsed = None if payload in (b"", b"[DONE]") else json.loads(payload)
-            if parsed is not None and kind is not None:
-                parsed["_event"] = kind
-            events.append((now, parsed))
+            yield now, event
     sock.close()
+
+
+def stream(addr, body, path="/v1/chat/completions", headers=None):
+    """Sends one request; returns (t_sent, [(t_arrived, event_json_or_None)]); a typed event's
+    JSON gets its `event:` type under "_event"."""
+    sock, t_sent = send(addr, path, body, headers)
+    events = []
+    for now, event in raw_events(sock):
+        lines = event.split(b"\n")
+        kind = next((l[len(b"event: "):].decode() for l in lines if l.startswith(b"event: ")), None)
+        payload = next((l[len(b"data: "):] for l in lines if l.startswith(b"data: ")), b"")
+        parsed = None if payload in (b"", b"[DONE]") else json.loads(payload)
+        if parsed is not None and kind is not None:
+            parsed["_event"] = kind
+        events.append((now, parsed))
     return t_sent, events
 
 

@@ -83,28 +83,35 @@ impl PromptCounting {
     /// The prompt tokens of `request` (at least one): its messages' or prompt's text, by the
     /// tokenizer or by characters, and the template's tokens where it was sent as messages.
     pub(super) fn count(&self, request: &GenerationRequest) -> u64 {
-        fn texts<'a>(value: &'a serde_json::Value, out: &mut Vec<&'a str>) {
+        /// Calls `each` on every text of a prompt or message: a string, or the `content` and
+        /// `text` of the objects and lists around it.
+        fn texts<'a>(value: &'a serde_json::Value, each: &mut impl FnMut(&'a str)) {
             match value {
-                serde_json::Value::String(s) => out.push(s),
-                serde_json::Value::Array(items) => items.iter().for_each(|item| texts(item, out)),
+                serde_json::Value::String(s) => each(s),
+                serde_json::Value::Array(items) => items.iter().for_each(|item| texts(item, each)),
                 serde_json::Value::Object(map) => ["content", "text"]
                     .iter()
                     .filter_map(|k| map.get(*k))
-                    .for_each(|item| texts(item, out)),
+                    .for_each(|item| texts(item, each)),
                 _ => {}
             }
         }
-        let mut parts = Vec::new();
-        request.messages.iter().flatten().for_each(|m| texts(m, &mut parts));
         let prompt = request.prompt.as_ref().or(request.inputs.as_ref());
-        prompt
-            .or(request.input.as_ref())
+        let sources = request
+            .messages
             .iter()
-            .for_each(|p| texts(p, &mut parts));
+            .flatten()
+            .chain(prompt.or(request.input.as_ref()));
         let text = match &self.tokenizer {
-            Some(tokenizer) => tokenizer.count(&parts.join("\n")).unwrap_or(0),
+            Some(tokenizer) => {
+                let mut parts = Vec::new();
+                sources.for_each(|source| texts(source, &mut |t| parts.push(t)));
+                tokenizer.count(&parts.join("\n")).unwrap_or(0)
+            }
             None => {
-                parts.iter().map(|p| p.chars().count() as u64).sum::<u64>() / u64::from(self.chars_per_token.max(1))
+                let mut chars = 0u64;
+                sources.for_each(|source| texts(source, &mut |t| chars += t.chars().count() as u64));
+                chars / u64::from(self.chars_per_token.max(1))
             }
         };
         let templated = request.messages.is_some() || request.input.is_some();
