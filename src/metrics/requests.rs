@@ -94,6 +94,7 @@ pub struct RequestFamilies {
     in_flight: Family<InFlightLabels, Gauge>,
     limits: LimitCounters,
     engine_fields_unreadable: Counter,
+    engine_fields_inconsistent: Counter,
     count_sources: Family<CountSourceLabels, Counter>,
     tpot_bases: Family<TpotBasisLabels, Counter>,
     unmeasured: Family<UnmeasuredLabels, Counter>,
@@ -146,6 +147,7 @@ impl RequestFamilies {
             in_flight: Family::default(),
             limits: LimitCounters::default(),
             engine_fields_unreadable: Counter::default(),
+            engine_fields_inconsistent: Counter::default(),
             count_sources: Family::default(),
             tpot_bases: Family::default(),
             unmeasured: Family::default(),
@@ -269,6 +271,12 @@ impl RequestFamilies {
             "Fields of the engine's per-request metrics that could not be read (not a number, not finite, \
              out of range): each is left out on its own, and the rest of its answer is read",
             self.engine_fields_unreadable.clone(),
+        );
+        r.register(
+            "llmslo_engine_request_metrics_inconsistent_fields",
+            "Fields of the engine's per-request metrics that contradict what llmslo measured of the same request \
+             (a queue or prefill longer than its TTFT, a mean gap longer than its answer): left out, unmeasured",
+            self.engine_fields_inconsistent.clone(),
         );
         r.register(
             "llmslo_token_count_source",
@@ -420,6 +428,9 @@ impl Reader for RequestFamilies {
             self.phases.observe(&labels, timing, record.ttft);
             if timing.unreadable > 0 {
                 self.engine_fields_unreadable.inc_by(u64::from(timing.unreadable));
+            }
+            if timing.inconsistent > 0 {
+                self.engine_fields_inconsistent.inc_by(u64::from(timing.inconsistent));
             }
         }
         if let Some(waiting) = record.engine_context.and_then(|c| c.waiting_at_arrival) {

@@ -14,6 +14,8 @@ use tokio::time::Instant;
 pub struct ObservedBody<B> {
     inner: B,
     watch: Watch,
+    /// Whether the forwarded bytes are the engine's own, so its size is theirs.
+    unchanged: bool,
 }
 
 /// Whether the body is still watched. The trailers held at the end share the tracker's place,
@@ -50,6 +52,7 @@ where
     pub fn new(inner: B, tracker: RequestTracker) -> Self {
         let mut body = Self {
             inner,
+            unchanged: !tracker.rewrites_body(),
             watch: Watch::Tracking(tracker),
         };
         if body.inner.is_end_stream() {
@@ -158,7 +161,16 @@ where
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        let inner = self.inner.size_hint();
+        if self.unchanged {
+            return inner;
+        }
+        // Rewritten bytes are at most the engine's, and their exact count is known only at the end.
+        let mut hint = SizeHint::new();
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper);
+        }
+        hint
     }
 }
 

@@ -222,6 +222,7 @@ impl WireEngineMetrics {
             tpot: possible(self.mean_itl_ms, ms).map(|ms| ms / 1e3),
             draft_acceptance: possible(self.draft_acceptance_rate, 0.0..=1.0),
             unreadable: 0,
+            inconsistent: 0,
         };
         let timing = EngineTiming { unreadable, ..timing };
         (timing != EngineTiming::default()).then_some(timing)

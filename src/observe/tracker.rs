@@ -252,6 +252,12 @@ impl RequestTracker {
         };
     }
 
+    /// Whether the body it reads is rewritten on its way (the usage chunk llmslo asked for
+    /// removed): its framing (`Content-Length`) must then be the forwarded bytes', not the engine's.
+    pub fn rewrites_body(&self) -> bool {
+        matches!(self.response, ResponseKind::Stream(_, Some(_)))
+    }
+
     fn reader_for(&self, headers: &HeaderMap) -> ResponseKind {
         let content_type = headers
             .get(header::CONTENT_TYPE)
@@ -437,6 +443,10 @@ impl RequestTracker {
             (End::Complete, _) => body_outcome.unwrap_or(Outcome::Success),
             (End::Refused, _) => unreachable!("a refused request is never recorded"),
         };
+        // The engine's word is input: only what fits llmslo's own clock is kept.
+        record.engine = record
+            .engine
+            .map(|timing| timing.consistent_with(record.ttft, record.e2e));
         debug!(
             model = %record.model,
             operation = record.operation.as_str(),

@@ -245,8 +245,14 @@ impl Shared {
             }
         };
         self.learn_engine(Some(operation), &response);
-        let (parts, body) = response.into_parts();
+        let (mut parts, body) = response.into_parts();
         tracker.on_response_head(parts.status, &parts.headers);
+        let rewritten = tracker.rewrites_body();
+        if rewritten {
+            // The engine's length counts the usage chunk the client will not get: the body goes
+            // out chunked (HTTP/1.1) or framed by its end (h2), so every byte promised comes.
+            parts.headers.remove(header::CONTENT_LENGTH);
+        }
         Ok(Response::from_parts(
             parts,
             ObservedBody::new(body, tracker).boxed_unsync(),

@@ -92,6 +92,9 @@ pub trait PrefillTimer: Send + Sync + std::fmt::Debug {
     fn prefill(&self) -> Option<Duration>;
 }
 
+/// How far the measured parts may add up past the TTFT (the engine rounds to milliseconds).
+const PARTS_SLACK_SECONDS: f64 = 0.001;
+
 /// One part of a disaggregated request's time to first token.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TtftPart {
@@ -137,11 +140,21 @@ pub struct TtftParts {
 impl TtftParts {
     /// Splits `ttft` with the prefill leg llmslo timed and the decode engine's own account.
     pub fn split(ttft: Duration, prefill: Option<Duration>, engine: Option<EngineTiming>) -> Self {
-        let prefill = prefill.map(|d| d.as_secs_f64());
-        let decode_queue = engine.and_then(|e| e.queue);
-        let kv_transfer = engine.and_then(|e| e.prefill);
+        let ttft = ttft.as_secs_f64();
+        // Each part lies within the TTFT, and the measured ones add up to no more than it:
+        // engine figures that do not fit are left unmeasured (the relay's is llmslo's own clock).
+        let within = |v: Option<f64>| v.filter(|v| v.is_finite() && (0.0..=ttft).contains(v));
+        let prefill = within(prefill.map(|d| d.as_secs_f64()));
+        let (mut decode_queue, mut kv_transfer) = (
+            within(engine.and_then(|e| e.queue)),
+            within(engine.and_then(|e| e.prefill)),
+        );
+        let measured = prefill.unwrap_or(0.0) + decode_queue.unwrap_or(0.0) + kv_transfer.unwrap_or(0.0);
+        if measured > ttft + PARTS_SLACK_SECONDS {
+            (decode_queue, kv_transfer) = (None, None);
+        }
         let coordination = match (prefill, decode_queue, kv_transfer) {
-            (Some(p), Some(q), Some(k)) => Some((ttft.as_secs_f64() - p - q - k).max(0.0)),
+            (Some(p), Some(q), Some(k)) => Some((ttft - p - q - k).max(0.0)),
             _ => None,
         };
         Self {
@@ -188,6 +201,35 @@ mod tests {
         assert_eq!(unrelayed.decode_queue, Some(0.05));
         let silent_engine = TtftParts::split(ttft, Some(Duration::from_millis(200)), None);
         assert_eq!(silent_engine.coordination, None);
+    }
+
+    #[test]
+    fn engine_parts_that_do_not_fit_the_ttft_are_unmeasured() {
+        let ttft = Duration::from_millis(400);
+        let relayed = Some(Duration::from_millis(200));
+        let engine = |queue: f64| EngineTiming {
+            queue: Some(queue),
+            prefill: Some(0.08),
+            ..EngineTiming::default()
+        };
+        // A queue past the TTFT (1e300 ms, or 5 s) is no part: it can move no breach's cause.
+        for queue in [1e297, 5.0, -1.0, f64::NAN] {
+            let parts = TtftParts::split(ttft, relayed, Some(engine(queue)));
+            assert_eq!((parts.decode_queue, parts.coordination), (None, None), "{queue}");
+            assert_eq!(parts.prefill, Some(0.2), "the relay's own measure stands");
+        }
+        // Each fits alone, but with the relayed prefill they add up past the TTFT.
+        let parts = TtftParts::split(ttft, relayed, Some(engine(0.15)));
+        assert_eq!(
+            (parts.decode_queue, parts.kv_transfer, parts.coordination),
+            (None, None, None)
+        );
+        let sum: f64 = TtftParts::split(ttft, relayed, Some(engine(0.1)))
+            .each()
+            .iter()
+            .map(|(_, v)| v.unwrap())
+            .sum();
+        assert!((sum - 0.4).abs() < 1e-9);
     }
 
     #[test]

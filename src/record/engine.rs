@@ -49,6 +49,10 @@ pub enum Fault {
     Engine,
 }
 
+/// How far the engine's clock may read past llmslo's for the same interval (engines round
+/// their figures to the millisecond).
+const CLOCK_SLACK_SECONDS: f64 = 0.001;
+
 /// The engine's own account of one request, where its answer states one (vLLM's per-request
 /// metrics: `metrics` in the usage chunk or in `response.completed`), in seconds.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -66,12 +70,44 @@ pub struct EngineTiming {
     /// Fields the engine stated that could not be read (not a number, not finite, out of
     /// range): each left out on its own, never the event.
     pub unreadable: u32,
+    /// Fields the engine stated that contradict what llmslo measured of the same request (a
+    /// queue or prefill longer than the TTFT llmslo saw, a mean gap longer than the whole
+    /// answer): left out, never taken over llmslo's own clock.
+    pub inconsistent: u32,
 }
 
 impl EngineTiming {
     /// The engine's time to first token: its queue and its prefill, when it states both.
     pub fn ttft(&self) -> Option<f64> {
         Some(self.queue? + self.prefill?)
+    }
+
+    /// The figures that fit what llmslo measured of the request: its TTFT (or, without one,
+    /// its whole `e2e`) holds the engine's queue and prefill, together and each alone, and the
+    /// whole answer holds its mean gap. What does not fit is left out and counted.
+    pub fn consistent_with(self, ttft: Option<std::time::Duration>, e2e: std::time::Duration) -> Self {
+        let bound = ttft.unwrap_or(e2e).as_secs_f64() + CLOCK_SLACK_SECONDS;
+        let whole = e2e.as_secs_f64() + CLOCK_SLACK_SECONDS;
+        let mut inconsistent = self.inconsistent;
+        let mut keep = |figure: Option<f64>, fits: bool| {
+            if figure.is_some() && !fits {
+                inconsistent += 1;
+                return None;
+            }
+            figure
+        };
+        let queue = keep(self.queue, self.queue.is_none_or(|q| q <= bound));
+        let prefill = keep(self.prefill, self.prefill.is_none_or(|p| p <= bound));
+        let together = !matches!((queue, prefill), (Some(q), Some(p)) if q + p > bound);
+        let (queue, prefill) = (keep(queue, together), keep(prefill, together));
+        let tpot = keep(self.tpot, self.tpot.is_none_or(|t| t <= whole));
+        let checked = Self { inconsistent, ..self };
+        Self {
+            queue,
+            prefill,
+            tpot,
+            ..checked
+        }
     }
 
     /// The time outside the engine, in seconds, of a request llmslo saw take `ttft` to its
@@ -116,5 +152,44 @@ impl EngineContext {
                 (a, b) => a.or(b),
             },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_engines_figures_are_kept_only_where_they_fit_what_llmslo_measured() {
+        let stated = |queue: f64, prefill: f64, tpot: f64| EngineTiming {
+            queue: Some(queue),
+            prefill: Some(prefill),
+            tpot: Some(tpot),
+            ..EngineTiming::default()
+        };
+        let (ttft, e2e) = (Some(Duration::from_millis(400)), Duration::from_secs(2));
+        let fits = stated(0.05, 0.1, 0.02);
+        assert_eq!(fits.consistent_with(ttft, e2e), fits);
+        // The hostile engine of the review: a queue of 1e300 ms, and one of 5 s.
+        for queue in [1e297, 5.0] {
+            let checked = stated(queue, 0.1, 0.02).consistent_with(ttft, e2e);
+            assert_eq!(
+                (checked.queue, checked.prefill, checked.inconsistent),
+                (None, Some(0.1), 1),
+                "{queue}"
+            );
+        }
+        let together = stated(0.3, 0.3, 0.02).consistent_with(ttft, e2e);
+        assert_eq!(
+            (together.queue, together.prefill, together.inconsistent),
+            (None, None, 2)
+        );
+        let gap = stated(0.05, 0.1, 3.0).consistent_with(ttft, e2e);
+        assert_eq!((gap.tpot, gap.inconsistent), (None, 1));
+        // Without a TTFT (an answer not streamed), the whole request bounds the queue.
+        assert_eq!(stated(1.5, 0.1, 0.02).consistent_with(None, e2e).queue, Some(1.5));
+        // A millisecond of rounding is the engine's clock, not a contradiction.
+        assert_eq!(stated(0.2, 0.2005, 0.02).consistent_with(ttft, e2e).inconsistent, 0);
     }
 }
