@@ -63,6 +63,8 @@ fn busy_metrics() -> Metrics {
                     targets: Default::default(),
                     served: None,
                     ttft_parts: None,
+                    relay_skipped: None,
+                    leg_fields_ignored: None,
                 });
             }
         }

@@ -70,6 +70,7 @@ impl Cli {
             "log_format",
             "role",
             "prefill_relay",
+            "prefill_pool",
         ] {
             let source = [sub, Some(&matches)]
                 .into_iter()

@@ -144,6 +144,32 @@ fn missing_or_bad_flags_and_env_exit_64() {
         stderr.contains("flag --prefill-relay") && stderr.contains("role: decode"),
         "{stderr}"
     );
+    // A relay with no pool would send legs wherever a request says: refused, naming the pool.
+    let (code, stderr) = run_and_fail(llmslo().args([
+        "run",
+        "--upstream",
+        "http://127.0.0.1:1",
+        "--role",
+        "decode",
+        "--prefill-relay",
+        "127.0.0.1:8299",
+    ]));
+    assert_eq!(code, 64);
+    assert!(
+        stderr.contains("flag --prefill-relay") && stderr.contains("needs prefill_pool"),
+        "{stderr}"
+    );
+    let (code, stderr) = run_and_fail(
+        llmslo()
+            .args(["run", "--upstream", "http://127.0.0.1:1", "--role", "decode"])
+            .args(["--prefill-relay", "127.0.0.1:8299"])
+            .env("LLMSLO_PREFILL_POOL", "10.1.2.3:8000,http://prefill"),
+    );
+    assert_eq!(code, 64);
+    assert!(
+        stderr.contains("LLMSLO_PREFILL_POOL") && stderr.contains("`http://prefill` is not a pod address"),
+        "{stderr}"
+    );
     let (code, stderr) = run_and_fail(llmslo().args(["check-config", "/dev/null", "--engine", "triton"]));
     assert_eq!(code, 64);
     assert!(

@@ -382,7 +382,11 @@ async fn the_disaggregated_dashboard_returns_data_from_a_live_prefill_decode_pai
         "slos:\n  - {name: ttft-1ms, objective: 99, ttft: 1ms}\n  - {name: tpot-1ms, objective: 99, tpot: 1ms}\n";
     let front = start_sidecar(
         router,
-        &format!("role: decode\nprefill_relay: 127.0.0.1:{}\n{slos}", free_port()),
+        &format!(
+            "role: decode\nprefill_relay: 127.0.0.1:{}\nprefill_pool: [{}]\n{slos}",
+            free_port(),
+            prefill.proxy_addr
+        ),
     )
     .await;
     let config = llmslo::config::Config::from_yaml(&format!("upstream: http://{router}\n{slos}")).unwrap();

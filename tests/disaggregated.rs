@@ -6,7 +6,7 @@
 //! that add up to it; legs are legs; a breach is charged to the pool that caused it; and a
 //! sidecar placed behind the routing sidecar says so.
 
-use crate::common::routing::{start_routing_sidecar, start_routing_sidecar_at};
+use crate::common::routing::{self as common_routing, start_routing_sidecar, start_routing_sidecar_at};
 use crate::common::*;
 use bytes::Bytes;
 use http::Request;
@@ -50,11 +50,12 @@ fn engine(ttft_ms: u64, tpot_ms: u64) -> SimOptions {
     }
 }
 
-/// The sidecar in front of the routing sidecar at `router`: role decode, relaying prefill legs.
-async fn front(router: SocketAddr, slos: &str, records: Arc<Records>) -> Sidecar {
+/// The sidecar in front of the routing sidecar at `router`: role decode, relaying prefill legs
+/// to the prefill pod at `pool` alone.
+async fn front(router: SocketAddr, pool: SocketAddr, slos: &str, records: Arc<Records>) -> Sidecar {
     let yaml = format!(
         "upstream: http://{router}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nengine: vllm\n\
-         final_scrape_grace: 0s\nrole: decode\nprefill_relay: 127.0.0.1:{}\n{slos}",
+         final_scrape_grace: 0s\nrole: decode\nprefill_relay: 127.0.0.1:{}\nprefill_pool: [{pool}]\n{slos}",
         free_port()
     );
     Sidecar::start_with(&Config::from_yaml(&yaml).unwrap(), vec![records])
@@ -110,15 +111,19 @@ async fn each_user_request_is_counted_once_with_the_ttft_the_client_waited_for_s
     let _alone = ONE_AT_A_TIME.lock().await;
     let (prefill_engine, _p) = start_engine(engine(40, 5)).await;
     let (decode_engine, _d) = start_engine(engine(40, 5)).await;
-    // llmslo in front of the prefill engine, with its default role and an SLO of its own.
-    let prefill_side = start_sidecar(prefill_engine, "slos:\n  - {name: ttft, objective: 99, ttft: 300ms}\n").await;
+    // llmslo in front of the prefill engine, with its role and an SLO of its own.
+    let prefill_side = start_sidecar(
+        prefill_engine,
+        "role: prefill\nslos:\n  - {name: ttft, objective: 99, ttft: 300ms}\n",
+    )
+    .await;
     // llmslo where it does not belong: between the routing sidecar and the decode engine.
     let behind = start_sidecar(decode_engine, "").await;
     let router = start_routing_sidecar(behind.proxy_addr).await;
     let records = Arc::new(Records::default());
     let http = client();
     let slos = "slos:\n  - {name: ttft, objective: 99, ttft: 300ms}\n  - {name: tpot, objective: 99, tpot: 30ms}\n";
-    let front = front(router, slos, records.clone()).await;
+    let front = front(router, prefill_side.proxy_addr, slos, records.clone()).await;
 
     // One request first, not compared: every connection on the way is then open.
     ask(&http, front.proxy_addr, 100, 2, Some(prefill_side.proxy_addr)).await;
@@ -176,16 +181,13 @@ async fn each_user_request_is_counted_once_with_the_ttft_the_client_waited_for_s
     // The prefill pod's SLO never saw a leg.
     assert_eq!(sample(&prefill_page, "llmslo_slo_events_total", &[]), 0.0);
     assert_eq!(sample(&prefill_page, "llmslo_placement_warning", &[]), 0.0);
-    // The sidecar behind the routing sidecar sees decode legs, counts them as legs, and warns.
+    // The sidecar behind the routing sidecar, with no role, expects no legs: it counts what it
+    // sees as the requests they are, says which carried a leg's fields, and warns.
+    assert_eq!(sample(&behind_page, "llmslo_legs_total", &[]), 0.0, "{behind_page}");
+    assert_eq!(sample(&behind_page, "llmslo_requests_total", &[]), 11.0);
     assert_eq!(
-        sample(&behind_page, "llmslo_legs_total", &[("phase", "decode")]),
-        9.0,
-        "{behind_page}"
-    );
-    assert_eq!(
-        sample(&behind_page, "llmslo_requests_total", &[]),
-        2.0,
-        "the decode_only requests"
+        sample(&behind_page, "llmslo_leg_fields_ignored_total", &[("phase", "decode")]),
+        9.0
     );
     assert_eq!(
         sample(
@@ -248,10 +250,10 @@ async fn a_slow_prefill_pool_burns_ttft_and_a_slow_decode_pool_burns_tpot_each_c
     let _alone = ONE_AT_A_TIME.lock().await;
     let (prefill_engine, _p) = start_engine(engine(350, 5)).await;
     let (decode_engine, _d) = start_engine(engine(40, 50)).await;
-    let prefill_side = start_sidecar(prefill_engine, "").await;
+    let prefill_side = start_sidecar(prefill_engine, "role: prefill\n").await;
     let router = start_routing_sidecar(decode_engine).await;
     let slos = "slos:\n  - {name: ttft, objective: 99, ttft: 300ms}\n  - {name: tpot, objective: 99, tpot: 30ms}\n";
-    let front = front(router, slos, Arc::default()).await;
+    let front = front(router, prefill_side.proxy_addr, slos, Arc::default()).await;
     let http = client();
     for _ in 0..4 {
         ask(&http, front.proxy_addr, 100, 6, Some(prefill_side.proxy_addr)).await;
@@ -276,8 +278,9 @@ async fn a_slow_prefill_pool_burns_ttft_and_a_slow_decode_pool_burns_tpot_each_c
     prefill_side.shutdown().await;
 }
 
-/// An llm-d decode pod as llm-d's chart makes it, on ports `router` and `engine`.
-fn llm_d_decode_pod(router: u16, engine: u16) -> String {
+/// An llm-d decode pod as llm-d's chart makes it, on ports `router` and `engine`, its prefill
+/// pool named for llmslo.
+fn llm_d_decode_pod(router: u16, engine: u16, pool: SocketAddr) -> String {
     format!(
         r#"
 apiVersion: apps/v1
@@ -288,6 +291,7 @@ spec:
   template:
     metadata:
       labels: {{app: qwen, llm-d.ai/role: decode, llmslo.io/inject: "true"}}
+      annotations: {{llmslo.io/prefill-pool: "{pool}"}}
     spec:
       initContainers:
         - name: routing-proxy
@@ -321,8 +325,12 @@ async fn an_injected_llm_d_decode_pod_chains_client_llmslo_routing_sidecar_engin
     // can take them: the router's port, the port 100 above it where inject moves the routing
     // sidecar, and the engine's.
     let (router_port, engine_port) = quiet_ports();
+    let (prefill_engine, _p) = start_engine(engine(40, 5)).await;
+    let prefill_side = start_sidecar(prefill_engine, "role: prefill\n").await;
     let options = llmslo::k8s::inject::InjectOptions::with_image("registry.example/llmslo:test");
-    let injected = llmslo::k8s::inject::inject_yaml(&llm_d_decode_pod(router_port, engine_port), &options).unwrap();
+    let pod = llm_d_decode_pod(router_port, engine_port, prefill_side.proxy_addr);
+    let injected = llmslo::k8s::inject::inject_yaml(&pod, &options).unwrap();
+    assert!(injected.warnings.is_empty(), "{:?}", injected.warnings);
     let pod: serde_json::Value = serde_yaml::from_str(&injected.output).unwrap();
     let init = &pod["spec"]["template"]["spec"]["initContainers"];
     let args = |c: &serde_json::Value| -> Vec<String> {
@@ -364,8 +372,6 @@ async fn an_injected_llm_d_decode_pod_chains_client_llmslo_routing_sidecar_engin
 
     // The same pieces, on those ports.
     let decode_engine = tokio::net::TcpListener::bind(("127.0.0.1", engine_port)).await.unwrap();
-    let (prefill_engine, _p) = start_engine(engine(40, 5)).await;
-    let prefill_side = start_sidecar(prefill_engine, "").await;
     let shutdown = tokio_util::sync::CancellationToken::new();
     tokio::spawn(llmslo::tools::simulate::SimEngine::new(engine(40, 5)).serve(decode_engine, shutdown.clone()));
     start_routing_sidecar_at(
@@ -375,10 +381,11 @@ async fn an_injected_llm_d_decode_pod_chains_client_llmslo_routing_sidecar_engin
     .await;
     let yaml = format!(
         "upstream: {}\nlisten: 127.0.0.1:{router_port}\nmetrics_listen: 127.0.0.1:0\nengine: vllm\n\
-         final_scrape_grace: 0s\nrole: {}\nprefill_relay: {}\n",
+         final_scrape_grace: 0s\nrole: {}\nprefill_relay: {}\nprefill_pool: [{}]\n",
         after("--upstream"),
         env("LLMSLO_ROLE").unwrap(),
         env("LLMSLO_PREFILL_RELAY").unwrap(),
+        env("LLMSLO_PREFILL_POOL").unwrap(),
     );
     let pod_sidecar = Sidecar::start(&Config::from_yaml(&yaml).unwrap()).await.unwrap();
     let http = client();
@@ -417,7 +424,7 @@ async fn the_relay_refuses_a_leg_no_request_in_flight_expects() {
     let relay_port = free_port();
     let yaml = format!(
         "upstream: http://{decode_engine}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nengine: vllm\n\
-         final_scrape_grace: 0s\nrole: decode\nprefill_relay: 127.0.0.1:{relay_port}\n"
+         final_scrape_grace: 0s\nrole: decode\nprefill_relay: 127.0.0.1:{relay_port}\nprefill_pool: [127.0.0.1:9]\n"
     );
     let front = Sidecar::start(&Config::from_yaml(&yaml).unwrap()).await.unwrap();
     let leg = r#"{"model":"sim","prompt":"hi","max_tokens":1,"kv_transfer_params":{"do_remote_decode":true}}"#;
@@ -452,7 +459,9 @@ async fn sglangs_bootstrap_room_requests_are_legs_of_the_phase_the_pods_role_say
         "messages": [{"role": "user", "content": "hello"}],
     })
     .to_string();
-    for (role, phase) in [("decode", "decode"), ("aggregated", "prefill")] {
+    // The decode server's legs come from the pod itself here (loopback); the router's own
+    // address would be named in decode_leg_sources.
+    for (role, phase) in [("decode", "decode"), ("prefill", "prefill")] {
         let sidecar = start_sidecar(engine_addr, &format!("role: {role}\n")).await;
         let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", body.clone()).await;
         assert_eq!(status, 200);
@@ -469,4 +478,190 @@ async fn sglangs_bootstrap_room_requests_are_legs_of_the_phase_the_pods_role_say
         );
         sidecar.shutdown().await;
     }
+}
+
+/// A service inside the pod's network that no prefill leg may reach: it counts every
+/// connection it is sent, and answers each as a server would.
+async fn internal_service() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
+                .await;
+        }
+    });
+    (addr, seen)
+}
+
+/// The status of a streamed chat request to `proxy` naming `prefill` as its prefill pod.
+async fn status_naming(proxy: SocketAddr, prefill: SocketAddr) -> u16 {
+    let body = serde_json::json!({"model": "sim", "max_tokens": 4, "stream": true,
+        "messages": [{"role": "user", "content": "hello"}]});
+    let request = Request::post(format!("http://{proxy}/v1/chat/completions"))
+        .header("content-type", "application/json")
+        .header("authorization", "Bearer a-client-key")
+        .header("x-prefiller-host-port", prefill.to_string())
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let response = client().request(request).await.unwrap();
+    let status = response.status().as_u16();
+    response.into_body().collect().await.unwrap();
+    status
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_relay_sends_legs_only_to_the_prefill_pool_never_where_a_request_says() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (prefill_engine, _p) = start_engine(engine(20, 2)).await;
+    let (decode_engine, _d) = start_engine(engine(20, 2)).await;
+    let prefill_side = start_sidecar(prefill_engine, "role: prefill\n").await;
+    let (internal, seen) = internal_service().await;
+    let closed: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    // llm-d's routing sidecar with its SSRF protection: legs go to its pool's pods, and to the
+    // relay (on the pod's own IP, which the pool holds).
+    let relay: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    let router =
+        common_routing::start_protected_routing_sidecar(decode_engine, &[prefill_side.proxy_addr, relay]).await;
+    let yaml = |pool: &str| {
+        format!(
+            "upstream: http://{router}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nengine: vllm\n\
+             final_scrape_grace: 0s\nrole: decode\nprefill_relay: {relay}\nprefill_pool: [{pool}]\n"
+        )
+    };
+    let front = Sidecar::start(&Config::from_yaml(&yaml(&prefill_side.proxy_addr.to_string())).unwrap())
+        .await
+        .unwrap();
+    for target in [internal, closed] {
+        // Straight to the routing sidecar, a request naming an internal address is refused;
+        // through llmslo it is refused the same, whatever is at the address (no port scan).
+        assert_eq!(status_naming(router, target).await, 403, "{target}");
+        assert_eq!(
+            status_naming(front.proxy_addr, target).await,
+            403,
+            "{target} through llmslo"
+        );
+    }
+    assert_eq!(
+        seen.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the internal service saw nothing"
+    );
+    // A leg to the pool's pod is relayed and timed.
+    assert_eq!(status_naming(front.proxy_addr, prefill_side.proxy_addr).await, 200);
+    let page = settled(&front).await;
+    assert_eq!(
+        sample(
+            &page,
+            "llmslo_prefill_relay_skipped_total",
+            &[("reason", "outside_pool")]
+        ),
+        2.0,
+        "{page}"
+    );
+    assert_eq!(
+        sample(&page, "llmslo_ttft_part_seconds_count", &[("part", "prefill")]),
+        1.0
+    );
+    assert_eq!(
+        sample(&page, "llmslo_ttft_part_unmeasured_total", &[("part", "prefill")]),
+        0.0,
+        "the refused requests never reached a first token: no parts"
+    );
+    let legs = settled(&prefill_side).await;
+    assert_eq!(sample(&legs, "llmslo_legs_total", &[("phase", "prefill")]), 1.0);
+    front.shutdown().await;
+
+    // What the pool admits is all the relay can reach: with the internal address in it (what
+    // any address was before the pool), the leg goes there with the client's key.
+    let open = Sidecar::start(&Config::from_yaml(&yaml(&internal.to_string())).unwrap())
+        .await
+        .unwrap();
+    status_naming(open.proxy_addr, internal).await;
+    assert_eq!(
+        seen.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the pool is the relay's whole reach"
+    );
+    open.shutdown().await;
+    prefill_side.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leg_fields_sent_to_a_pod_that_expects_no_legs_leave_the_request_a_user_request() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let failing = Script {
+        head: "HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\ncontent-length: 43".into(),
+        pieces: vec![(
+            Duration::ZERO,
+            br#"{"error":{"message":"boom","code":500}}    "#.to_vec(),
+        )],
+        cut_short: false,
+        silent: false,
+        trailers: String::new(),
+    };
+    let (engine_addr, _) = scripted_upstream(failing).await;
+    let availability = "slos:\n  - {name: availability, objective: 99.9, availability: true}\n";
+    let sidecar = start_sidecar(engine_addr, availability).await;
+    let with = |field: &str| {
+        format!(r#"{{"model":"sim","stream":true,"messages":[{{"role":"user","content":"hi"}}],{field}}}"#)
+    };
+    let claims = [
+        r#""bootstrap_room":1"#,
+        r#""kv_transfer_params":{"do_remote_decode":true}"#,
+        r#""kv_transfer_params":{"do_remote_prefill":true}"#,
+    ];
+    // Ten of each prefill claim, and one decode claim: no single request raises a warning.
+    for (claim, times) in claims.iter().zip([10, 10, 1]) {
+        for _ in 0..times {
+            let (status, _) = post_collect(sidecar.proxy_addr, "/v1/chat/completions", with(claim)).await;
+            assert_eq!(status, 500);
+        }
+    }
+    let page = settled(&sidecar).await;
+    assert_eq!(
+        sample(&page, "llmslo_slo_bad_events_total", &[("slo", "availability")]),
+        21.0,
+        "every engine failure counts: {page}"
+    );
+    assert_eq!(sample(&page, "llmslo_legs_total", &[]), 0.0);
+    assert_eq!(
+        sample(&page, "llmslo_leg_fields_ignored_total", &[("phase", "prefill")]),
+        20.0
+    );
+    assert_eq!(
+        sample(&page, "llmslo_leg_fields_ignored_total", &[("phase", "decode")]),
+        1.0
+    );
+    assert!(!page.contains("llmslo_placement_warning{"), "{page}");
+    sidecar.shutdown().await;
+
+    // A tenant's streams carrying the fields are charged their tokens.
+    let (sim, _s) = start_engine(engine(1, 1)).await;
+    let tenants = "tenants:\n  from:\n    - header: x-tenant\n  names: [acme]\n";
+    let sidecar = start_sidecar(sim, tenants).await;
+    for _ in 0..5 {
+        let request = Request::post(format!("http://{}/v1/chat/completions", sidecar.proxy_addr))
+            .header("content-type", "application/json")
+            .header("x-tenant", "acme")
+            .body(Full::new(Bytes::from(
+                with(claims[0]).replace("\"stream\":true", "\"stream\":true,\"max_tokens\":4"),
+            )))
+            .unwrap();
+        let response = client().request(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        response.into_body().collect().await.unwrap();
+    }
+    let page = settled(&sidecar).await;
+    assert_eq!(
+        sample(&page, "llmslo_output_tokens_total", &[("tenant", "acme")]),
+        20.0,
+        "{page}"
+    );
+    sidecar.shutdown().await;
 }

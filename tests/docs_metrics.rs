@@ -125,8 +125,9 @@ async fn disaggregated_pages() -> Vec<String> {
     let front = start_sidecar(
         router,
         &format!(
-            "role: decode\nprefill_relay: 127.0.0.1:{}\nslos:\n  - {{name: ttft, objective: 99, ttft: 1ms}}\n",
-            free_port()
+            "role: decode\nprefill_relay: 127.0.0.1:{}\nprefill_pool: [{}]\nslos:\n  - {{name: ttft, objective: 99, ttft: 1ms}}\n",
+            free_port(),
+            prefill.proxy_addr
         ),
     )
     .await;

@@ -146,3 +146,55 @@ async fn a_client_that_breaks_off_its_upload_is_counted_as_its_own_fault_and_the
     let (status, _) = post_collect(gateway, "/v1/chat/completions", chat_body(16, true, false)).await;
     assert_eq!(status, 200);
 }
+
+/// What the engine below the layer answers with.
+type Answer = http::Response<http_body_util::Full<bytes::Bytes>>;
+
+/// Answers every request as a non-streaming chat completion of 3 tokens.
+async fn answer(_request: http::Request<llmslo::proxy::UpstreamBody>) -> Result<Answer, std::convert::Infallible> {
+    let body = r#"{"choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":2,"completion_tokens":3}}"#;
+    Ok(http::Response::builder()
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+        .unwrap())
+}
+
+#[tokio::test]
+async fn on_a_decode_pod_a_decode_leg_comes_only_from_the_pod_itself_or_a_named_router() {
+    use tower::ServiceExt;
+    let measurement = Measurement::new(MeasurementSettings {
+        role: llmslo::record::Role::Decode,
+        ..MeasurementSettings::default()
+    });
+    let settings = llmslo::ObserveSettings {
+        decode_leg_sources: vec!["10.8.0.0/16".parse().unwrap()],
+        ..llmslo::ObserveSettings::default()
+    };
+    let layer = llmslo::ObserveLayer::new(measurement.recorder.clone(), settings);
+    let leg = r#"{"model":"m","messages":[],"kv_transfer_params":{"do_remote_prefill":true,"remote_block_ids":[1]}}"#;
+    for peer in ["10.0.0.7:41000", "127.0.0.1:41000", "10.8.3.4:41000", "[::1]:41000"] {
+        let mut request = http::Request::post("http://engine/v1/chat/completions")
+            .header("content-type", "application/json")
+            .body(http_body_util::Full::new(bytes::Bytes::from(leg)))
+            .unwrap();
+        let peer: SocketAddr = peer.parse().unwrap();
+        request
+            .extensions_mut()
+            .insert(llmslo::proxy::forward::ClientAddr(peer));
+        let response = tower::Layer::layer(&layer, tower::service_fn(answer))
+            .oneshot(request)
+            .await
+            .unwrap();
+        http_body_util::BodyExt::collect(response.into_body()).await.unwrap();
+    }
+    let page = measurement.metrics.encode();
+    // From outside the pod, a client's fields are no leg: the request is the user's, in full.
+    assert_eq!(sample(&page, "llmslo_requests_total", &[]), 1.0, "{page}");
+    assert_eq!(
+        sample(&page, "llmslo_leg_fields_ignored_total", &[("phase", "decode")]),
+        1.0
+    );
+    assert_eq!(sample(&page, "llmslo_output_tokens_total", &[]), 3.0);
+    // From the pod itself (its routing sidecar) and from the router named: legs.
+    assert_eq!(sample(&page, "llmslo_legs_total", &[("phase", "decode")]), 3.0);
+}

@@ -173,6 +173,10 @@ pub(super) struct Endpoints {
     /// Address of the prefill relay of a decode pod's sidecar, like 127.0.0.1:8299 [default: off].
     #[arg(long, env = "LLMSLO_PREFILL_RELAY")]
     pub(super) prefill_relay: Option<String>,
+    /// The prefill pods the relay may send legs to, separated by commas: a headless Service's DNS
+    /// name, pod addresses or CIDR ranges, each with the port, like qwen-prefill.llm-d.svc:8000.
+    #[arg(long, env = "LLMSLO_PREFILL_POOL")]
+    pub(super) prefill_pool: Option<String>,
 }
 
 impl Endpoints {
@@ -211,6 +215,7 @@ impl Endpoints {
             engine,
             role,
             prefill_relay: self.prefill_relay,
+            prefill_pool: self.prefill_pool,
             from_env,
         })
     }

@@ -12,6 +12,7 @@ use crate::observe::tenants::{
     read_key_table, BodyField, SourceSetting, TenantSettings, DEFAULT_FORGET_AFTER, DEFAULT_MAX_TENANTS,
 };
 use crate::otel::settings::OtelConfig;
+use crate::proxy::relay::pool::PoolMember;
 use crate::record::{LabelText, PerRequestSlos};
 use crate::slo::spec::{GoodputEntry, SloEntry, SloFile, SloSet};
 use serde::Deserialize;
@@ -90,6 +91,8 @@ pub(super) struct FileConfig {
     pub(super) workload: Option<WorkloadFile>,
     pub(super) role: Option<crate::record::Role>,
     pub(super) prefill_relay: Option<String>,
+    pub(super) prefill_pool: Option<Vec<String>>,
+    pub(super) decode_leg_sources: Option<Vec<String>>,
 }
 
 /// `per_request_slos:` as written: `off`, `stricter` or `trusted`; `false` is `off`, and
@@ -460,6 +463,23 @@ impl Config {
                 Some(address) => Some(parse_addr("prefill_relay", &address)?),
                 None => None,
             },
+            prefill_pool: match o.prefill_pool {
+                Some(list) => list
+                    .split(',')
+                    .map(str::to_string)
+                    .filter(|m| !m.trim().is_empty())
+                    .collect(),
+                None => f.prefill_pool.unwrap_or_default(),
+            }
+            .iter()
+            .map(|member| PoolMember::parse(member).map_err(|e| ConfigError::invalid("prefill_pool", e)))
+            .collect::<Result<_, _>>()?,
+            decode_leg_sources: f
+                .decode_leg_sources
+                .unwrap_or_default()
+                .iter()
+                .map(|source| parse_source(source))
+                .collect::<Result<_, _>>()?,
             file: None,
             file_error: None,
             overrides,
@@ -540,4 +560,18 @@ pub(super) fn parse_yaml(text: &str) -> Result<FileConfig, String> {
             None => message,
         }
     })
+}
+
+/// A `decode_leg_sources` entry: an address or a CIDR range.
+fn parse_source(text: &str) -> Result<ipnet::IpNet, ConfigError> {
+    let text = text.trim();
+    text.parse::<ipnet::IpNet>()
+        .map(|net| net.trunc())
+        .or_else(|_| text.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| {
+            ConfigError::invalid(
+                "decode_leg_sources",
+                format!("`{text}` is not an address or a CIDR range like 10.0.0.0/16"),
+            )
+        })
 }

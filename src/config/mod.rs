@@ -95,6 +95,8 @@ pub struct Overrides {
     pub role: Option<crate::record::Role>,
     /// `--prefill-relay` / `LLMSLO_PREFILL_RELAY`.
     pub prefill_relay: Option<String>,
+    /// `--prefill-pool` / `LLMSLO_PREFILL_POOL`: members separated by commas.
+    pub prefill_pool: Option<String>,
     /// The keys above whose value came from the environment rather than a flag.
     pub from_env: Vec<&'static str>,
 }
@@ -112,6 +114,7 @@ impl Overrides {
             "engine" => self.engine.is_some(),
             "role" => self.role.is_some(),
             "prefill_relay" => self.prefill_relay.is_some(),
+            "prefill_pool" => self.prefill_pool.is_some(),
             _ => false,
         };
         given.then(|| origin_label(key, self.from_env.contains(&key)))
@@ -230,6 +233,12 @@ pub struct Config {
     /// `prefill_relay`: where a decode pod's sidecar relays (and times) the prefill legs of the
     /// requests it forwards; `None` is off.
     pub prefill_relay: Option<std::net::SocketAddr>,
+    /// `prefill_pool`: the only pods the relay sends legs to (their addresses, ranges, or a
+    /// headless Service's DNS name, each with the port).
+    pub prefill_pool: Vec<crate::proxy::relay::pool::PoolMember>,
+    /// `decode_leg_sources`: beside loopback, the clients whose requests may be decode legs on
+    /// a decode pod (a router that sends legs itself).
+    pub decode_leg_sources: Vec<ipnet::IpNet>,
     /// The file it was read from, re-read on reload.
     pub file: Option<PathBuf>,
     /// The flags and environment it was merged with, applied again on reload.

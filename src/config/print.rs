@@ -106,6 +106,8 @@ impl Config {
             "workload": {"recent_requests": self.recent_requests},
             "role": self.role.as_str(),
             "prefill_relay": self.prefill_relay.map(|a| a.to_string()),
+            "prefill_pool": self.prefill_pool.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            "decode_leg_sources": self.decode_leg_sources.iter().map(ToString::to_string).collect::<Vec<_>>(),
         });
         let mut mapping: serde_yaml::Mapping = serde_json::from_value(value).expect("plain JSON maps to YAML");
         if self.buckets != BucketOverrides::default() {

@@ -483,22 +483,37 @@ fn role_and_prefill_relay_are_checked_together() {
     let up = "upstream: http://127.0.0.1:8000\n";
     let load = |lines: &str| Config::from_yaml(&format!("{up}{lines}"));
     assert_eq!(load("").unwrap().role, Role::Aggregated);
-    let decode = load("role: decode\nprefill_relay: 127.0.0.1:8299\n").unwrap();
+    let pool = "prefill_pool: [qwen-prefill.llm-d.svc:8000, 10.1.0.0/16:8000]\n";
+    let decode = load(&format!("role: decode\nprefill_relay: 127.0.0.1:8299\n{pool}")).unwrap();
     assert_eq!(
         (decode.role, decode.prefill_relay),
         (Role::Decode, Some("127.0.0.1:8299".parse().unwrap()))
     );
     let printed = decode.to_yaml();
     assert!(
-        printed.contains("role: decode") && printed.contains("prefill_relay: 127.0.0.1:8299"),
+        printed.contains("role: decode")
+            && printed.contains("prefill_relay: 127.0.0.1:8299")
+            && printed.contains("- qwen-prefill.llm-d.svc:8000\n- 10.1.0.0/16:8000"),
         "{printed}"
     );
     for (lines, says) in [
         ("role: leader\n", "prefill"),
         ("prefill_relay: 127.0.0.1:8299\n", "role: decode"),
         ("role: prefill\nprefill_relay: 127.0.0.1:8299\n", "role: decode"),
-        ("role: decode\nprefill_relay: 0.0.0.0:8299\n", "can reach"),
+        ("role: decode\nprefill_relay: 127.0.0.1:8299\n", "needs prefill_pool"),
+        (
+            "role: decode\nprefill_relay: 0.0.0.0:8299\nprefill_pool: [10.1.2.3:8000]\n",
+            "can reach",
+        ),
         ("role: decode\nprefill_relay: relay\n", "prefill_relay"),
+        (
+            "prefill_pool: [10.1.2.3]\n",
+            "`prefill_pool`: `10.1.2.3` is not a pod address",
+        ),
+        (
+            "decode_leg_sources: [router]\n",
+            "`decode_leg_sources`: `router` is not an address",
+        ),
     ] {
         let error = load(lines).unwrap_err().to_string();
         assert!(error.contains(says), "{lines}: {error}");
@@ -508,12 +523,20 @@ fn role_and_prefill_relay_are_checked_together() {
             upstream: Some("http://127.0.0.1:8000".into()),
             role: Some(Role::Decode),
             prefill_relay: Some("127.0.0.1:8299".into()),
+            prefill_pool: Some("10.1.2.3:8000, 10.1.2.4:8000".into()),
             ..Overrides::default()
         },
         None,
     )
     .unwrap();
     assert_eq!(flagged.role, Role::Decode, "the flag and LLMSLO_ROLE set it too");
+    assert_eq!(
+        flagged.prefill_pool.len(),
+        2,
+        "LLMSLO_PREFILL_POOL's members, separated by commas"
+    );
+    let sources = load("decode_leg_sources: [10.0.3.7, 10.8.0.0/16]\n").unwrap();
+    assert_eq!(sources.decode_leg_sources.len(), 2);
 }
 
 #[test]

@@ -114,6 +114,14 @@ impl Config {
                 "relays the prefill legs a decode pod's routing sidecar sends: set role: decode too",
             ));
         }
+        if self.prefill_relay.is_some() && self.prefill_pool.is_empty() {
+            return Err(ConfigError::invalid(
+                "prefill_relay",
+                "needs prefill_pool: the prefill pods it may send legs to (their headless Service's DNS name, \
+                 addresses or CIDR ranges, each with the port); the relay sends a leg nowhere else. Without a pool, \
+                 leave the relay off: the prefill part is then counted as unmeasured",
+            ));
+        }
         if self
             .prefill_relay
             .is_some_and(|a| a.ip().is_unspecified() || a.port() == 0)

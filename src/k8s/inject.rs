@@ -51,8 +51,15 @@ pub mod annotations {
     /// `all`: let the sidecar see the node's GPUs through the NVIDIA runtime, so it can sample
     /// them (exact when the engine has the whole node; otherwise it sees its neighbours' too).
     pub const GPUS: &str = "llmslo.io/gpus";
+    /// The prefill pods the relay of an llm-d decode pod may send legs to: their headless
+    /// Service's DNS name, addresses or CIDR ranges, each with the port, separated by commas.
+    /// Without it the relay stays off and the prefill part is counted as unmeasured.
+    pub const PREFILL_POOL: &str = "llmslo.io/prefill-pool";
     /// Set by the injector: the llmslo version injected.
     pub const INJECTED: &str = "llmslo.io/injected";
+    /// Set by the injector: what llmslo cannot measure in this pod as injected, and how to mend
+    /// it (also said on stderr, and in the webhook's warnings).
+    pub const WARNING: &str = "llmslo.io/warning";
 }
 
 /// How the sidecar runs.
@@ -142,6 +149,13 @@ pub fn inject_yaml(input: &str, options: &InjectOptions) -> Result<Injected, Inj
             }
         }
         changed += inject_object(&mut value, options)?;
+        for object in objects(&value) {
+            let template = template_pointer(object["kind"].as_str().unwrap_or_default())
+                .and_then(|pointer| object.pointer(pointer));
+            if let Some(warning) = template.and_then(injected_warning) {
+                warnings.push(format!("{}: {warning}", object_label(object)));
+            }
+        }
         documents.push(value);
     }
     let takeovers: Vec<Takeover> = documents.iter().flat_map(objects).filter_map(Takeover::of).collect();
@@ -418,21 +432,36 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
         }
     };
     let metrics = free_port(&[used.as_slice(), &[listen]].concat(), 9464);
+    let mut warning = None;
     let serving = match routing {
-        Some(routing) => {
-            let port = free_port(&[used.as_slice(), &[listen, metrics]].concat(), 8299);
-            // The relay's address is what the routing sidecar is told: with SSRF protection it
-            // allows only its pool's pods, so the pod's own IP.
-            let host = if routing.ssrf_protected {
-                "$(POD_IP)"
-            } else {
-                "127.0.0.1"
-            };
-            Serving {
-                role: Some(Role::Decode),
-                relay: Some(format!("{host}:{port}")),
+        Some(routing) => match prefill_pool(annotation(annotations::PREFILL_POOL).as_deref())? {
+            Some(pool) => {
+                let port = free_port(&[used.as_slice(), &[listen, metrics]].concat(), 8299);
+                // The relay's address is what the routing sidecar is told: with SSRF protection
+                // it allows only its pool's pods, so the pod's own IP.
+                let host = if routing.ssrf_protected {
+                    "$(POD_IP)"
+                } else {
+                    "127.0.0.1"
+                };
+                Serving {
+                    role: Some(Role::Decode),
+                    relay: Some((format!("{host}:{port}"), pool)),
+                }
             }
-        }
+            None => {
+                warning = Some(format!(
+                    "the prefill part of disaggregated requests is unmeasured: the relay that times it sends legs \
+                     only to the prefill pool, and {} names none (the prefill pods' headless Service, like \
+                     qwen-prefill.llm-d.svc.cluster.local:8000)",
+                    annotations::PREFILL_POOL
+                ));
+                Serving {
+                    role: Some(Role::Decode),
+                    relay: None,
+                }
+            }
+        },
         None => Serving {
             role: router::role(&meta),
             relay: None,
@@ -497,6 +526,9 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
         .as_object_mut()
         .ok_or("annotations is not a map")?;
     annotations.insert(annotations::INJECTED.into(), json!(env!("CARGO_PKG_VERSION")));
+    if let Some(warning) = warning {
+        annotations.insert(annotations::WARNING.into(), json!(warning));
+    }
     if service_name.is_none() && routing.is_none() {
         annotations.insert(
             NOTE.into(),
@@ -609,6 +641,8 @@ const KNOWN_KEYS: &[(&str, &str)] = &[
     (annotations::IMAGE, "annotations"),
     (annotations::GPUS, "annotations"),
     (annotations::INJECTED, "annotations"),
+    (annotations::PREFILL_POOL, "annotations"),
+    (annotations::WARNING, "annotations"),
     (NOTE, "annotations"),
 ];
 
@@ -665,6 +699,29 @@ pub fn metadata_warnings(pod: &Value) -> Vec<MetadataWarning> {
         }
     }
     warnings
+}
+
+/// The `llmslo.io/prefill-pool` annotation, checked member by member: the members as the
+/// sidecar's `LLMSLO_PREFILL_POOL` takes them.
+fn prefill_pool(annotation: Option<&str>) -> Result<Option<String>, String> {
+    let Some(text) = annotation else {
+        return Ok(None);
+    };
+    let members = text
+        .split(',')
+        .filter(|m| !m.trim().is_empty())
+        .map(|m| {
+            crate::proxy::relay::pool::PoolMember::parse(m)
+                .map(|m| m.to_string())
+                .map_err(|e| format!("annotation {}: {e}", annotations::PREFILL_POOL))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok((!members.is_empty()).then(|| members.join(",")))
+}
+
+/// The warning the injector left on a pod template, if any.
+pub fn injected_warning(pod: &Value) -> Option<&str> {
+    pod["metadata"]["annotations"][annotations::WARNING].as_str()
 }
 
 fn used_ports(spec: &Map<String, Value>) -> Vec<u64> {

@@ -317,7 +317,8 @@ pub fn review(body: &[u8], options: &InjectOptions) -> Result<Value, String> {
         _ => Vec::new(),
     };
     match mutate(request, options) {
-        Ok(Some(patch)) => {
+        Ok(Some((patch, warning))) => {
+            warnings.extend(warning.map(|w| format!("llmslo: {w}")));
             response["patchType"] = json!("JSONPatch");
             response["patch"] = json!(base64::engine::general_purpose::STANDARD.encode(patch.to_string()));
         }
@@ -333,8 +334,9 @@ pub fn review(body: &[u8], options: &InjectOptions) -> Result<Value, String> {
     Ok(json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}))
 }
 
-/// The JSONPatch for the request's Pod, `None` when it is not to be injected.
-fn mutate(request: &Value, options: &InjectOptions) -> Result<Option<Value>, String> {
+/// The JSONPatch for the request's Pod and what the injection could not measure, `None` when
+/// it is not to be injected.
+fn mutate(request: &Value, options: &InjectOptions) -> Result<Option<(Value, Option<String>)>, String> {
     if request["kind"]["kind"] != "Pod" || request["operation"] != "CREATE" {
         return Ok(None);
     }
@@ -344,7 +346,11 @@ fn mutate(request: &Value, options: &InjectOptions) -> Result<Option<Value>, Str
         return Ok(None);
     }
     let patch = json_patch::diff(original, &pod);
-    Ok(Some(serde_json::to_value(patch).expect("a patch serializes")))
+    let warning = inject::injected_warning(&pod).map(str::to_string);
+    Ok(Some((
+        serde_json::to_value(patch).expect("a patch serializes"),
+        warning,
+    )))
 }
 
 fn reply(status: StatusCode, content_type: &str, body: String) -> Response<Full<Bytes>> {

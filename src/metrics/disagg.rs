@@ -6,13 +6,18 @@ use super::native::ClassicAndNative;
 use super::Registry;
 use crate::metrics::buckets::Buckets;
 use crate::record::{LabelText, LegPhase, Outcome, Reader, RequestRecord, Role, Served};
-use prometheus_client::encoding::EncodeLabelSet;
+use crate::window::Ring;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Unit;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
 use tracing::warn;
 
 /// `role`.
@@ -52,9 +57,22 @@ struct PartLabels {
 
 /// `reason`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
-struct PlacementLabels {
+struct ReasonLabels {
     reason: &'static str,
 }
+
+/// `phase`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PhaseLabels {
+    phase: &'static str,
+}
+
+/// The window a placement warning is judged over.
+const PLACEMENT_WINDOW: Duration = Duration::from_secs(5 * 60);
+/// Requests of a kind a placement warning needs in its window: no single request raises one.
+const PLACEMENT_MIN_REQUESTS: u64 = 5;
+/// Share of the window's requests (legs and user requests) they must be, in percent.
+const PLACEMENT_MIN_PERCENT: u64 = 10;
 
 /// Why a sidecar's placement keeps it from seeing what the user waited for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,6 +82,11 @@ pub enum Placement {
     SeesDecodeLegs,
     /// Its role is `prefill`, yet a streamed user request came: the router sends users here.
     UserRequestOnPrefillPod,
+}
+
+impl Placement {
+    /// Every warning, in the order of their counts in the window.
+    const ALL: [Placement; 2] = [Placement::SeesDecodeLegs, Placement::UserRequestOnPrefillPod];
 }
 
 impl Placement {
@@ -100,8 +123,75 @@ pub struct DisaggFamilies {
     served: Family<ServedLabels, Counter>,
     ttft_parts: Family<PartLabels, Histogram, ClassicAndNative>,
     unmeasured_parts: Family<PartLabels, Counter>,
-    placement: Family<PlacementLabels, Gauge>,
-    warned: [AtomicBool; 2],
+    relay_skipped: Family<ReasonLabels, Counter>,
+    leg_fields_ignored: Family<PhaseLabels, Counter>,
+    placement: Arc<PlacementWindow>,
+}
+
+/// The last few minutes of requests by what they say of the sidecar's placement: each warning's
+/// count, then every request's.
+#[derive(Debug)]
+struct PlacementWindow {
+    counts: Mutex<Ring<3>>,
+    /// Whether each warning stood at the last look, so that a change is logged once.
+    raised: Mutex<[bool; 2]>,
+}
+
+impl PlacementWindow {
+    /// Notes one request (a leg or a user request), and whether it is a sign of `placement`.
+    fn note(&self, placement: Option<Placement>) {
+        let mut counts = [0, 0, 1];
+        if let Some(placement) = placement {
+            counts[placement as usize] = 1;
+        }
+        self.counts.lock().expect("placement lock").add(Instant::now(), counts);
+    }
+
+    /// The warnings that stand now: a sustained share of the window's requests, logged when
+    /// one is raised and when it clears.
+    fn standing(&self) -> [bool; 2] {
+        let counts = self.counts.lock().expect("placement lock").sum(Instant::now());
+        let mut raised = self.raised.lock().expect("placement lock");
+        for placement in Placement::ALL {
+            let i = placement as usize;
+            let now = counts[i] >= PLACEMENT_MIN_REQUESTS && counts[i] * 100 >= counts[2] * PLACEMENT_MIN_PERCENT;
+            if now != std::mem::replace(&mut raised[i], now) {
+                if now {
+                    warn!(requests = counts[i], of = counts[2], "{}", placement.message());
+                } else {
+                    warn!(
+                        reason = placement.as_str(),
+                        "the placement warning cleared: no such requests of late"
+                    );
+                }
+            }
+        }
+        *raised
+    }
+}
+
+/// `llmslo_placement_warning`, judged at each scrape over the last minutes.
+#[derive(Debug)]
+struct PlacementCollector(Arc<PlacementWindow>);
+
+impl Collector for PlacementCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let standing = self.0.standing();
+        let mut family = encoder.encode_descriptor(
+            "llmslo_placement_warning",
+            "1 while the sidecar sits where it cannot see what users waited for, by reason: a sustained share \
+             of the last 5 minutes' requests",
+            None,
+            MetricType::Gauge,
+        )?;
+        for placement in Placement::ALL.into_iter().filter(|p| standing[*p as usize]) {
+            let labels = ReasonLabels {
+                reason: placement.as_str(),
+            };
+            ConstGauge::new(1).encode(family.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
 }
 
 impl DisaggFamilies {
@@ -115,8 +205,12 @@ impl DisaggFamilies {
             served: Family::default(),
             ttft_parts: Family::new_with_constructor(ClassicAndNative(ttft)),
             unmeasured_parts: Family::default(),
-            placement: Family::default(),
-            warned: [AtomicBool::new(false), AtomicBool::new(false)],
+            relay_skipped: Family::default(),
+            leg_fields_ignored: Family::default(),
+            placement: Arc::new(PlacementWindow {
+                counts: Mutex::new(Ring::new(PLACEMENT_WINDOW, Instant::now())),
+                raised: Mutex::default(),
+            }),
         };
         let roles: Family<RoleLabels, Gauge> = Family::default();
         roles.get_or_create(&RoleLabels { role: role.as_str() }).set(1);
@@ -156,10 +250,18 @@ impl DisaggFamilies {
             families.unmeasured_parts.clone(),
         );
         r.register(
-            "llmslo_placement_warning",
-            "1 when the sidecar sits where it cannot see what users waited for, by reason",
-            families.placement.clone(),
+            "llmslo_prefill_relay_skipped",
+            "Requests whose prefill leg the relay left to the routing sidecar, untimed, by reason: not_one_address \
+             (several pods, or not an address:port), outside_pool (an address only the request named)",
+            families.relay_skipped.clone(),
         );
+        r.register(
+            "llmslo_leg_fields_ignored",
+            "User requests carrying a leg's fields (kv_transfer_params, bootstrap_room) where no such leg is \
+             expected (the pod's role, or a decode leg from outside the pod): counted in full as user requests",
+            families.leg_fields_ignored.clone(),
+        );
+        r.register_collector(Box::new(PlacementCollector(families.placement.clone())));
         families
     }
 
@@ -183,22 +285,8 @@ impl DisaggFamilies {
         if let Some(wait) = first_token {
             self.leg_first_token.get_or_create(&labels).observe(wait.as_secs_f64());
         }
-        if phase == LegPhase::Decode {
-            self.warn(Placement::SeesDecodeLegs);
-        }
-    }
-
-    /// Raises `placement`'s warning: once in the log, for good on `/metrics`.
-    fn warn(&self, placement: Placement) {
-        let index = placement as usize;
-        if !self.warned[index].swap(true, Ordering::Relaxed) {
-            warn!("{}", placement.message());
-            self.placement
-                .get_or_create(&PlacementLabels {
-                    reason: placement.as_str(),
-                })
-                .set(1);
-        }
+        self.placement
+            .note((phase == LegPhase::Decode).then_some(Placement::SeesDecodeLegs));
     }
 }
 
@@ -208,8 +296,22 @@ impl Reader for DisaggFamilies {
     }
 
     fn finished(&self, record: &RequestRecord) {
-        if self.role == Role::Prefill && record.count_source.is_some() {
-            self.warn(Placement::UserRequestOnPrefillPod);
+        // A pod without a role that is sent decode legs sits behind the hop that owns the stream.
+        let sign = match self.role {
+            Role::Prefill if record.count_source.is_some() => Some(Placement::UserRequestOnPrefillPod),
+            Role::Aggregated if record.leg_fields_ignored == Some(LegPhase::Decode) => Some(Placement::SeesDecodeLegs),
+            _ => None,
+        };
+        self.placement.note(sign);
+        if let Some(phase) = record.leg_fields_ignored {
+            self.leg_fields_ignored
+                .get_or_create(&PhaseLabels { phase: phase.as_str() })
+                .inc();
+        }
+        if let Some(skip) = record.relay_skipped {
+            self.relay_skipped
+                .get_or_create(&ReasonLabels { reason: skip.as_str() })
+                .inc();
         }
         let Some(served) = record.served else {
             return;
@@ -262,32 +364,57 @@ mod tests {
         record
     }
 
-    #[test]
-    fn a_prefill_pod_given_a_streamed_user_request_says_so() {
+    #[tokio::test(start_paused = true)]
+    async fn a_prefill_pod_given_streamed_user_requests_says_so_while_they_last() {
         let (families, registry) = families(Role::Prefill);
+        let metrics = registry.into_metrics(None);
         families.leg_finished(&streamed(), LegPhase::Prefill);
-        let page = |r: Registry| r.into_metrics(None).encode();
         families.finished(&streamed());
-        let text = page(registry);
+        let text = metrics.encode();
         assert!(text.contains("llmslo_role{role=\"prefill\"} 1"), "{text}");
+        assert!(
+            !text.contains("llmslo_placement_warning{"),
+            "no single request raises it: {text}"
+        );
+        assert!(text.contains("llmslo_legs_total{model=\"m\",phase=\"prefill\",outcome=\"success\"} 1"));
+        for _ in 0..4 {
+            families.finished(&streamed());
+        }
+        let text = metrics.encode();
         assert!(text.contains("llmslo_placement_warning{reason=\"user_request_on_prefill_pod\"} 1"));
         assert!(!text.contains("sees_decode_legs"), "a prefill leg is where it belongs");
-        assert!(text.contains("llmslo_legs_total{model=\"m\",phase=\"prefill\",outcome=\"success\"} 1"));
+        // A trickle beside the legs is no sustained share: 5 of 100 is 5 %.
+        tokio::time::advance(PLACEMENT_WINDOW + Duration::from_secs(10)).await;
+        assert!(
+            !metrics.encode().contains("llmslo_placement_warning{"),
+            "it clears when they stop"
+        );
+        for _ in 0..95 {
+            families.leg_finished(&streamed(), LegPhase::Prefill);
+        }
+        for _ in 0..5 {
+            families.finished(&streamed());
+        }
+        assert!(!metrics.encode().contains("llmslo_placement_warning{"));
     }
 
-    #[test]
-    fn a_sidecar_seeing_decode_legs_says_so_and_counts_them_as_legs() {
+    #[tokio::test(start_paused = true)]
+    async fn a_sidecar_seeing_decode_legs_says_so_and_counts_them_as_legs() {
         let (families, registry) = families(Role::Aggregated);
+        let metrics = registry.into_metrics(None);
         families.leg_finished(&streamed(), LegPhase::Decode);
         families.leg_finished(&streamed(), LegPhase::Decode);
-        let text = registry.into_metrics(None).encode();
-        assert!(
-            text.contains("llmslo_placement_warning{reason=\"sees_decode_legs\"} 1"),
-            "{text}"
-        );
+        let text = metrics.encode();
+        assert!(!text.contains("llmslo_placement_warning{"), "{text}");
         assert!(text.contains("llmslo_legs_total{model=\"m\",phase=\"decode\",outcome=\"success\"} 2"));
         assert!(text.contains("llmslo_leg_first_token_seconds_sum{model=\"m\",phase=\"decode\"} 0.6"));
         assert!(!text.contains("llmslo_requests_served_total{"), "no user request");
+        for _ in 0..3 {
+            families.leg_finished(&streamed(), LegPhase::Decode);
+        }
+        assert!(metrics
+            .encode()
+            .contains("llmslo_placement_warning{reason=\"sees_decode_legs\"} 1"));
     }
 
     #[test]

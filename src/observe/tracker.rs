@@ -12,7 +12,8 @@ use super::{messages, openai, responses, tgi};
 use crate::otel::spans::RequestSpan;
 use crate::record::{
     CountSource, Engine, EngineContext, EngineMoment, LabelText, LegPhase, Ongoing, Operation, Outcome, PrefillTimer,
-    Protocol, RequestRecord, RequestTargets, Served, TenantSource, TpotBasis, TraceRef, TtftParts, UnmeasuredReason,
+    Protocol, RelaySkip, RequestRecord, RequestTargets, Served, TenantSource, TpotBasis, TraceRef, TtftParts,
+    UnmeasuredReason,
 };
 use bytes::Bytes;
 use http::{header, HeaderMap, StatusCode};
@@ -63,6 +64,10 @@ pub struct RequestTracker {
     served: Option<Served>,
     /// Its prefill leg's claim on the relay, when its leg is relayed.
     relay: Option<Box<dyn PrefillTimer>>,
+    /// Why the relay did not take its leg, when it did not.
+    relay_skipped: Option<RelaySkip>,
+    /// The leg its fields claimed where no such leg is expected.
+    leg_fields_ignored: Option<LegPhase>,
 }
 
 /// The trace a request's observations point to (its exemplars).
@@ -194,13 +199,24 @@ impl RequestTracker {
             leg,
             served: None,
             relay: None,
+            relay_skipped: None,
+            leg_fields_ignored: None,
         }
     }
 
-    /// Notes how the request was served, and its prefill leg's relay ticket when relayed.
-    pub fn served(&mut self, served: Served, relay: Option<Box<dyn PrefillTimer>>) {
+    /// Notes the leg a user request's fields claimed where no such leg is expected.
+    pub fn leg_fields_ignored(&mut self, claimed: Option<LegPhase>) {
+        self.leg_fields_ignored = claimed;
+    }
+
+    /// Notes how the request was served, and its prefill leg's relay ticket when relayed (or
+    /// why the relay left it).
+    pub fn served(&mut self, served: Served, relay: Result<Option<Box<dyn PrefillTimer>>, RelaySkip>) {
         self.served = Some(served);
-        self.relay = relay;
+        (self.relay, self.relay_skipped) = match relay {
+            Ok(ticket) => (ticket, None),
+            Err(skip) => (None, Some(skip)),
+        };
     }
 
     /// Labels the request with its tenant, and the targets it states (from its head and body).
@@ -474,6 +490,8 @@ impl RequestTracker {
             return;
         }
         record.served = self.served;
+        record.relay_skipped = self.relay_skipped;
+        record.leg_fields_ignored = self.leg_fields_ignored;
         if self.served == Some(Served::Disaggregated) {
             let prefill = self.relay.take().and_then(|ticket| ticket.prefill());
             record.ttft_parts = record.ttft.map(|ttft| TtftParts::split(ttft, prefill, record.engine));

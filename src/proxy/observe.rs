@@ -15,6 +15,7 @@
 
 use super::defaults;
 use super::error::ProxyError;
+use super::forward::ClientAddr;
 use super::peek::{self, PeekError, Peeked, RequestFields};
 use super::relay::{self, PrefillRelay};
 use super::request_body::{ClientFault, FaultSlot, NotedBody};
@@ -31,7 +32,7 @@ use crate::provider;
 use crate::record::Engine;
 use crate::record::Operation;
 use crate::record::Outcome;
-use crate::record::{LegPhase, PrefillTimer, Role, Served};
+use crate::record::{LegPhase, PrefillTimer, RelaySkip, Role, Served};
 use crate::upstream::{BoxError, Replayable};
 use bytes::Bytes;
 use http::{header, HeaderMap, Request, Response};
@@ -64,6 +65,9 @@ pub struct ObserveSettings {
     /// Relays the prefill legs of the requests it forwards, to time them (a decode pod's
     /// sidecar in front of the routing sidecar).
     pub relay: Option<Arc<PrefillRelay>>,
+    /// Beside the pod itself (loopback), the clients whose requests may be decode legs on a
+    /// decode pod: a router that sends legs from another pod (SGLang's, vLLM's).
+    pub decode_leg_sources: Vec<ipnet::IpNet>,
 }
 
 impl Default for ObserveSettings {
@@ -77,6 +81,7 @@ impl Default for ObserveSettings {
             tokenizer: None,
             spans: None,
             relay: None,
+            decode_leg_sources: Vec::new(),
         }
     }
 }
@@ -200,7 +205,8 @@ impl Shared {
                 return Ok(ProxyError::Overloaded(RefusalReason::RequestBufferFull).into_response());
             }
         };
-        let leg = self.leg(&fields);
+        let peer = parts.extensions.get::<ClientAddr>().map(|ClientAddr(peer)| peer.ip());
+        let (leg, ignored) = self.leg(&fields, peer);
         let mut tracker = match leg {
             Some(phase) => RequestTracker::start_leg(
                 self.recorder.clone(),
@@ -214,6 +220,7 @@ impl Shared {
                 let mut tracker = self.track(operation, &parts.headers, &fields, t0);
                 let (served, relay) = self.served(&mut parts.headers);
                 tracker.served(served, relay);
+                tracker.leg_fields_ignored(ignored);
                 tracker
             }
         };
@@ -313,21 +320,43 @@ impl Shared {
         }
     }
 
-    /// The leg of a disaggregated request a request is: as its `kv_transfer_params` say, or,
-    /// for SGLang's (`bootstrap_room`, sent to a prefill and a decode server at once), as the
-    /// pod's role says (prefill unless the pod is a decode pod).
-    fn leg(&self, fields: &RequestFields) -> Option<LegPhase> {
-        fields.leg.or_else(|| {
-            fields.bootstrap_room.then(|| match self.recorder.role() {
+    /// The leg of a disaggregated request a request is, where the pod's role expects legs, and
+    /// else the leg its fields claimed (it is then a user request, counted in full): a field a
+    /// client sends never takes its request out of the user figures. Legs are as the request's
+    /// `kv_transfer_params` say or, for SGLang's (`bootstrap_room`, sent to a prefill and a
+    /// decode server at once), as the role says. A prefill pod takes legs from its routers
+    /// anywhere; a decode pod takes decode legs only from itself (llm-d's routing sidecar sends
+    /// them on loopback) or from `decode_leg_sources`, and no prefill legs.
+    fn leg(&self, fields: &RequestFields, peer: Option<std::net::IpAddr>) -> (Option<LegPhase>, Option<LegPhase>) {
+        let role = self.recorder.role();
+        let claimed = fields.leg.or_else(|| {
+            fields.bootstrap_room.then_some(match role {
                 Role::Decode => LegPhase::Decode,
                 Role::Aggregated | Role::Prefill => LegPhase::Prefill,
             })
-        })
+        });
+        let Some(claimed) = claimed else {
+            return (None, None);
+        };
+        let expected = match (role, claimed) {
+            (Role::Prefill, _) => true,
+            (Role::Decode, LegPhase::Decode) => peer.is_some_and(|ip| {
+                let ip = ip.to_canonical();
+                ip.is_loopback() || self.settings.decode_leg_sources.iter().any(|net| net.contains(&ip))
+            }),
+            (Role::Decode, LegPhase::Prefill) | (Role::Aggregated, _) => false,
+        };
+        if expected {
+            (Some(claimed), None)
+        } else {
+            (None, Some(claimed))
+        }
     }
 
     /// How a user request is served: disaggregated when the router named a prefill pod (its
-    /// leg then diverted to the relay, when there is one), else as the pod's role says.
-    fn served(&self, headers: &mut HeaderMap) -> (Served, Option<Box<dyn PrefillTimer>>) {
+    /// leg then diverted to the relay, when there is one and the pod is of its pool), else as
+    /// the pod's role says.
+    fn served(&self, headers: &mut HeaderMap) -> (Served, Result<Option<Box<dyn PrefillTimer>>, RelaySkip>) {
         if self.settings.relay.is_some() {
             // Only llmslo tags a request for its relay.
             headers.remove(&relay::RELAY_HEADER);
@@ -337,13 +366,15 @@ impl Shared {
                 Role::Decode => Served::DecodeOnly,
                 Role::Aggregated | Role::Prefill => Served::Aggregated,
             };
-            return (served, None);
+            return (served, Ok(None));
         }
-        let ticket = self.settings.relay.as_ref().and_then(|relay| relay.divert(headers));
-        (
-            Served::Disaggregated,
-            ticket.map(|t| Box::new(t) as Box<dyn PrefillTimer>),
-        )
+        let ticket = match &self.settings.relay {
+            Some(relay) => relay
+                .divert(headers)
+                .map(|t| Some(Box::new(t) as Box<dyn PrefillTimer>)),
+            None => Ok(None),
+        };
+        (Served::Disaggregated, ticket)
     }
 
     /// Starts tracking a request with its model, its tenant and the targets it states.

@@ -5,20 +5,25 @@
 //! leg, so the leg comes to the relay, which sends it on to the prefill pod the router named
 //! and times it: the prefill part of that very request's TTFT, measured in one process.
 //!
-//! The relay only ever sends a leg to the address the router gave a request in flight here;
-//! a leg for any other request (or none) is refused.
+//! The relay only ever sends a leg to the address the router gave a request in flight here,
+//! and only when that address is a pod of the prefill pool ([`pool`]): a request naming any
+//! other address goes on untouched (the routing sidecar then does what it would without
+//! llmslo), and a leg for any other request (or none) is refused with one answer, whatever is
+//! at any address.
+
+pub mod pool;
 
 use super::error::error_response;
 use super::ProxyBody;
-use crate::record::PrefillTimer;
+use crate::record::{PrefillTimer, RelaySkip};
 use http::header::{self, HeaderName, HeaderValue};
-use http::uri::Authority;
 use http::{HeaderMap, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use pool::PrefillPool;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -35,8 +40,8 @@ pub static PREFILLER_HEADERS: [HeaderName; 2] = [
 /// The header that tags a request, and so its prefill leg, with its relay entry.
 pub static RELAY_HEADER: HeaderName = HeaderName::from_static("x-llmslo-relay");
 
-/// Longest `x-prefiller-host-port` value relayed (a DNS name and a port).
-const MAX_TARGET_BYTES: usize = 260;
+/// Longest `x-prefiller-host-port` value read (an IPv6 address in brackets and a port).
+const MAX_TARGET_BYTES: usize = 64;
 
 /// Whether the router named a prefill pod for this request.
 pub fn names_prefill_pod(headers: &HeaderMap) -> bool {
@@ -58,13 +63,15 @@ pub struct PrefillRelay {
     client: Client<HttpConnector, Incoming>,
     /// How long the prefill pod may take to answer a leg.
     timeout: Duration,
+    /// The only pods legs are sent to.
+    pool: Arc<PrefillPool>,
 }
 
 /// One request's expected leg.
 #[derive(Debug)]
 struct Pending {
-    /// The prefill pod the router named.
-    target: Authority,
+    /// The prefill pod the router named, one of the pool's.
+    target: SocketAddr,
     /// How long its leg took, once it answered successfully.
     prefill: Mutex<Option<Duration>>,
 }
@@ -93,8 +100,9 @@ impl Drop for RelayTicket {
 }
 
 impl PrefillRelay {
-    /// A relay listening on `address`, waiting `timeout` at most for a prefill pod's answer.
-    pub fn new(address: SocketAddr, timeout: Duration) -> Arc<Self> {
+    /// A relay listening on `address` that sends legs to the pods of `pool` alone, waiting
+    /// `timeout` at most for a prefill pod's answer.
+    pub fn new(address: SocketAddr, timeout: Duration, pool: Arc<PrefillPool>) -> Arc<Self> {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_secs(10)));
         connector.set_nodelay(true);
@@ -105,25 +113,29 @@ impl PrefillRelay {
                 .pool_idle_timeout(Duration::from_secs(4))
                 .build(connector),
             timeout,
+            pool,
         })
     }
 
-    /// When the router named one prefill pod, names the relay instead and tags the request;
-    /// the ticket says how long its leg took. Several pods named (the routing sidecar then
-    /// picks one itself), an address that is not `host:port`, or the older URL header: the
-    /// request goes on untouched and its prefill part is unmeasured.
-    pub fn divert(self: &Arc<Self>, headers: &mut HeaderMap) -> Option<RelayTicket> {
+    /// When the router named one prefill pod of the pool, names the relay instead and tags the
+    /// request; the ticket says how long its leg took. Several pods named (the routing sidecar
+    /// then picks one itself), anything but one `address:port`, the older URL header, or an
+    /// address outside the pool: the request goes on untouched, its prefill part unmeasured,
+    /// and the reason is returned.
+    pub fn divert(self: &Arc<Self>, headers: &mut HeaderMap) -> Result<RelayTicket, RelaySkip> {
         let name = &PREFILLER_HEADERS[0];
         let mut values = headers.get_all(name).iter();
-        let (value, None) = (values.next()?, values.next()) else {
-            return None;
+        let (Some(value), None) = (values.next(), values.next()) else {
+            return Err(RelaySkip::NotOneAddress);
         };
-        let text = value.to_str().ok()?.trim();
-        if text.len() > MAX_TARGET_BYTES || text.contains([',', '@', '/']) {
-            return None;
+        let text = value.to_str().map_err(|_| RelaySkip::NotOneAddress)?.trim();
+        if text.len() > MAX_TARGET_BYTES {
+            return Err(RelaySkip::NotOneAddress);
         }
-        let target: Authority = text.parse().ok()?;
-        target.port_u16()?;
+        let target: SocketAddr = text.parse().map_err(|_| RelaySkip::NotOneAddress)?;
+        if !self.pool.allows(target) {
+            return Err(RelaySkip::OutsidePool);
+        }
         let pending = Arc::new(Pending {
             target,
             prefill: Mutex::new(None),
@@ -138,7 +150,7 @@ impl PrefillRelay {
         };
         headers.insert(name, self.advertised.clone());
         headers.insert(&RELAY_HEADER, HeaderValue::from(id));
-        Some(RelayTicket {
+        Ok(RelayTicket {
             relay: self.clone(),
             id,
             pending,
@@ -170,7 +182,7 @@ impl PrefillRelay {
         let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
         let uri = Uri::builder()
             .scheme("http")
-            .authority(pending.target.clone())
+            .authority(pending.target.to_string())
             .path_and_query(path)
             .build();
         let Ok(uri) = uri else {
@@ -206,7 +218,8 @@ mod tests {
     use super::*;
 
     fn relay() -> Arc<PrefillRelay> {
-        PrefillRelay::new("127.0.0.1:9".parse().unwrap(), Duration::from_secs(1))
+        let pool = PrefillPool::new(vec![pool::PoolMember::parse("10.0.0.0/24:8000").unwrap()]);
+        PrefillRelay::new("127.0.0.1:9".parse().unwrap(), Duration::from_secs(1), pool)
     }
 
     fn headers(values: &[&str]) -> HeaderMap {
@@ -232,17 +245,22 @@ mod tests {
     #[tokio::test]
     async fn what_cannot_be_relayed_goes_on_untouched() {
         let relay = relay();
-        for values in [
-            &["10.0.0.5:8000,10.0.0.6:8000"][..],
-            &["10.0.0.5:8000", "10.0.0.6:8000"],
-            &["10.0.0.5"],
-            &["http://10.0.0.5:8000/x"],
-            &["user@10.0.0.5:8000"],
-            &[""],
+        for (values, why) in [
+            (&["10.0.0.5:8000,10.0.0.6:8000"][..], RelaySkip::NotOneAddress),
+            (&["10.0.0.5:8000", "10.0.0.6:8000"], RelaySkip::NotOneAddress),
+            (&["10.0.0.5"], RelaySkip::NotOneAddress),
+            (&["http://10.0.0.5:8000/x"], RelaySkip::NotOneAddress),
+            (&["user@10.0.0.5:8000"], RelaySkip::NotOneAddress),
+            (&["prefill.example:8000"], RelaySkip::NotOneAddress),
+            (&[""], RelaySkip::NotOneAddress),
+            // Where only a request named it: an internal service, another port of a pod.
+            (&["10.9.0.1:8000"], RelaySkip::OutsidePool),
+            (&["169.254.169.254:80"], RelaySkip::OutsidePool),
+            (&["10.0.0.5:6379"], RelaySkip::OutsidePool),
         ] {
             let mut h = headers(values);
             let before = h.clone();
-            assert!(relay.divert(&mut h).is_none(), "{values:?}");
+            assert_eq!(relay.divert(&mut h).unwrap_err(), why, "{values:?}");
             assert_eq!(h, before);
         }
         assert!(names_prefill_pod(&headers(&["10.0.0.5:8000"])));

@@ -86,6 +86,26 @@ impl Served {
     }
 }
 
+/// Why the relay left a request's prefill leg to the routing sidecar (untimed).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RelaySkip {
+    /// The router named several pods (the routing sidecar picks one), or something that is
+    /// not one `address:port`.
+    NotOneAddress,
+    /// The named address is not a pod of the prefill pool: only the request named it.
+    OutsidePool,
+}
+
+impl RelaySkip {
+    /// The `reason` label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RelaySkip::NotOneAddress => "not_one_address",
+            RelaySkip::OutsidePool => "outside_pool",
+        }
+    }
+}
+
 /// What timed a request's prefill leg (the decode pod's relay): held while the request runs.
 pub trait PrefillTimer: Send + Sync + std::fmt::Debug {
     /// The prefill leg's time, once it was timed and answered successfully.

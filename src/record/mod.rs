@@ -13,7 +13,7 @@ mod operation;
 mod reader;
 mod trace;
 
-pub use disagg::{LegPhase, PrefillTimer, Role, Served, TtftPart, TtftParts};
+pub use disagg::{LegPhase, PrefillTimer, RelaySkip, Role, Served, TtftPart, TtftParts};
 pub use engine::{Engine, EngineContext, EngineMoment, EngineTiming, Fault};
 pub use label_text::LabelText;
 pub use load::RequestLoad;
@@ -153,6 +153,12 @@ pub struct RequestRecord {
     pub served: Option<Served>,
     /// The parts of its TTFT, for a disaggregated request that reached its first token.
     pub ttft_parts: Option<TtftParts>,
+    /// Why the relay did not time its prefill leg, when the relay is on and the router named
+    /// a prefill pod it would not send the leg to.
+    pub relay_skipped: Option<RelaySkip>,
+    /// The leg its fields claimed, when it carried a leg's fields where no such leg is
+    /// expected, and so was measured in full as the user request it is.
+    pub leg_fields_ignored: Option<LegPhase>,
 }
 
 impl RequestRecord {
@@ -183,6 +189,8 @@ impl RequestRecord {
             targets: RequestTargets::default(),
             served: None,
             ttft_parts: None,
+            relay_skipped: None,
+            leg_fields_ignored: None,
         }
     }
 

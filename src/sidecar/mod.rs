@@ -18,6 +18,7 @@ use crate::observe::tenants::Tenants;
 use crate::observe::tokens::TokenCounter;
 use crate::otel::export::Telemetry;
 use crate::proxy::observe::ObserveSettings;
+use crate::proxy::relay::pool::PrefillPool;
 use crate::proxy::relay::PrefillRelay;
 use crate::proxy::{Proxy, ProxySettings};
 use crate::record::Reader;
@@ -138,8 +139,13 @@ impl Sidecar {
             }
             None => None,
         };
+        let pool = PrefillPool::new(config.prefill_pool.clone());
         let relay = match &relay_listener {
-            Some(listener) => Some(PrefillRelay::new(listener.local_addr()?, config.upstream_timeout)),
+            Some(listener) => Some(PrefillRelay::new(
+                listener.local_addr()?,
+                config.upstream_timeout,
+                pool.clone(),
+            )),
             None => None,
         };
         // The window is a backstop for a stalled probe; failures turn readiness off sooner.
@@ -165,6 +171,7 @@ impl Sidecar {
                     tokenizer,
                     spans: telemetry.spans(),
                     relay: relay.clone(),
+                    decode_leg_sources: config.decode_leg_sources.clone(),
                 },
             },
         ));
@@ -193,7 +200,12 @@ impl Sidecar {
             },
         ));
         if let (Some(listener), Some(relay)) = (relay_listener, relay) {
-            info!(address = %listener.local_addr()?, "relaying and timing the prefill legs of the requests forwarded");
+            info!(
+                address = %listener.local_addr()?,
+                pool = %config.prefill_pool.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+                "relaying and timing the prefill legs of the requests forwarded, to the pods of the pool alone"
+            );
+            tasks.spawn(pool.keep_resolved(shutdown.clone()));
             // Stopped with the metrics port, once the proxy has drained: its streams' legs
             // are relayed to the end.
             tasks.spawn(serve(

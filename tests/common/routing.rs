@@ -5,7 +5,8 @@
 //! local decode engine with the `kv_transfer_params` the prefill pod answered, streaming the
 //! answer back. Every header of the client's request goes on both legs, with an
 //! `x-request-id` of the routing sidecar's own added. A request naming no prefill pod goes
-//! to the decode engine as it is.
+//! to the decode engine as it is. Started with an allow-list, it is llm-d's SSRF protection
+//! (`-enable-ssrf-protection=true`): a prefill pod outside the list gets 403 and nothing is sent.
 
 use bytes::Bytes;
 use http::{header, HeaderMap, Request, Response, StatusCode};
@@ -28,6 +29,8 @@ type Body = UnsyncBoxBody<Bytes, hyper::Error>;
 
 struct Router {
     decode: SocketAddr,
+    /// The prefill addresses it may send legs to, when its SSRF protection is on.
+    allowed: Option<Vec<String>>,
     client: Client<HttpConnector, Full<Bytes>>,
     next_id: AtomicU64,
 }
@@ -39,10 +42,21 @@ pub async fn start_routing_sidecar(decode: SocketAddr) -> SocketAddr {
 
 /// Starts the routing sidecar on `listen` in front of the decode engine at `decode`.
 pub async fn start_routing_sidecar_at(listen: SocketAddr, decode: SocketAddr) -> SocketAddr {
+    start(listen, decode, None).await
+}
+
+/// Starts the routing sidecar with its SSRF protection on: legs go to `allowed` alone.
+pub async fn start_protected_routing_sidecar(decode: SocketAddr, allowed: &[SocketAddr]) -> SocketAddr {
+    let allowed = allowed.iter().map(ToString::to_string).collect();
+    start("127.0.0.1:0".parse().unwrap(), decode, Some(allowed)).await
+}
+
+async fn start(listen: SocketAddr, decode: SocketAddr, allowed: Option<Vec<String>>) -> SocketAddr {
     let listener = TcpListener::bind(listen).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let router = Arc::new(Router {
         decode,
+        allowed,
         client: Client::builder(TokioExecutor::new()).build_http(),
         next_id: AtomicU64::new(1),
     });
@@ -81,6 +95,9 @@ impl Router {
         let Some(prefill) = prefill else {
             return self.send(self.decode.to_string(), &path, &parts.headers, body).await;
         };
+        if self.allowed.as_ref().is_some_and(|allowed| !allowed.contains(&prefill)) {
+            return status(StatusCode::FORBIDDEN);
+        }
         let Ok(mut completion) = serde_json::from_slice::<Value>(&body) else {
             return status(StatusCode::BAD_REQUEST);
         };

@@ -9,8 +9,9 @@ use serde_json::{json, Value};
 pub(super) struct Serving {
     /// The pod's role, when llm-d names one or the pod has a routing sidecar.
     pub(super) role: Option<Role>,
-    /// The prefill relay's address, in front of a routing sidecar.
-    pub(super) relay: Option<String>,
+    /// The prefill relay's address, in front of a routing sidecar, and the prefill pool it
+    /// sends legs to.
+    pub(super) relay: Option<(String, String)>,
 }
 
 /// The sidecar container: its arguments, environment, resources, probes and security context.
@@ -46,11 +47,12 @@ pub(super) fn sidecar_container(
     if let Some(role) = serving.role {
         env.push(json!({"name": "LLMSLO_ROLE", "value": role.as_str()}));
     }
-    if let Some(relay) = &serving.relay {
+    if let Some((relay, pool)) = &serving.relay {
         if relay.starts_with("$(POD_IP)") {
             env.push(json!({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}));
         }
         env.push(json!({"name": "LLMSLO_PREFILL_RELAY", "value": relay}));
+        env.push(json!({"name": "LLMSLO_PREFILL_POOL", "value": pool}));
     }
     let mut mounts = Vec::new();
     if annotation(annotations::CONFIG_MAP).is_some() {

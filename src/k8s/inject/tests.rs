@@ -542,6 +542,7 @@ spec:
   template:
     metadata:
       labels: {app: qwen, llm-d.ai/role: decode, llmslo.io/inject: "true"}
+      annotations: {llmslo.io/prefill-pool: "qwen-prefill.llm-d.svc.cluster.local:8000"}
     spec:
       initContainers:
         - name: routing-proxy
@@ -597,6 +598,11 @@ fn in_an_llm_d_decode_pod_llmslo_takes_the_routing_sidecars_port_and_relays_its_
     let value = |name: &str| env.iter().find(|e| e["name"] == name).map(|e| e["value"].clone());
     assert_eq!(value("LLMSLO_ROLE"), Some(json!("decode")));
     assert_eq!(value("LLMSLO_PREFILL_RELAY"), Some(json!("127.0.0.1:8299")));
+    assert_eq!(
+        value("LLMSLO_PREFILL_POOL"),
+        Some(json!("qwen-prefill.llm-d.svc.cluster.local:8000")),
+        "the relay sends legs to the pool alone"
+    );
     assert_eq!(value("POD_IP"), None);
     let declared = spec["containers"][0]["ports"].as_array().unwrap();
     assert!(declared.contains(&json!({"name": "llmslo-http", "containerPort": 8000, "protocol": "TCP"})));
@@ -621,6 +627,44 @@ fn in_an_llm_d_decode_pod_llmslo_takes_the_routing_sidecars_port_and_relays_its_
         .expect("POD_IP from the downward API");
     let relay = env.iter().position(|e| e["name"] == "LLMSLO_PREFILL_RELAY").unwrap();
     assert!(pod_ip < relay, "defined before the value that names it");
+}
+
+#[test]
+fn an_llm_d_decode_pod_without_its_prefill_pool_gets_no_relay_and_says_so() {
+    let unnamed = LLM_D_DECODE.replace(
+        "      annotations: {llmslo.io/prefill-pool: \"qwen-prefill.llm-d.svc.cluster.local:8000\"}\n",
+        "",
+    );
+    let injected = inject_yaml(&unnamed, &InjectOptions::with_image("llmslo:test")).unwrap();
+    let d: Value = serde_yaml::from_str(&injected.output).unwrap();
+    let env = d["spec"]["template"]["spec"]["initContainers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(env.contains(&json!({"name": "LLMSLO_ROLE", "value": "decode"})));
+    assert!(
+        !env.iter()
+            .any(|e| e["name"] == "LLMSLO_PREFILL_RELAY" || e["name"] == "LLMSLO_PREFILL_POOL"),
+        "no pool, no relay: {env:?}"
+    );
+    let warning = d["spec"]["template"]["metadata"]["annotations"][annotations::WARNING]
+        .as_str()
+        .unwrap();
+    assert!(
+        warning.contains("prefill part") && warning.contains(annotations::PREFILL_POOL),
+        "{warning}"
+    );
+    assert_eq!(injected.warnings.len(), 1, "{:?}", injected.warnings);
+    assert!(injected.warnings[0].starts_with("Deployment/qwen-decode: the prefill part"));
+
+    // A pool that is not one is refused, naming the annotation.
+    let wrong = LLM_D_DECODE.replace("qwen-prefill.llm-d.svc.cluster.local:8000", "http://qwen-prefill:8000");
+    let error = inject_yaml(&wrong, &InjectOptions::with_image("llmslo:test")).unwrap_err();
+    assert!(
+        error.message.contains("annotation llmslo.io/prefill-pool"),
+        "{}",
+        error.message
+    );
 }
 
 #[test]
