@@ -362,10 +362,23 @@ fn script_of(name: &str) -> (Script, Vec<u8>) {
     let reason = if status == 200 { "OK" } else { "Error" };
     let stream = content_type.contains("event-stream");
     let body = fixture(&format!("apis/{name}.{}", if stream { "sse" } else { "json" }));
+    // The events up to the first delta come when the capture received them (what the engine
+    // states of its own time to first token fits within that), the rest a millisecond apart.
     let pieces = if stream {
+        let mut previous = 0.0;
+        let mut delta_seen = false;
         timed_events(name)
             .into_iter()
-            .map(|(_, e)| (Duration::from_millis(1), e))
+            .map(|(t_ms, e)| {
+                let gap = if delta_seen {
+                    Duration::from_millis(1)
+                } else {
+                    Duration::from_secs_f64((t_ms - previous).max(0.0) / 1e3)
+                };
+                previous = t_ms;
+                delta_seen |= e.windows(5).any(|w| w == b"delta");
+                (gap, e)
+            })
             .collect()
     } else {
         vec![(Duration::ZERO, body.clone())]

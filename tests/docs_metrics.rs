@@ -131,14 +131,19 @@ async fn disaggregated_pages() -> Vec<String> {
         ),
     )
     .await;
-    let request = http::Request::post(format!("http://{}/v1/chat/completions", front.proxy_addr))
-        .header("content-type", "application/json")
-        .header("x-prefiller-host-port", prefill.proxy_addr.to_string())
-        .body(http_body_util::Full::from(chat_body(4, true, false)))
-        .unwrap();
-    let response = client().request(request).await.unwrap();
-    assert_eq!(response.status(), 200);
-    http_body_util::BodyExt::collect(response.into_body()).await.unwrap();
+    // Five through the relay (enough for the misplaced sidecar's warning), and one naming an
+    // address outside the pool, which the relay leaves to the routing sidecar.
+    let outside = format!("127.0.0.1:{}", free_port());
+    for named in std::iter::repeat_n(prefill.proxy_addr.to_string(), 5).chain([outside]) {
+        let request = http::Request::post(format!("http://{}/v1/chat/completions", front.proxy_addr))
+            .header("content-type", "application/json")
+            .header("x-prefiller-host-port", &named)
+            .body(http_body_util::Full::from(chat_body(4, true, false)))
+            .unwrap();
+        let response = client().request(request).await.unwrap();
+        assert_eq!(response.status() == 200, named == prefill.proxy_addr.to_string());
+        http_body_util::BodyExt::collect(response.into_body()).await.unwrap();
+    }
     let pages = vec![settled(&front).await, settled(&prefill).await, settled(&behind).await];
     for sidecar in [front, prefill, behind] {
         sidecar.shutdown().await;

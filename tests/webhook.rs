@@ -339,6 +339,58 @@ async fn hostile_reviews_cost_bounded_memory_and_the_next_pod_is_still_injected(
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn callers_that_trickle_their_bodies_hold_up_no_real_review() {
+    use tokio::io::AsyncWriteExt;
+    let tls = self_signed();
+    let (mut child, addr, dir) = webhook_process(&tls, None).await;
+    // Four callers, two reviews each, sending a byte every half second of a 4 KiB body.
+    let stop = CancellationToken::new();
+    let mut tricklers = Vec::new();
+    for _ in 0..8 {
+        let mut stream = common::tls::connect(addr, &tls.roots, "localhost").await.unwrap();
+        let stop = stop.clone();
+        tricklers.push(tokio::spawn(async move {
+            let head = "POST /mutate HTTP/1.1\r\nhost: llmslo-injector\r\ncontent-type: application/json\r\n\
+                        content-length: 4096\r\n\r\n{";
+            if stream.write_all(head.as_bytes()).await.is_err() {
+                return;
+            }
+            while !stop.is_cancelled() {
+                if stream.write_all(b" ").await.is_err() || stream.flush().await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            }
+        }));
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "u", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "operation": "CREATE", "namespace": "llm", "object": pod()}});
+    let started = std::time::Instant::now();
+    let real: Vec<_> = (0..8)
+        .map(|_| {
+            let (roots, review) = (tls.roots.clone(), review.clone());
+            tokio::spawn(async move { post_review(addr, roots, review).await })
+        })
+        .collect();
+    for answer in real {
+        let (status, answer) = answer.await.unwrap();
+        assert_eq!((status, &answer["response"]["patchType"]), (200, &json!("JSONPatch")));
+    }
+    // The API server gives up after the webhook's timeoutSeconds (5 by default).
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(2), "eight reviews took {took:?}");
+    stop.cancel();
+    for trickler in tricklers {
+        trickler.await.unwrap();
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_client_ca_only_callers_it_signed_are_answered() {
     let tls = self_signed();

@@ -6,7 +6,7 @@ use crate::k8s::inject::{self, inject_pod_template, InjectOptions};
 use base64::Engine as _;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -25,10 +25,16 @@ pub const MAX_REVIEW_BYTES: usize = 3 << 20;
 /// Most JSON values an AdmissionReview may hold (counted before anything is built): a Pod of
 /// many containers holds a few thousand.
 pub const MAX_REVIEW_VALUES: usize = 20_000;
-/// Reviews read and answered at once; each holds its body and its Pod's JSON, so these bound
-/// the webhook's memory. The others wait their turn up to [`REVIEW_WAIT`].
-pub const MAX_REVIEWS_AT_ONCE: usize = 1;
-/// Longest a review waits for its turn, and then for its body: the API server gives up sooner.
+/// Reviews answered at once (their Pod's JSON built and patched), each after its whole body has
+/// arrived: with the bodies' budget, these bound the webhook's memory. The others wait their
+/// turn up to [`REVIEW_WAIT`].
+pub const MAX_REVIEWS_AT_ONCE: usize = 2;
+/// Bytes of review bodies held at once, across every caller, charged as they arrive: a caller
+/// that trickles holds only what it sent, and no one's turn.
+pub const MAX_BUFFERED_REVIEW_BYTES: usize = 16 << 20;
+/// Longest a review's body may take to arrive, from its head: the API server sends it at once.
+const REVIEW_BODY_TIMEOUT: Duration = Duration::from_secs(3);
+/// Longest a review whose body has arrived waits for its turn: the API server gives up sooner.
 const REVIEW_WAIT: Duration = Duration::from_secs(10);
 
 /// Loads a PEM certificate chain and private key into a TLS acceptor; with `client_ca`, only
@@ -143,11 +149,13 @@ fn modified(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Option<SystemT
 /// Connections open at once (the API servers keep a few each).
 const WEBHOOK_MAX_CONNECTIONS: usize = 1024;
 
-/// What the webhook answers with: the injection options, and the turns of the reviews.
+/// What the webhook answers with: the injection options, the turns of the reviews and the
+/// budget of their bodies' bytes.
 #[derive(Debug)]
 pub struct Webhook {
     options: InjectOptions,
     turns: tokio::sync::Semaphore,
+    bytes: tokio::sync::Semaphore,
 }
 
 impl Webhook {
@@ -156,6 +164,7 @@ impl Webhook {
         Self {
             options,
             turns: tokio::sync::Semaphore::new(MAX_REVIEWS_AT_ONCE),
+            bytes: tokio::sync::Semaphore::new(MAX_BUFFERED_REVIEW_BYTES),
         }
     }
 }
@@ -178,8 +187,10 @@ pub async fn serve(listener: TcpListener, tls: Arc<TlsFiles>, options: InjectOpt
 }
 
 /// Answers one HTTP request: POST an AdmissionReview, get one back; `/healthz` for probes.
-/// Reviews take turns ([`MAX_REVIEWS_AT_ONCE`]), and each is bounded in bytes and in values
-/// before anything is built of it.
+/// Each review's body is read under its own deadline, its bytes charged to a shared budget as
+/// they come; only then does it take a turn ([`MAX_REVIEWS_AT_ONCE`]) to be answered, so a
+/// caller that trickles holds up no one. Each is bounded in bytes and in values before
+/// anything is built of it.
 pub async fn handle(request: Request<Incoming>, webhook: Arc<Webhook>) -> Result<Response<Full<Bytes>>, Infallible> {
     if request.method() == Method::GET && request.uri().path() == "/healthz" {
         return Ok(reply(StatusCode::OK, "text/plain", "ok\n".into()));
@@ -191,33 +202,16 @@ pub async fn handle(request: Request<Incoming>, webhook: Arc<Webhook>) -> Result
             "POST an AdmissionReview\n".into(),
         ));
     }
+    let (body, _bytes) = match read_body(request.into_body(), &webhook.bytes).await {
+        Ok(read) => read,
+        Err(refusal) => return Ok(refusal),
+    };
     let Ok(Ok(_turn)) = tokio::time::timeout(REVIEW_WAIT, webhook.turns.acquire()).await else {
         return Ok(reply(
             StatusCode::SERVICE_UNAVAILABLE,
             "text/plain",
             "busy: other reviews are being answered\n".into(),
         ));
-    };
-    let read = tokio::time::timeout(
-        REVIEW_WAIT,
-        Limited::new(request.into_body(), MAX_REVIEW_BYTES).collect(),
-    );
-    let body = match read.await {
-        Ok(Ok(body)) => body.to_bytes(),
-        Ok(Err(e)) => {
-            return Ok(reply(
-                StatusCode::BAD_REQUEST,
-                "text/plain",
-                format!("unreadable body (at most {MAX_REVIEW_BYTES} bytes): {e}\n"),
-            ))
-        }
-        Err(_) => {
-            return Ok(reply(
-                StatusCode::REQUEST_TIMEOUT,
-                "text/plain",
-                "the body did not arrive in time\n".into(),
-            ))
-        }
     };
     if let Err(message) = within_values(&body, MAX_REVIEW_VALUES) {
         return Ok(reply(StatusCode::BAD_REQUEST, "text/plain", format!("{message}\n")));
@@ -226,6 +220,47 @@ pub async fn handle(request: Request<Incoming>, webhook: Arc<Webhook>) -> Result
         Ok(answer) => Ok(reply(StatusCode::OK, "application/json", answer.to_string())),
         Err(message) => Ok(reply(StatusCode::BAD_REQUEST, "text/plain", format!("{message}\n"))),
     }
+}
+
+/// Reads a review's body within [`REVIEW_BODY_TIMEOUT`] and [`MAX_REVIEW_BYTES`], each frame's
+/// bytes taken from `budget` as it arrives and held until the review is answered.
+async fn read_body(
+    mut body: Incoming,
+    budget: &tokio::sync::Semaphore,
+) -> Result<(Bytes, tokio::sync::SemaphorePermit<'_>), Response<Full<Bytes>>> {
+    let deadline = tokio::time::Instant::now() + REVIEW_BODY_TIMEOUT;
+    let late = || {
+        reply(
+            StatusCode::REQUEST_TIMEOUT,
+            "text/plain",
+            "the body did not arrive in time\n".into(),
+        )
+    };
+    let mut held = budget.try_acquire_many(0).expect("no permits, always there");
+    let mut bytes = Vec::new();
+    while let Some(frame) = tokio::time::timeout_at(deadline, body.frame())
+        .await
+        .map_err(|_| late())?
+    {
+        let frame =
+            frame.map_err(|e| reply(StatusCode::BAD_REQUEST, "text/plain", format!("unreadable body: {e}\n")))?;
+        let Ok(data) = frame.into_data() else { continue };
+        if bytes.len() + data.len() > MAX_REVIEW_BYTES {
+            return Err(reply(
+                StatusCode::BAD_REQUEST,
+                "text/plain",
+                format!("unreadable body (at most {MAX_REVIEW_BYTES} bytes): length limit exceeded\n"),
+            ));
+        }
+        let charge = u32::try_from(data.len()).expect("a frame within the review's bound");
+        let permit = tokio::time::timeout_at(deadline, budget.acquire_many(charge))
+            .await
+            .map_err(|_| late())?
+            .expect("the budget is never closed");
+        held.merge(permit);
+        bytes.extend_from_slice(&data);
+    }
+    Ok((Bytes::from(bytes), held))
 }
 
 /// Checks that `body` holds at most `limit` JSON values, counting them as it skips them:
