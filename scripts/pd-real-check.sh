@@ -37,7 +37,7 @@ done
   --engine vllm --role prefill > "$LOGS/llmslo-prefill.log" 2>&1 & pids+=($!)
 "$PY" scripts/pd_routing_sidecar.py --port 8100 --vllm-port 8102 > "$LOGS/router.log" 2>&1 & pids+=($!)
 "$LLMSLO" run --upstream http://127.0.0.1:8100 --listen 127.0.0.1:8000 --metrics-listen 127.0.0.1:9100 \
-  --engine vllm --role decode --prefill-relay 127.0.0.1:8299 > "$LOGS/llmslo-front.log" 2>&1 & pids+=($!)
+  --engine vllm --role decode --prefill-relay 127.0.0.1:8299 --prefill-pool 127.0.0.1:8111 > "$LOGS/llmslo-front.log" 2>&1 & pids+=($!)
 sleep 2
 "$PY" - "$N" <<'PY'
 import json, sys, time, urllib.request
