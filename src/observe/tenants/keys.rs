@@ -47,6 +47,23 @@ pub fn read_key_table(path: &Path) -> Result<KeyFile, String> {
             path.display()
         ));
     }
+    // A key under two tenants would count for whichever the map visits last: refused, naming
+    // both tenants (never the key).
+    let mut owner: HashMap<&str, &str> = HashMap::with_capacity(keys);
+    let mut tenants: Vec<&String> = table.keys().collect();
+    tenants.sort();
+    for tenant in tenants {
+        for key in &table[tenant] {
+            if let Some(first) = owner.insert(key.as_str(), tenant.as_str()) {
+                if first != tenant.as_str() {
+                    return Err(format!(
+                        "{} lists one key under two tenants, `{first}` and `{tenant}`: a key names one tenant",
+                        path.display()
+                    ));
+                }
+            }
+        }
+    }
     Ok(table)
 }
 
@@ -172,6 +189,21 @@ mod tests {
         let path = std::env::temp_dir().join(format!("llmslo-keys-{}-{name}.yaml", std::process::id()));
         std::fs::write(&path, text).unwrap();
         path
+    }
+
+    #[test]
+    fn a_key_under_two_tenants_is_refused_naming_both_and_never_the_key() {
+        let path = file("twice", "team-a: [sk-secret-1, sk-a]\nteam-b: [sk-b, sk-secret-1]\n");
+        let error = read_key_table(&path).unwrap_err();
+        assert!(error.contains("`team-a` and `team-b`"), "{error}");
+        assert!(!error.contains("sk-secret-1"), "{error}");
+        std::fs::write(&path, "team-a: [sk-a, sk-a]\nteam-b: [sk-b]\n").unwrap();
+        assert_eq!(
+            read_key_table(&path).unwrap().len(),
+            2,
+            "twice under one tenant is still that tenant"
+        );
+        std::fs::remove_file(&path).unwrap();
     }
 
     #[test]
