@@ -10,17 +10,6 @@ use http_body_util::{BodyExt, Full};
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// What the engine sends with usage asked for, and what the client would have seen without.
-fn with_and_without_usage(name: &str) -> (Vec<u8>, Vec<u8>) {
-    let with = fixture(name);
-    let text = String::from_utf8(with.clone()).unwrap();
-    let usage_event = text
-        .split_inclusive("\n\n")
-        .find(|e| e.contains("\"choices\":[],\"usage\""))
-        .unwrap();
-    (with, text.replace(usage_event, "").into_bytes())
-}
-
 /// An engine that answers every stream in one sized body (`Content-Length`, not chunked), the
 /// usage chunk in it when the request asked for usage.
 async fn sized_engine(name: &'static str) -> SocketAddr {

@@ -643,16 +643,9 @@ async fn client_leaving_before_the_response_head_is_client_cancelled() {
     );
 }
 
-/// The real vLLM capture made with include_usage, and what vLLM sends without it: the same
-/// stream less its usage-only event.
+/// The real vLLM chat capture made with include_usage, and what vLLM sends without it.
 fn capture_with_and_without_usage() -> (Vec<u8>, Vec<u8>) {
-    let with = fixture("vllm-chat.sse");
-    let text = String::from_utf8(with.clone()).unwrap();
-    let usage_event = text
-        .split_inclusive("\n\n")
-        .find(|e| e.contains("\"choices\":[],\"usage\""))
-        .unwrap();
-    (with, text.replace(usage_event, "").into_bytes())
+    with_and_without_usage("vllm-chat.sse")
 }
 
 #[tokio::test(start_paused = true)]

@@ -463,6 +463,18 @@ pub fn required_tool(name: &str, candidates: &[&str], install: &str) -> Option<s
     found
 }
 
+/// A real vLLM capture made with include_usage, and what vLLM sends without it: the same
+/// stream less its usage-only event.
+pub fn with_and_without_usage(name: &str) -> (Vec<u8>, Vec<u8>) {
+    let with = fixture(name);
+    let text = String::from_utf8(with.clone()).unwrap();
+    let usage_event = text
+        .split_inclusive("\n\n")
+        .find(|e| e.contains("\"choices\":[],\"usage\""))
+        .unwrap();
+    (with, text.replace(usage_event, "").into_bytes())
+}
+
 /// A loopback port that was free a moment ago.
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
