@@ -43,11 +43,12 @@ impl Config {
     /// `worker_threads` threads: connections, requests in flight, the peek's buffer budget and
     /// each thread's parse of a body, and the engine's page, above the base (a tokenizer adds its
     /// own size; a compressed response its decoder window while it lasts), and the requests kept
-    /// for `/workload`.
+    /// for `/workload`; with the prefill relay, its own connections and a leg for each request.
     pub fn worst_case_memory_bytes(&self, worker_threads: usize) -> u64 {
         BASE_BYTES
             + self.max_connections as u64 * PER_CONNECTION_BYTES
             + self.max_in_flight_requests as u64 * PER_IN_FLIGHT_REQUEST_BYTES
+            + self.relay_bytes()
             + self.max_buffered_request_bytes as u64
             + worker_threads as u64 * self.max_peek_bytes as u64 / PARSE_SCRATCH_SHARE_OF_BODY
             + self.engine_page_bytes()
@@ -58,6 +59,16 @@ impl Config {
                 0
             }
             + self.tenant_series_bytes()
+    }
+
+    /// The prefill relay at its bound: a leg for each request in flight, each on its own
+    /// connection from the routing sidecar and with its own to the prefill pod (the relay takes
+    /// no more connections than that).
+    pub fn relay_bytes(&self) -> u64 {
+        match self.prefill_relay {
+            Some(_) => self.max_in_flight_requests as u64 * (PER_CONNECTION_BYTES + PER_IN_FLIGHT_REQUEST_BYTES),
+            None => 0,
+        }
     }
 
     /// The tenant families at their bound: every tenant label (the named ones, those learned,

@@ -21,6 +21,10 @@ use serde_json::{json, Map, Value};
 pub const DEFAULT_MEMORY_LIMIT: &str = "128Mi";
 /// [`DEFAULT_MEMORY_LIMIT`] in bytes.
 pub const DEFAULT_MEMORY_LIMIT_BYTES: u64 = 128 << 20;
+/// The same for a decode pod whose sidecar runs the prefill relay (its legs' connections).
+pub const RELAY_MEMORY_LIMIT: &str = "192Mi";
+/// [`RELAY_MEMORY_LIMIT`] in bytes.
+pub const RELAY_MEMORY_LIMIT_BYTES: u64 = 192 << 20;
 
 /// The pod label that opts in.
 pub const INJECT_LABEL: &str = "llmslo.io/inject";

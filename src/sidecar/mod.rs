@@ -216,10 +216,11 @@ impl Sidecar {
                 },
                 shutdown.clone(),
                 config.drain_timeout,
+                // A leg for each request in flight, each on a connection of its own at most.
                 ConnectionLimits {
                     send_timeout: Some(config.send_timeout),
                     idle_timeout: Some(config.connection_idle_timeout),
-                    ..ConnectionLimits::new(config.max_connections)
+                    ..ConnectionLimits::new(config.max_in_flight_requests)
                 },
             ));
         }

@@ -1,7 +1,7 @@
 //! The injected sidecar container itself, from the injection's options and the pod's
 //! annotations.
 
-use super::{annotations, InjectOptions, CONTAINER, DEFAULT_MEMORY_LIMIT, NO_IMAGE};
+use super::{annotations, InjectOptions, CONTAINER, DEFAULT_MEMORY_LIMIT, NO_IMAGE, RELAY_MEMORY_LIMIT};
 use crate::record::Role;
 use serde_json::{json, Value};
 
@@ -60,7 +60,13 @@ pub(super) fn sidecar_container(
         mounts.push(json!({"name": "llmslo-config", "mountPath": "/etc/llmslo", "readOnly": true}));
     }
     let cpu = annotation(annotations::CPU).unwrap_or_else(|| "100m".into());
-    let memory = annotation(annotations::MEMORY).unwrap_or_else(|| DEFAULT_MEMORY_LIMIT.into());
+    let memory = annotation(annotations::MEMORY).unwrap_or_else(|| {
+        match serving.relay {
+            Some(_) => RELAY_MEMORY_LIMIT,
+            None => DEFAULT_MEMORY_LIMIT,
+        }
+        .into()
+    });
     let probe = |path: &str, period: u64| json!({"httpGet": {"path": path, "port": metrics}, "periodSeconds": period});
     let image = annotation(annotations::IMAGE)
         .or_else(|| options.image.clone())

@@ -531,6 +531,29 @@ fn the_defaults_fit_the_memory_limit_the_injector_gives() {
     assert_eq!(DEFAULT_MEMORY_LIMIT, format!("{}Mi", limit >> 20));
 }
 
+#[test]
+fn a_relaying_sidecar_counts_the_relays_legs_and_gets_room_for_them() {
+    let pool = "prefill_pool: [10.0.0.0/24:8000]\n";
+    let plain =
+        crate::config::Config::from_yaml(&format!("upstream: http://127.0.0.1:8000\nrole: decode\n{pool}")).unwrap();
+    let relaying = crate::config::Config::from_yaml(&format!(
+        "upstream: http://127.0.0.1:8000\nrole: decode\nprefill_relay: 127.0.0.1:8001\n{pool}"
+    ))
+    .unwrap();
+    let legs = relaying.worst_case_memory_bytes(1) - plain.worst_case_memory_bytes(1);
+    assert_eq!(legs, relaying.relay_bytes());
+    assert_eq!(
+        legs >> 20,
+        52,
+        "1024 legs, each a connection in and one out: docs/configuration.md"
+    );
+    assert!(plain.worst_case_memory_bytes(1) < DEFAULT_MEMORY_LIMIT_BYTES);
+    assert!(relaying.worst_case_memory_bytes(1) > DEFAULT_MEMORY_LIMIT_BYTES);
+    assert_eq!(relaying.worst_case_memory_bytes(1) >> 20, 175);
+    assert!(relaying.worst_case_memory_bytes(1) < RELAY_MEMORY_LIMIT_BYTES);
+    assert_eq!(RELAY_MEMORY_LIMIT, format!("{}Mi", RELAY_MEMORY_LIMIT_BYTES >> 20));
+}
+
 /// An llm-d decode pod as llm-d's chart makes it: the routing sidecar as a native sidecar on
 /// the port routers use, the engine behind it.
 const LLM_D_DECODE: &str = r#"
@@ -604,6 +627,10 @@ fn in_an_llm_d_decode_pod_llmslo_takes_the_routing_sidecars_port_and_relays_its_
         "the relay sends legs to the pool alone"
     );
     assert_eq!(value("POD_IP"), None);
+    assert_eq!(
+        llmslo["resources"]["limits"]["memory"], RELAY_MEMORY_LIMIT,
+        "room for the relay's legs"
+    );
     let declared = spec["containers"][0]["ports"].as_array().unwrap();
     assert!(declared.contains(&json!({"name": "llmslo-http", "containerPort": 8000, "protocol": "TCP"})));
     assert!(d["spec"]["template"]["metadata"]["annotations"].get(NOTE).is_none());
@@ -646,6 +673,10 @@ fn an_llm_d_decode_pod_without_its_prefill_pool_gets_no_relay_and_says_so() {
         !env.iter()
             .any(|e| e["name"] == "LLMSLO_PREFILL_RELAY" || e["name"] == "LLMSLO_PREFILL_POOL"),
         "no pool, no relay: {env:?}"
+    );
+    assert_eq!(
+        d["spec"]["template"]["spec"]["initContainers"][0]["resources"]["limits"]["memory"],
+        DEFAULT_MEMORY_LIMIT
     );
     let warning = d["spec"]["template"]["metadata"]["annotations"][annotations::WARNING]
         .as_str()
