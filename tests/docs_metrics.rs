@@ -85,6 +85,15 @@ async fn every_metric_the_docs_name_is_exported() {
         let (status, _) = post_collect(sidecar.proxy_addr, route, body).await;
         assert_eq!(status, 200, "{route}");
     }
+    // A request that states a target of its own.
+    let targeted = http::Request::post(format!("http://{}/v1/chat/completions", sidecar.proxy_addr))
+        .header("content-type", "application/json")
+        .header("x-llm-d-slo-ttft-ms", "1000")
+        .body(http_body_util::Full::new(bytes::Bytes::from(chat_body(2, true, false))))
+        .unwrap();
+    let answer = client().request(targeted).await.unwrap();
+    assert_eq!(answer.status(), 200);
+    http_body_util::BodyExt::collect(answer.into_body()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await; // a GPU sample or two
     let mut exported = exported_names(&settled(&sidecar).await);
     for page in disaggregated_pages().await {

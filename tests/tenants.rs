@@ -222,7 +222,7 @@ async fn a_client_cannot_grade_itself_unless_its_targets_are_trusted() {
     let slos = "slos:\n  - {name: ttft-50ms, objective: 99, ttft: 50ms}\n";
     for (mode, goodput) in [
         ("", 0.0),
-        ("per_request_slos: stricter\n", 0.0),
+        ("per_request_slos: separate\n", 0.0),
         ("per_request_slos: off\n", 0.0),
         ("per_request_slos: trusted\n", 4.0),
     ] {
@@ -241,12 +241,56 @@ async fn a_client_cannot_grade_itself_unless_its_targets_are_trusted() {
             4.0,
             "{mode:?}: the file's events are the file's"
         );
+        let own = if mode.contains("off") { 0.0 } else { 4.0 };
+        assert_eq!(
+            sample(&m, "llmslo_request_targets_met_requests_total", &[]),
+            own,
+            "{mode:?}: they met their own"
+        );
         sidecar.shutdown().await;
     }
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_requests_own_targets_judge_its_goodput() {
+async fn a_client_stating_impossible_targets_moves_nobodys_goodput() {
+    // Every request meets the file's SLOs; half state a 1 ms TTFT of their own.
+    let slos = "slos:\n  - {name: ttft-500ms, objective: 99, ttft: 500ms}\n";
+    let (engine, _stop) = start_engine(timed_engine(100, 20)).await;
+    let sidecar = start_sidecar(engine, slos).await;
+    model_learned(&sidecar, "sim").await;
+    for _ in 0..5 {
+        assert_eq!(
+            chat(sidecar.proxy_addr, &[("x-llm-d-slo-ttft-ms", "1")], json!({}), 5).await,
+            200
+        );
+        assert_eq!(chat(sidecar.proxy_addr, &[], json!({}), 5).await, 200);
+    }
+    let m = settled(&sidecar).await;
+    assert_eq!(sample(&m, "llmslo_goodput_judged_requests_total", &[]), 10.0);
+    assert_eq!(
+        sample(&m, "llmslo_goodput_requests_total", &[]),
+        10.0,
+        "the pod's goodput is the file's"
+    );
+    assert_eq!(
+        sample(&m, "llmslo_slo_attainment_ratio", &[("window", "5m")]),
+        1.0,
+        "nor is its attainment deflated"
+    );
+    assert_eq!(sample(&m, "llmslo_slo_bad_events_total", &[("slo", "ttft-500ms")]), 0.0);
+    assert_eq!(
+        (
+            sample(&m, "llmslo_request_targets_judged_requests_total", &[]),
+            sample(&m, "llmslo_request_targets_met_requests_total", &[]),
+        ),
+        (5.0, 0.0),
+        "the targets are counted apart"
+    );
+    sidecar.shutdown().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_requests_own_targets_are_judged_apart_from_goodput() {
     let (engine, _stop) = start_engine(timed_engine(100, 20)).await;
     // The file's goodput requires a loose TPOT: every request meets it.
     let slos = "slos:\n  - {name: tpot-50ms, objective: 99, tpot: 50ms}\n";
@@ -276,7 +320,19 @@ async fn a_requests_own_targets_judge_its_goodput() {
     assert_eq!(chat(addr, &[], json!({}), 5).await, 200, "the file's SLOs");
     let m = settled(&sidecar).await;
     assert_eq!(sample(&m, "llmslo_goodput_judged_requests_total", &[]), 5.0);
-    assert_eq!(sample(&m, "llmslo_goodput_requests_total", &[]), 3.0);
+    assert_eq!(
+        sample(&m, "llmslo_goodput_requests_total", &[]),
+        5.0,
+        "the file decides goodput"
+    );
+    assert_eq!(
+        (
+            sample(&m, "llmslo_request_targets_judged_requests_total", &[]),
+            sample(&m, "llmslo_request_targets_met_requests_total", &[]),
+        ),
+        (3.0, 1.0),
+        "three stated readable targets, one met them"
+    );
     assert_eq!(
         sample(&m, "llmslo_slo_bad_events_total", &[("slo", "tpot-50ms")]),
         0.0,

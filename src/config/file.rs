@@ -95,8 +95,8 @@ pub(super) struct FileConfig {
     pub(super) decode_leg_sources: Option<Vec<String>>,
 }
 
-/// `per_request_slos:` as written: `off`, `stricter` or `trusted`; `false` is `off`, and
-/// `true` (the older spelling of "on") is `stricter`.
+/// `per_request_slos:` as written: `off`, `separate` or `trusted`; `false` is `off`, and
+/// `true` (the older spelling of "on") and `stricter` (the older default) are `separate`.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct PerRequestSlosEntry(pub(super) PerRequestSlos);
 
@@ -106,11 +106,11 @@ impl<'de> Deserialize<'de> for PerRequestSlosEntry {
         impl serde::de::Visitor<'_> for Visitor {
             type Value = PerRequestSlosEntry;
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("off, stricter or trusted")
+                f.write_str("off, separate or trusted")
             }
             fn visit_bool<E: serde::de::Error>(self, on: bool) -> Result<Self::Value, E> {
                 Ok(PerRequestSlosEntry(if on {
-                    PerRequestSlos::Stricter
+                    PerRequestSlos::Separate
                 } else {
                     PerRequestSlos::Off
                 }))
@@ -118,9 +118,9 @@ impl<'de> Deserialize<'de> for PerRequestSlosEntry {
             fn visit_str<E: serde::de::Error>(self, mode: &str) -> Result<Self::Value, E> {
                 match mode {
                     "off" => Ok(PerRequestSlosEntry(PerRequestSlos::Off)),
-                    "stricter" => Ok(PerRequestSlosEntry(PerRequestSlos::Stricter)),
+                    "separate" | "stricter" => Ok(PerRequestSlosEntry(PerRequestSlos::Separate)),
                     "trusted" => Ok(PerRequestSlosEntry(PerRequestSlos::Trusted)),
-                    _ => Err(E::unknown_variant(mode, &["off", "stricter", "trusted"])),
+                    _ => Err(E::unknown_variant(mode, &["off", "separate", "trusted"])),
                 }
             }
         }

@@ -451,17 +451,23 @@ fn schema_errors_name_the_key_and_line() {
 }
 
 #[test]
-fn per_request_slos_take_a_mode_stricter_by_default() {
+fn per_request_slos_take_a_mode_separate_by_default() {
     use crate::record::PerRequestSlos;
     let up = "upstream: http://127.0.0.1:8000\n";
     let mode = |line: &str| Config::from_yaml(&format!("{up}{line}")).unwrap().per_request_slos;
-    assert_eq!(mode(""), PerRequestSlos::Stricter);
+    assert_eq!(mode(""), PerRequestSlos::Separate);
+    assert_eq!(mode("per_request_slos: separate\n"), PerRequestSlos::Separate);
+    assert_eq!(
+        mode("per_request_slos: stricter\n"),
+        PerRequestSlos::Separate,
+        "the older default"
+    );
     assert_eq!(mode("per_request_slos: off\n"), PerRequestSlos::Off);
     assert_eq!(mode("per_request_slos: trusted\n"), PerRequestSlos::Trusted);
     assert_eq!(mode("per_request_slos: false\n"), PerRequestSlos::Off);
     assert_eq!(
         mode("per_request_slos: true\n"),
-        PerRequestSlos::Stricter,
+        PerRequestSlos::Separate,
         "never trusted by accident"
     );
     let error = Config::from_yaml(&format!("{up}per_request_slos: always\n"))

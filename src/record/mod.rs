@@ -332,10 +332,10 @@ impl TenantSource {
 pub enum PerRequestSlos {
     /// Ignored.
     Off,
-    /// They can only add to the SLO file's goodput SLOs: a request is goodput when it meets
-    /// those and its own targets, so no client can grade itself more leniently.
+    /// They are judged apart from the pod's goodput (which the SLO file alone decides) and
+    /// counted on their own, so no client can grade itself, nor move anyone's figures.
     #[default]
-    Stricter,
+    Separate,
     /// They replace the file's goodput SLOs for that request: for headers a trusted component
     /// (a gateway that sets them and drops the client's own) writes.
     Trusted,
@@ -348,7 +348,8 @@ pub struct RequestTargets {
     pub ttft: Option<Duration>,
     /// Its own TPOT target.
     pub tpot: Option<Duration>,
-    /// They replace the file's goodput SLOs (`per_request_slos: trusted`), rather than add to them.
+    /// They replace the file's goodput SLOs (`per_request_slos: trusted`), rather than being
+    /// judged apart.
     pub trusted: bool,
 }
 

@@ -46,15 +46,22 @@ pub fn classify(slo: &Slo, record: &RequestRecord) -> Verdict {
 
 /// Whether `record` counts as goodput: it succeeded and no SLO that decides goodput
 /// ([`SloSet::decides_goodput`]) judged it bad (`verdicts` holds its verdict for each SLO of
-/// `set`, in order). A request that states its own latency targets is judged by them
-/// instead: it succeeded and met every target it states.
+/// `set`, in order). A request whose own latency targets are trusted is judged by them
+/// instead: it succeeded and met every target it states. Targets not trusted change nothing
+/// here ([`met_own_targets`] judges them apart).
 pub fn is_goodput(set: &SloSet, record: &RequestRecord, verdicts: &[Verdict]) -> bool {
-    let met_file = || {
-        verdicts
+    let targets = &record.targets;
+    if targets.any() && targets.trusted {
+        return met_own_targets(record);
+    }
+    record.outcome == Outcome::Success
+        && verdicts
             .iter()
             .enumerate()
             .all(|(i, verdict)| *verdict != Verdict::Bad || !set.decides_goodput(i))
-    };
-    let targets = &record.targets;
-    record.outcome == Outcome::Success && targets.met_by(record) && ((targets.any() && targets.trusted) || met_file())
+}
+
+/// Whether `record` succeeded and met every latency target it stated itself.
+pub fn met_own_targets(record: &RequestRecord) -> bool {
+    record.outcome == Outcome::Success && record.targets.met_by(record)
 }

@@ -15,7 +15,7 @@ use crate::tenant::TenantLabel;
 use crate::window::Windows;
 use gauges::SloCollector;
 pub use gauges::Snapshot;
-pub use judge::{classify, is_goodput, Verdict};
+pub use judge::{classify, is_goodput, met_own_targets, Verdict};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -98,6 +98,10 @@ pub struct SloEngine {
     goodput_judged: Family<ServiceModelLabels, Counter>,
     goodput_requests: Family<ServiceModelLabels, Counter>,
     goodput_tokens: Family<ServiceModelLabels, Counter>,
+    /// Requests that stated latency targets of their own, judged by them.
+    targets_judged: Family<ServiceModelLabels, Counter>,
+    /// Those that succeeded and met every target they stated.
+    targets_met: Family<ServiceModelLabels, Counter>,
     /// The capacity model's latest fit of TPOT against the requests sharing the decode, for
     /// the causes of the TPOT SLOs' bad events.
     decode_fit: Mutex<Option<cause::DecodeFit>>,
@@ -133,6 +137,8 @@ impl SloEngine {
             goodput_judged: Family::default(),
             goodput_requests: Family::default(),
             goodput_tokens: Family::default(),
+            targets_judged: Family::default(),
+            targets_met: Family::default(),
             decode_fit: Mutex::new(None),
             tenants: match tenants {
                 Some(known) => known.into_iter().map(|t| TenantLabel(Some(t))).collect(),
@@ -171,6 +177,17 @@ impl SloEngine {
             "llmslo_goodput_output_tokens",
             "Output tokens of goodput requests",
             engine.goodput_tokens.clone(),
+        );
+        registry.register(
+            "llmslo_request_targets_judged_requests",
+            "Generation requests that stated latency targets of their own (x-llm-d-slo-ttft-ms, ...), judged by \
+             them apart from goodput: all but client errors and cancellations",
+            engine.targets_judged.clone(),
+        );
+        registry.register(
+            "llmslo_request_targets_met_requests",
+            "Successful requests that met every latency target they stated themselves",
+            engine.targets_met.clone(),
         );
         registry.register_collector(Box::new(SloCollector(engine.clone())));
         engine
@@ -300,14 +317,21 @@ impl SloEngine {
             model: record.model.clone(),
             tenant: TenantLabel(record.tenant.clone()),
         };
+        if record.targets.any() && !record.outcome.is_not_the_services() {
+            self.targets_judged.get_or_create(&label).inc();
+            self.targets_met
+                .get_or_create(&label)
+                .inc_by(u64::from(met_own_targets(record)));
+        }
         let windows = state
             .goodput
             .entry(label.clone())
             .or_insert_with(|| Windows::new(set.period, now));
 
-        // Without SLOs, or targets of its own, there is nothing to judge goodput by: nothing is
-        // counted and its gauges read NaN (a success is not goodput by default).
-        let judged = (set.judges_goodput() || record.targets.any()) && !record.outcome.is_not_the_services();
+        // Without SLOs, or trusted targets of its own, there is nothing to judge goodput by:
+        // nothing is counted and its gauges read NaN (a success is not goodput by default).
+        let trusted_targets = record.targets.any() && record.targets.trusted;
+        let judged = (set.judges_goodput() || trusted_targets) && !record.outcome.is_not_the_services();
         if !judged {
             return;
         }
@@ -339,7 +363,13 @@ impl Reader for SloEngine {
         state.goodput.retain(|label, _| {
             let keep = label.tenant != tenant;
             if !keep {
-                for family in [&self.goodput_judged, &self.goodput_requests, &self.goodput_tokens] {
+                for family in [
+                    &self.goodput_judged,
+                    &self.goodput_requests,
+                    &self.goodput_tokens,
+                    &self.targets_judged,
+                    &self.targets_met,
+                ] {
                     family.remove(label);
                 }
             }
