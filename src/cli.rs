@@ -91,14 +91,14 @@ impl Cli {
     }
 }
 
-/// `command` with the environment variables that are set but empty unbound from their
+/// `command` with the environment variables that are set but empty (or blank) unbound from their
 /// settings: an empty variable means the default (a template that renders `LLMSLO_X=""` must
 /// not stop the pod), as if it were unset.
 fn without_empty_env(command: clap::Command) -> clap::Command {
     let is_empty = |arg: &clap::Arg| {
         arg.get_env()
             .and_then(std::env::var_os)
-            .is_some_and(|value| value.is_empty())
+            .is_some_and(|value| value.to_str().is_some_and(|text| text.trim().is_empty()))
     };
     command
         .mut_args(|arg| if is_empty(&arg) { arg.env(None::<&str>) } else { arg })
@@ -465,6 +465,7 @@ impl Cli {
                     fd_wait: args.fd_wait,
                     engine: args.engine,
                     attacks: args.attacks,
+                    disaggregated: args.disaggregated,
                 };
                 match bench::soak::run(&options).await {
                     Ok(report) => {

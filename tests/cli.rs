@@ -789,6 +789,7 @@ fn the_worker_threads_are_what_the_flag_or_the_environment_asks_for() {
         (None, None, cpus),
         // An empty variable is the default, as if unset: a template's `value: ""` starts.
         (None, Some(""), cpus),
+        (None, Some(" "), cpus),
     ];
     for (flag, env, expected) in cases {
         let mut command = llmslo();
@@ -834,8 +835,9 @@ fn every_empty_environment_variable_means_its_default() {
     );
     let mut command = llmslo();
     command.args(["check-config", "examples/llmslo.yaml"]);
-    for name in &names {
-        command.env(name, "");
+    for (i, name) in names.iter().enumerate() {
+        // Blank is empty too: a template's `value: " "`.
+        command.env(name, if i % 2 == 0 { "" } else { " \t" });
     }
     command.env("OTEL_EXPORTER_OTLP_ENDPOINT", "");
     let output = command.output().unwrap();

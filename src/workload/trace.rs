@@ -52,8 +52,37 @@ pub struct TraceRow {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stream: Option<bool>,
     /// Mooncake's prompt blocks (512 tokens each): equal ids share a prefix.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        deserialize_with = "bounded_hash_ids"
+    )]
     pub hash_ids: Vec<u64>,
+}
+
+/// The most prompt blocks a line may list: one per [`HASH_BLOCK_TOKENS`] of the longest prompt.
+const MAX_HASH_IDS: usize = (MAX_LENGTH / HASH_BLOCK_TOKENS + 1) as usize;
+
+/// `hash_ids`, refused as soon as it lists more than [`MAX_HASH_IDS`] (never held whole first).
+fn bounded_hash_ids<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<Vec<u64>, D::Error> {
+    struct Blocks;
+    impl<'de> serde::de::Visitor<'de> for Blocks {
+        type Value = Vec<u64>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            write!(f, "a list of at most {MAX_HASH_IDS} block ids")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<u64>, A::Error> {
+            let mut ids = Vec::new();
+            while let Some(id) = seq.next_element()? {
+                if ids.len() == MAX_HASH_IDS {
+                    return Err(serde::de::Error::custom(format!("more than {MAX_HASH_IDS} hash_ids")));
+                }
+                ids.push(id);
+            }
+            Ok(ids)
+        }
+    }
+    deserializer.deserialize_seq(Blocks)
 }
 
 impl TraceRow {
@@ -304,6 +333,19 @@ mod tests {
             "f:1: lengths above 1000000 tokens"
         );
         assert_eq!(error("\n\n"), "f: no requests in the trace");
+        // A line listing millions of blocks is refused at the first one too many, not once
+        // it is all held.
+        let many = format!(
+            "{{\"timestamp\": 0, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [{}]}}",
+            vec!["7"; 1_000_000].join(",")
+        );
+        let refused = error(&many);
+        assert!(
+            refused.starts_with("f:1: ") && refused.contains("more than 1954 hash_ids"),
+            "{}",
+            &refused[..200.min(refused.len())]
+        );
+        assert_eq!(MAX_HASH_IDS, 1954);
         assert_eq!(
             error("TIMESTAMP,GeneratedTokens\n"),
             "f:1: no ContextTokens column (Azure's CSV has TIMESTAMP,ContextTokens,GeneratedTokens)"
