@@ -665,3 +665,73 @@ async fn leg_fields_sent_to_a_pod_that_expects_no_legs_leave_the_request_a_user_
     );
     sidecar.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_decode_engine_stating_impossible_timings_moves_no_part_of_the_ttft() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    // The decode engine's own account of each request: a queue of 1e300 ms, then one of 5 s,
+    // both longer than the whole TTFT llmslo measures (about 60 ms).
+    for queue_ms in ["1e300", "5000"] {
+        let (prefill_engine, _p) = start_engine(engine(20, 5)).await;
+        let prefill_side = start_sidecar(prefill_engine, "role: prefill\n").await;
+        let usage = format!(
+            "data: {{\"choices\":[],\"usage\":{{\"prompt_tokens\":3,\"completion_tokens\":3,\"total_tokens\":6}},\
+             \"metrics\":{{\"queue_time_ms\":{queue_ms},\"time_to_first_token_ms\":5,\"mean_itl_ms\":10,\
+             \"generation_time_ms\":30}}}}\n\n"
+        );
+        let events = [
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n".to_string(),
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" a\"}}]}\n\n".to_string(),
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" b\"}}]}\n\n".to_string(),
+            "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" c\"},\"finish_reason\":\"stop\"}]}\n\n"
+                .to_string(),
+            usage,
+            "data: [DONE]\n\n".to_string(),
+        ];
+        let pieces = events
+            .iter()
+            .map(|e| (Duration::from_millis(10), e.clone().into_bytes()))
+            .collect();
+        let (decode_engine, _) = scripted_upstream(Script::sse(pieces)).await;
+        let router = start_routing_sidecar(decode_engine).await;
+        let records = Arc::new(Records::default());
+        let slos = "slos:\n  - {name: ttft, objective: 99, ttft: 30ms}\n";
+        let front = front(router, prefill_side.proxy_addr, slos, records.clone()).await;
+        let http = client();
+        for _ in 0..3 {
+            ask(&http, front.proxy_addr, 100, 3, Some(prefill_side.proxy_addr)).await;
+        }
+        let page = settled(&front).await;
+        assert_eq!(
+            sample(&page, "llmslo_engine_request_metrics_inconsistent_fields_total", &[]),
+            3.0,
+            "{queue_ms}: one queue a request, left out: {page}"
+        );
+        for record in records.0.lock().unwrap().iter() {
+            let ttft = record.ttft.unwrap().as_secs_f64();
+            let parts = record.ttft_parts.expect("a disaggregated TTFT's parts");
+            let measured: Vec<f64> = parts.each().iter().filter_map(|(_, v)| *v).collect();
+            assert!(
+                measured.iter().all(|part| (0.0..=ttft).contains(part)),
+                "{queue_ms}: no part beyond the TTFT: {parts:?} of {ttft}"
+            );
+            assert!(
+                measured.iter().sum::<f64>() <= ttft + 1e-6,
+                "{queue_ms}: the parts never add up past it"
+            );
+            assert!(parts.prefill.is_some(), "the relay's own clock still times the leg");
+        }
+        let part_sum = sample(&page, "llmslo_ttft_part_seconds_sum", &[]);
+        assert!(part_sum < 3.0, "{queue_ms}: the parts' sum stays a TTFT's: {part_sum}");
+        // A breach's cause is never the engine's stated queue.
+        let queued = sample(
+            &page,
+            "llmslo_slo_bad_events_by_cause_total",
+            &[("cause", "decode_queue")],
+        );
+        assert_eq!(queued, 0.0, "{queue_ms}: {page}");
+        for sidecar in [front, prefill_side] {
+            sidecar.shutdown().await;
+        }
+    }
+}
