@@ -480,23 +480,8 @@ async fn sglangs_bootstrap_room_requests_are_legs_of_the_phase_the_pods_role_say
     }
 }
 
-/// A service inside the pod's network that no prefill leg may reach: it counts every
-/// connection it is sent, and answers each as a server would.
 async fn internal_service() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
-    use tokio::io::AsyncWriteExt;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let count = seen.clone();
-    tokio::spawn(async move {
-        while let Ok((mut stream, _)) = listener.accept().await {
-            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-            let _ = stream
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok")
-                .await;
-        }
-    });
-    (addr, seen)
+    llmslo::tools::bench::pd_attacks::internal_service().await.unwrap()
 }
 
 /// The status of a streamed chat request to `proxy` naming `prefill` as its prefill pod.
@@ -734,4 +719,69 @@ async fn a_decode_engine_stating_impossible_timings_moves_no_part_of_the_ttft() 
             sidecar.shutdown().await;
         }
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_attack_on_the_relay_and_the_legs_leaves_the_streams_beside_it_whole() {
+    use llmslo::tools::bench::pd_attacks::{PdAttack, PdTargets};
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (engine, _e) = start_engine(engine(20, 2)).await;
+    let (internal, seen) = internal_service().await;
+    let relay: SocketAddr = ([127, 0, 0, 1], free_port()).into();
+    // One engine is both pools, as in the soak; the routing sidecar lets legs go to the relay alone.
+    let router = common_routing::start_protected_routing_sidecar(engine, &[relay]).await;
+    let yaml = format!(
+        "upstream: http://{router}\nlisten: 127.0.0.1:0\nmetrics_listen: 127.0.0.1:0\nengine: vllm\n\
+         final_scrape_grace: 0s\nrole: decode\nprefill_relay: {relay}\nprefill_pool: [{engine}]\n"
+    );
+    let front = Sidecar::start(&Config::from_yaml(&yaml).unwrap()).await.unwrap();
+    let targets = PdTargets {
+        proxy: front.proxy_addr,
+        relay,
+        internal,
+    };
+    let http = client();
+    for attack in PdAttack::ALL {
+        let running = tokio::spawn(attack.run(targets));
+        for _ in 0..3 {
+            ask(&http, front.proxy_addr, 50, 4, Some(engine)).await;
+        }
+        running.await.unwrap();
+    }
+    let page = settled(&front).await;
+    assert_eq!(
+        seen.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the relay went nowhere a client said"
+    );
+    assert_eq!(
+        sample(
+            &page,
+            "llmslo_prefill_relay_skipped_total",
+            &[("reason", "outside_pool")]
+        ),
+        40.0,
+        "{page}"
+    );
+    assert_eq!(
+        sample(&page, "llmslo_leg_fields_ignored_total", &[("phase", "prefill")]),
+        20.0,
+        "a prefill leg's fields on a decode pod's user request: {page}"
+    );
+    // The attacker's address is on loopback, the pod's own side: its decode legs (and
+    // bootstrap rooms, a decode leg on this pod) are the pod's, as a routing sidecar's are.
+    // From any other address they are user requests (tests/observe_layer.rs).
+    assert_eq!(sample(&page, "llmslo_legs_total", &[("phase", "decode")]), 40.0);
+    // Decode legs are 40 of its 49 requests: what a sidecar placed behind the routing sidecar
+    // sees, and says (for as long as they last).
+    assert_eq!(
+        sample(&page, "llmslo_placement_warning", &[("reason", "sees_decode_legs")]),
+        1.0
+    );
+    assert_eq!(
+        sample(&page, "llmslo_ttft_part_seconds_count", &[("part", "prefill")]),
+        9.0,
+        "each legitimate stream's leg relayed and timed"
+    );
+    front.shutdown().await;
 }

@@ -24,6 +24,11 @@ pub(super) struct SoakArgs {
     /// and on no legitimate request failing, instead of RSS flatness).
     #[arg(long)]
     pub(super) attacks: bool,
+    /// Serve as an llm-d decode pod: the sidecar relays each stream's prefill leg through a
+    /// routing sidecar (its SSRF protection on) to the engine; with --attacks, the attacks on
+    /// the relay and on legs run too (judged under the 192 MiB such a pod's sidecar gets).
+    #[arg(long)]
+    pub(super) disaggregated: bool,
     #[command(flatten)]
     pub(super) engine: bench::EngineTiming,
 }

@@ -427,7 +427,7 @@ pub async fn reopened_zero_window(
 }
 
 /// A TCP connection to `addr` from the address `from`.
-async fn connect_from(from: std::net::IpAddr, addr: SocketAddr) -> std::io::Result<TcpStream> {
+pub async fn connect_from(from: std::net::IpAddr, addr: SocketAddr) -> std::io::Result<TcpStream> {
     let socket = match from {
         std::net::IpAddr::V4(_) => TcpSocket::new_v4()?,
         std::net::IpAddr::V6(_) => TcpSocket::new_v6()?,

@@ -50,11 +50,12 @@ impl Samples {
     }
 }
 
-/// `streams` clients against `target`, each asking for `tokens` per request: `warmup` to open
-/// connections and fill pools unrecorded, then `duration` recorded (requests sent after the
-/// warm-up).
+/// `streams` clients against `target`, each asking for `tokens` per request (naming `prefill`
+/// as the prefill pod, as llm-d's scheduler does, when given): `warmup` to open connections and
+/// fill pools unrecorded, then `duration` recorded (requests sent after the warm-up).
 pub async fn run_streams(
     target: SocketAddr,
+    prefill: Option<SocketAddr>,
     streams: usize,
     warmup: Duration,
     duration: Duration,
@@ -86,7 +87,7 @@ pub async fn run_streams(
                 } else {
                     &mut samples
                 };
-                stream_once(&client, target, body.clone(), tokens, into).await;
+                stream_once(&client, target, prefill, body.clone(), tokens, into).await;
             }
             samples.warmup_output_tokens = unrecorded.output_tokens;
             samples
@@ -104,14 +105,21 @@ pub async fn run_streams(
 async fn stream_once(
     client: &Client<HttpConnector, Full<Bytes>>,
     target: SocketAddr,
+    prefill: Option<SocketAddr>,
     body: Bytes,
     tokens: u32,
     samples: &mut Samples,
 ) {
-    let request = http::Request::post(format!("http://{target}/v1/chat/completions"))
+    let mut request = http::Request::post(format!("http://{target}/v1/chat/completions"))
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(body))
         .expect("a valid request");
+    if let Some(prefill) = prefill {
+        request.headers_mut().insert(
+            "x-prefiller-host-port",
+            http::HeaderValue::from_str(&prefill.to_string()).expect("an address is a header value"),
+        );
+    }
     let sent = Instant::now();
     let Ok(response) = client.request(request).await else {
         samples.failed += 1;

@@ -10,6 +10,7 @@
 
 pub mod attacks;
 mod client;
+pub mod pd_attacks;
 mod process;
 pub mod soak;
 
@@ -86,14 +87,15 @@ pub struct Row {
 /// Runs every measurement and returns the rows, baseline first at each concurrency.
 pub async fn run(options: &BenchOptions) -> Result<Vec<Row>, String> {
     let ports = Ports::from(options.first_port);
-    with_engine("bench", options.engine, &ports, |engine, dir| {
+    with_engine("bench", options.engine, false, &ports, |engine, dir| {
         measure(options, &ports, engine, dir)
     })
     .await
 }
 
-/// Runs `work` against the built-in engine, with a scratch directory removed afterwards.
-async fn with_engine<T, F, Fut>(name: &str, timing: EngineTiming, ports: &Ports, work: F) -> Result<T, String>
+/// Runs `work` against the built-in engine (following vLLM's `kv_transfer_params` with `pd`),
+/// with a scratch directory removed afterwards.
+async fn with_engine<T, F, Fut>(name: &str, timing: EngineTiming, pd: bool, ports: &Ports, work: F) -> Result<T, String>
 where
     F: FnOnce(SocketAddr, PathBuf) -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
@@ -108,6 +110,10 @@ where
         ttft: Delay::Fixed(timing.ttft),
         tpot: Delay::Fixed(timing.tpot),
         default_max_tokens: timing.tokens,
+        pd: pd.then(|| crate::tools::simulate::disagg::PdOptions {
+            prefill_per_token: Duration::from_micros(200),
+            transfer_per_token: Duration::from_micros(20),
+        }),
         ..SimOptions::default()
     });
     tokio::spawn(engine.serve(listener, shutdown.clone()));
@@ -192,7 +198,7 @@ async fn measure(options: &BenchOptions, ports: &Ports, engine: SocketAddr, dir:
 
     let mut rows = Vec::new();
     for &streams in &options.streams {
-        let samples = run_streams(engine, streams, options.warmup, options.duration, tokens).await;
+        let samples = run_streams(engine, None, streams, options.warmup, options.duration, tokens).await;
         rows.push(Row {
             streams,
             target: "direct",
@@ -207,6 +213,7 @@ async fn measure(options: &BenchOptions, ports: &Ports, engine: SocketAddr, dir:
             let (samples, peak_rss) = proxy
                 .while_sampling_anon_rss(run_streams(
                     proxy.addr,
+                    None,
                     streams,
                     options.warmup,
                     options.duration,

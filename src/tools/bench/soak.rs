@@ -4,14 +4,18 @@
 
 use super::attacks::Attack;
 use super::client::run_streams;
+use super::pd_attacks::{self, PdAttack, PdTargets};
 use super::process::Ports;
 use super::{start_sidecar_process, with_engine, EngineTiming};
+use crate::tools::simulate::routing::RoutingSidecar;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -31,11 +35,23 @@ pub struct SoakOptions {
     pub engine: EngineTiming,
     /// Interleave every attack of [`Attack::ALL`] with the streams, one after another.
     pub attacks: bool,
+    /// Serve as an llm-d decode pod: the sidecar (role decode, relaying the prefill legs) in
+    /// front of a routing sidecar with its SSRF protection on, the streams naming the engine as
+    /// their prefill pod; with attacks, those of [`PdAttack::ALL`] too.
+    pub disaggregated: bool,
 }
 
-/// The memory limit the injector and the chart give the sidecar container: with attacks, the
-/// soak passes only when RSS never reaches it.
-pub const MEMORY_LIMIT_BYTES: u64 = 128 << 20;
+impl SoakOptions {
+    /// The memory limit the injector and the chart give the sidecar container of such a pod:
+    /// with attacks, the soak passes only when RSS never reaches it.
+    pub fn memory_limit(&self) -> u64 {
+        if self.disaggregated {
+            crate::k8s::inject::RELAY_MEMORY_LIMIT_BYTES
+        } else {
+            crate::k8s::inject::DEFAULT_MEMORY_LIMIT_BYTES
+        }
+    }
+}
 
 /// The sidecar's deadlines during a soak with attacks: shorter than the attacks' holds.
 const ATTACK_DEADLINES: &str = "send_timeout: 4s\nconnection_idle_timeout: 4s\nrequest_body_timeout: 4s\n";
@@ -76,6 +92,13 @@ pub struct SoakReport {
     pub client_timeouts: Vec<(String, f64)>,
     /// The largest RSS sampled during the load.
     pub peak_rss: u64,
+    /// With disaggregated serving, the relay's and the legs' counters at the end
+    /// (`llmslo_prefill_relay_skipped_total`, `llmslo_leg_fields_ignored_total`,
+    /// `llmslo_ttft_part_seconds_count`), each series by its labels.
+    pub pd_counts: Vec<(String, f64)>,
+    /// Connections that reached the internal service the steering attack named (none, or the
+    /// relay went where a client said).
+    pub internal_reached: usize,
 }
 
 impl SoakReport {
@@ -110,7 +133,7 @@ impl SoakReport {
     pub fn passed(&self) -> bool {
         let fds = self.final_fds <= self.baseline_fds;
         if self.options.attacks {
-            fds && self.peak_rss < MEMORY_LIMIT_BYTES && self.failed == 0
+            fds && self.peak_rss < self.options.memory_limit() && self.failed == 0 && self.internal_reached == 0
         } else {
             fds && self.rss_deviation() <= 0.05
         }
@@ -120,7 +143,7 @@ impl SoakReport {
 /// Runs the soak: engine and sidecar started here, `streams` clients for `duration`.
 pub async fn run(options: &SoakOptions) -> Result<SoakReport, String> {
     let ports = Ports::from(None);
-    with_engine("soak", options.engine, &ports, |engine, dir| {
+    with_engine("soak", options.engine, options.disaggregated, &ports, |engine, dir| {
         soak(options, &ports, engine, dir)
     })
     .await
@@ -130,12 +153,35 @@ async fn soak(options: &SoakOptions, ports: &Ports, engine: SocketAddr, dir: Pat
     // With attacks, the deadlines that free what a client holds are shorter than the attacks
     // that hold things, so that every one of them fires during the soak.
     let deadlines = if options.attacks { ATTACK_DEADLINES } else { "" };
-    let (sidecar, metrics) = start_sidecar_process(engine, &dir, deadlines, None, ports).await?;
+    let shutdown = CancellationToken::new();
+    let _stop_router = shutdown.clone().drop_guard();
+    let (upstream, config, relay) = if options.disaggregated {
+        let relay = SocketAddr::from(([127, 0, 0, 1], ports.take()?));
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|e| format!("routing sidecar: {e}"))?;
+        let router = listener.local_addr().map_err(|e| e.to_string())?;
+        tokio::spawn(RoutingSidecar::new(engine, Some(vec![relay])).serve(listener, shutdown.clone()));
+        let config = format!("{deadlines}role: decode\nprefill_relay: {relay}\nprefill_pool: [{engine}]\n");
+        (router, config, Some(relay))
+    } else {
+        (engine, deadlines.to_string(), None)
+    };
+    let (sidecar, metrics) = start_sidecar_process(upstream, &dir, &config, None, ports).await?;
     // The readiness probe's connection opens at start: take the baseline once it is there.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let baseline_fds = sidecar.open_fds();
+    let (internal, reached) = pd_attacks::internal_service()
+        .await
+        .map_err(|e| format!("internal service: {e}"))?;
+    let pd_targets = relay.map(|relay| PdTargets {
+        proxy: sidecar.addr,
+        relay,
+        internal,
+    });
     let load = tokio::spawn(run_streams(
         sidecar.addr,
+        relay.map(|_| engine),
         options.streams,
         Duration::ZERO,
         options.duration,
@@ -143,7 +189,7 @@ async fn soak(options: &SoakOptions, ports: &Ports, engine: SocketAddr, dir: Pat
     ));
     let attacks = options
         .attacks
-        .then(|| tokio::spawn(attack_until(sidecar.addr, options.duration)));
+        .then(|| tokio::spawn(attack_until(sidecar.addr, pd_targets, options.duration)));
     let started = Instant::now();
     let mut samples = Vec::new();
     let mut peak_rss = 0;
@@ -178,7 +224,34 @@ async fn soak(options: &SoakOptions, ports: &Ports, engine: SocketAddr, dir: Pat
         final_fds = sidecar.open_fds();
     }
     let fds_returned_after = ended.elapsed();
-    let client_timeouts = client_timeouts(&exposition(metrics).await?);
+    let page = exposition(metrics).await?;
+    let client_timeouts = series(&page, "llmslo_client_timeouts_total")
+        .into_iter()
+        .map(|(labels, count)| {
+            (
+                labels
+                    .trim_start_matches("timeout=\"")
+                    .trim_end_matches('"')
+                    .to_string(),
+                count,
+            )
+        })
+        .collect();
+    let pd_counts = match options.disaggregated {
+        true => [
+            "llmslo_prefill_relay_skipped_total",
+            "llmslo_leg_fields_ignored_total",
+            "llmslo_ttft_part_seconds_count",
+        ]
+        .iter()
+        .flat_map(|family| {
+            series(&page, family)
+                .into_iter()
+                .map(move |(labels, v)| (format!("{family}{{{labels}}}"), v))
+        })
+        .collect(),
+        false => Vec::new(),
+    };
     sidecar.stop();
     Ok(SoakReport {
         options: options.clone(),
@@ -191,6 +264,8 @@ async fn soak(options: &SoakOptions, ports: &Ports, engine: SocketAddr, dir: Pat
         attack_rounds,
         client_timeouts,
         peak_rss,
+        pd_counts,
+        internal_reached: reached.load(std::sync::atomic::Ordering::Relaxed),
     })
 }
 
@@ -211,20 +286,22 @@ async fn exposition(metrics: SocketAddr) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&answer).into_owned())
 }
 
-/// Each `llmslo_client_timeouts_total` series of an exposition: its deadline and count.
-fn client_timeouts(exposition: &str) -> Vec<(String, f64)> {
+/// Each series of `family` in an exposition: its labels (as written between the braces) and
+/// its value.
+fn series(exposition: &str, family: &str) -> Vec<(String, f64)> {
     exposition
         .lines()
-        .filter_map(|line| line.strip_prefix("llmslo_client_timeouts_total{timeout=\""))
+        .filter_map(|line| line.strip_prefix(family)?.strip_prefix('{'))
         .filter_map(|rest| {
-            let (timeout, value) = rest.split_once("\"} ")?;
-            Some((timeout.to_string(), value.trim().parse().ok()?))
+            let (labels, value) = rest.rsplit_once("} ")?;
+            Some((labels.to_string(), value.trim().parse().ok()?))
         })
         .collect()
 }
 
-/// Runs every attack in turn, a second apart, until `duration` has passed; returns the rounds.
-async fn attack_until(proxy: SocketAddr, duration: Duration) -> usize {
+/// Runs every attack in turn (those on disaggregated serving too, given their targets), a
+/// second apart, until `duration` has passed; returns the rounds.
+async fn attack_until(proxy: SocketAddr, pd: Option<PdTargets>, duration: Duration) -> usize {
     let until = Instant::now() + duration;
     let mut rounds = 0;
     loop {
@@ -233,6 +310,13 @@ async fn attack_until(proxy: SocketAddr, duration: Duration) -> usize {
                 return rounds;
             }
             attack.run(proxy).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        for attack in pd.iter().flat_map(|targets| PdAttack::ALL.map(|a| (a, *targets))) {
+            if Instant::now() >= until {
+                return rounds;
+            }
+            attack.0.run(attack.1).await;
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
         rounds += 1;
@@ -254,8 +338,13 @@ pub fn render(report: &SoakReport) -> String {
     let o = &report.options;
     let _ = writeln!(
         out,
-        "{} streams for {}, sampled every {} (the first {} is warm-up)\n",
+        "{} streams{} for {}, sampled every {} (the first {} is warm-up)\n",
         o.streams,
+        if o.disaggregated {
+            " through the prefill relay and a routing sidecar"
+        } else {
+            ""
+        },
         humantime::format_duration(o.duration),
         humantime::format_duration(o.sample_every),
         humantime::format_duration(o.settle)
@@ -274,15 +363,30 @@ pub fn render(report: &SoakReport) -> String {
     let verdict = |ok: bool| if ok { "yes" } else { "NO" };
     let deviation = report.rss_deviation();
     if o.attacks {
+        let mut names = Attack::ALL.map(Attack::name).to_vec();
+        if o.disaggregated {
+            names.extend(PdAttack::ALL.map(PdAttack::name));
+        }
         let _ = writeln!(
             out,
             "\nattacks: {} full rounds of: {}\npeak RSS under the {} MiB limit: {} ({:.1} MiB)",
             report.attack_rounds,
-            Attack::ALL.map(Attack::name).join(", "),
-            MEMORY_LIMIT_BYTES >> 20,
-            verdict(report.peak_rss < MEMORY_LIMIT_BYTES),
+            names.join(", "),
+            o.memory_limit() >> 20,
+            verdict(report.peak_rss < o.memory_limit()),
             report.peak_rss as f64 / (1 << 20) as f64
         );
+        if o.disaggregated {
+            let _ = writeln!(
+                out,
+                "connections the relay made to the internal service: {} ({})",
+                report.internal_reached,
+                verdict(report.internal_reached == 0)
+            );
+            for (series, count) in &report.pd_counts {
+                let _ = writeln!(out, "{series} {count}");
+            }
+        }
         let freed: Vec<String> = report
             .client_timeouts
             .iter()

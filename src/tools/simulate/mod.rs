@@ -11,6 +11,7 @@ pub mod exposition;
 mod pace;
 mod request;
 mod respond;
+pub mod routing;
 pub mod shape;
 pub mod typed;
 
