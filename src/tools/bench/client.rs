@@ -19,6 +19,8 @@ pub struct Samples {
     pub requests: u64,
     /// Requests that failed (not a 200, or the stream broke).
     pub failed: u64,
+    /// The failures by what they were: `no answer`, `status 502`, `broken stream`.
+    pub failures: std::collections::BTreeMap<String, u64>,
     /// Output tokens of the requests that finished.
     pub output_tokens: u64,
     /// Output tokens streamed during the warm-up (the proxy's CPU time covers them too).
@@ -40,9 +42,18 @@ impl Samples {
         nearest_rank(&self.gaps, 0.99)
     }
 
+    /// Counts one failed request, by what it was.
+    fn fail(&mut self, what: String) {
+        self.failed += 1;
+        *self.failures.entry(what).or_default() += 1;
+    }
+
     fn merge(&mut self, other: Samples) {
         self.requests += other.requests;
         self.failed += other.failed;
+        for (what, count) in other.failures {
+            *self.failures.entry(what).or_default() += count;
+        }
         self.output_tokens += other.output_tokens;
         self.warmup_output_tokens += other.warmup_output_tokens;
         self.ttft.extend(other.ttft);
@@ -122,11 +133,11 @@ async fn stream_once(
     }
     let sent = Instant::now();
     let Ok(response) = client.request(request).await else {
-        samples.failed += 1;
+        samples.fail("no answer".into());
         return;
     };
     if response.status() != http::StatusCode::OK {
-        samples.failed += 1;
+        samples.fail(format!("status {}", response.status().as_u16()));
         return;
     }
     let mut body = response.into_body();
@@ -134,7 +145,7 @@ async fn stream_once(
     let (mut ttft, mut gaps) = (None, Vec::new());
     while let Some(frame) = body.frame().await {
         let Ok(frame) = frame else {
-            samples.failed += 1;
+            samples.fail("broken stream".into());
             return;
         };
         let Some(data) = frame.data_ref() else { continue };

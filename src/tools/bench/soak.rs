@@ -86,6 +86,8 @@ pub struct SoakReport {
     pub requests: u64,
     /// Requests that failed.
     pub failed: u64,
+    /// Those failures by what they were.
+    pub failures: std::collections::BTreeMap<String, u64>,
     /// Rounds of every attack run during the load.
     pub attack_rounds: usize,
     /// `llmslo_client_timeouts_total` by deadline at the end: what the deadlines freed.
@@ -261,6 +263,7 @@ async fn soak(options: &SoakOptions, ports: &Ports, engine: SocketAddr, dir: Pat
         fds_returned_after,
         requests: load.requests,
         failed: load.failed,
+        failures: load.failures.clone(),
         attack_rounds,
         client_timeouts,
         peak_rss,
@@ -396,12 +399,18 @@ pub fn render(report: &SoakReport) -> String {
     }
     let _ = writeln!(
         out,
-        "\nrequests: {} finished, {} failed\n\
+        "\nrequests: {} finished, {} failed{}\n\
          RSS after warm-up within ±5% of its mean: {} (largest deviation {:.1}%)\n\
          fds back to the baseline: {} ({} before the load, {} after, {:.0} s after it ended)\n\
          scrape p99: {:.2}ms",
         report.requests,
         report.failed,
+        if report.failures.is_empty() {
+            String::new()
+        } else {
+            let each: Vec<String> = report.failures.iter().map(|(what, n)| format!("{what}: {n}")).collect();
+            format!(" ({})", each.join(", "))
+        },
         verdict(deviation <= 0.05),
         deviation * 100.0,
         verdict(report.final_fds <= report.baseline_fds),
