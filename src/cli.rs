@@ -71,6 +71,11 @@ impl Cli {
             "role",
             "prefill_relay",
             "prefill_pool",
+            "tls_cert_file",
+            "tls_key_file",
+            "tls_self_signed",
+            "upstream_ca_file",
+            "upstream_insecure_skip_verify",
         ] {
             let source = [sub, Some(&matches)]
                 .into_iter()
@@ -145,8 +150,8 @@ impl Cli {
                     self.log.as_deref().unwrap_or("info"),
                     self.log_format.unwrap_or(LogFormat::Text),
                 );
-                let tls = match webhook::TlsFiles::load(&args.tls_cert, &args.tls_key, args.client_ca.as_deref()) {
-                    Ok(tls) => Arc::new(tls),
+                let tls = match webhook::tls(&args.tls_cert, &args.tls_key, args.client_ca.as_deref()) {
+                    Ok(tls) => tls,
                     Err(e) => {
                         eprintln!("llmslo: {e}");
                         return ExitCode::from(EXIT_CONFIG);

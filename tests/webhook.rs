@@ -58,8 +58,7 @@ async fn admission_review_over_tls_returns_a_patch_that_injects_the_pod() {
     std::fs::create_dir_all(&dir).unwrap();
     std::fs::write(dir.join("tls.crt"), &tls.cert_pem).unwrap();
     std::fs::write(dir.join("tls.key"), &tls.key_pem).unwrap();
-    let tls_files =
-        Arc::new(llmslo::k8s::webhook::TlsFiles::load(&dir.join("tls.crt"), &dir.join("tls.key"), None).unwrap());
+    let tls_files = llmslo::k8s::webhook::tls(&dir.join("tls.crt"), &dir.join("tls.key"), None).unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let shutdown = CancellationToken::new();
@@ -115,26 +114,26 @@ async fn admission_review_over_tls_returns_a_patch_that_injects_the_pod() {
                         "request": {"uid": "d3", "kind": {"kind": "Pod"}, "operation": "CREATE", "object": pod()}});
     assert_eq!(post_review(addr, tls.roots.clone(), review.clone()).await.0, 200);
 
-    // A renewed certificate (cert-manager rewrites the Secret) is served without a restart;
-    // a half-written pair keeps the previous one in service.
+    // A renewed certificate (cert-manager rewrites the Secret) is served to new connections
+    // within seconds, without a restart; a half-written pair keeps the previous one in service.
     std::fs::write(dir.join("tls.key"), "-----BEGIN PRIVATE KEY-----\n").unwrap();
+    tokio::time::sleep(llmslo::serve::tls::RELOAD_EVERY + std::time::Duration::from_millis(500)).await;
     assert_eq!(post_review(addr, tls.roots.clone(), review.clone()).await.0, 200);
     let renewed = self_signed();
     std::fs::write(dir.join("tls.crt"), &renewed.cert_pem).unwrap();
     std::fs::write(dir.join("tls.key"), &renewed.key_pem).unwrap();
-    let later = std::time::SystemTime::now() + std::time::Duration::from_secs(5);
-    for file in ["tls.crt", "tls.key"] {
-        std::fs::File::options()
-            .write(true)
-            .open(dir.join(file))
-            .unwrap()
-            .set_modified(later)
-            .unwrap();
+    let written = std::time::Instant::now();
+    let probe = || http::Request::get("/healthz").body(Full::default()).unwrap();
+    while https(addr, &renewed.roots, "localhost", probe()).await.is_err() {
+        assert!(
+            written.elapsed() < std::time::Duration::from_secs(12),
+            "renewed within 10 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
     }
     assert_eq!(post_review(addr, renewed.roots, review.clone()).await.0, 200);
-    let probe = http::Request::get("/healthz").body(Full::default()).unwrap();
     assert!(
-        https(addr, &tls.roots, "localhost", probe).await.is_err(),
+        https(addr, &tls.roots, "localhost", probe()).await.is_err(),
         "the old certificate is gone"
     );
 

@@ -3,22 +3,19 @@
 //! It never fails a Pod: anything it does not understand is allowed unchanged, with a warning.
 
 use crate::k8s::inject::{self, inject_pod_template, InjectOptions};
+use crate::serve::tls::{NamedPath, ServerTls, TlsSource};
 use base64::Engine as _;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use serde_json::{json, Value};
 use std::convert::Infallible;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
 
 /// Largest AdmissionReview accepted: a Pod is at most about 1.5 MiB (etcd's object limit).
 pub const MAX_REVIEW_BYTES: usize = 3 << 20;
@@ -37,113 +34,21 @@ const REVIEW_BODY_TIMEOUT: Duration = Duration::from_secs(3);
 /// Longest a review whose body has arrived waits for its turn: the API server gives up sooner.
 const REVIEW_WAIT: Duration = Duration::from_secs(10);
 
-/// Loads a PEM certificate chain and private key into a TLS acceptor; with `client_ca`, only
-/// clients presenting a certificate it signed (the API server's) complete the handshake.
-fn tls_acceptor(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<TlsAcceptor, String> {
-    let chain = CertificateDer::pem_file_iter(cert)
-        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
-    if chain.is_empty() {
-        return Err(format!("--tls-cert {}: no certificate in the file", cert.display()));
-    }
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| format!("--tls-key {}: {e}", key.display()))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?;
-    let builder = match client_ca {
-        None => builder.with_no_client_auth(),
-        Some(path) => builder.with_client_cert_verifier(client_verifier(path, provider)?),
+/// The webhook's TLS: `--tls-cert` and `--tls-key`, and with `--client-ca` only clients
+/// presenting a certificate it signed (the API server's) complete the handshake. Files that
+/// change are served to new connections within seconds.
+pub fn tls(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Arc<ServerTls>, String> {
+    let named = |path: &Path, name: &str| NamedPath {
+        path: path.to_path_buf(),
+        name: name.to_string(),
     };
-    let mut config = builder
-        .with_single_cert(chain, key)
-        .map_err(|e| format!("the certificate and key do not fit together: {e}"))?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(TlsAcceptor::from(Arc::new(config)))
-}
-
-/// Verifies clients against the CA certificates in `path`.
-fn client_verifier(
-    path: &Path,
-    provider: Arc<rustls::crypto::CryptoProvider>,
-) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for certificate in
-        CertificateDer::pem_file_iter(path).map_err(|e| format!("--client-ca {}: {e}", path.display()))?
-    {
-        let certificate = certificate.map_err(|e| format!("--client-ca {}: {e}", path.display()))?;
-        roots
-            .add(certificate)
-            .map_err(|e| format!("--client-ca {}: {e}", path.display()))?;
-    }
-    if roots.is_empty() {
-        return Err(format!("--client-ca {}: no certificate in the file", path.display()));
-    }
-    rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-        .build()
-        .map_err(|e| format!("--client-ca {}: {e}", path.display()))
-}
-
-/// The certificate and key files (and the client CA, when callers must present a certificate),
-/// re-read when they change (cert-manager renews them in place), so a renewed certificate is
-/// served without a restart.
-pub struct TlsFiles {
-    cert: PathBuf,
-    key: PathBuf,
-    client_ca: Option<PathBuf>,
-    current: Mutex<(Option<SystemTime>, TlsAcceptor)>,
-}
-
-impl std::fmt::Debug for TlsFiles {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TlsFiles")
-            .field("cert", &self.cert)
-            .field("key", &self.key)
-            .finish()
-    }
-}
-
-impl TlsFiles {
-    /// Loads the files; an error names the flag and the file.
-    pub fn load(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Self, String> {
-        let acceptor = tls_acceptor(cert, key, client_ca)?;
-        Ok(Self {
-            cert: cert.to_path_buf(),
-            key: key.to_path_buf(),
-            client_ca: client_ca.map(Path::to_path_buf),
-            current: Mutex::new((modified(cert, key, client_ca), acceptor)),
-        })
-    }
-
-    /// The acceptor for a new connection: reloaded first when either file changed. A changed
-    /// pair that does not load (caught mid-update) is logged and the previous one kept.
-    pub fn acceptor(&self) -> TlsAcceptor {
-        let stamp = modified(&self.cert, &self.key, self.client_ca.as_deref());
-        let mut current = self.current.lock().expect("tls lock");
-        if stamp.is_some() && stamp != current.0 {
-            match tls_acceptor(&self.cert, &self.key, self.client_ca.as_deref()) {
-                Ok(acceptor) => {
-                    info!(cert = %self.cert.display(), "TLS certificate reloaded");
-                    *current = (stamp, acceptor);
-                }
-                Err(error) => {
-                    warn!(%error, "the changed TLS files do not load; serving the previous certificate");
-                    current.0 = stamp; // retried when the files change again, not per connection
-                }
-            }
-        }
-        current.1.clone()
-    }
-}
-
-/// The latest modification time of the files (through symlinks, as Secret volumes use).
-fn modified(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Option<SystemTime> {
-    let time = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
-    let ca = match client_ca {
-        Some(path) => Some(time(path)?),
-        None => None,
-    };
-    Some(time(cert)?.max(time(key)?).max(ca.unwrap_or(SystemTime::UNIX_EPOCH)))
+    ServerTls::load(
+        TlsSource::Files {
+            cert: named(cert, "--tls-cert"),
+            key: named(key, "--tls-key"),
+        },
+        client_ca.map(|ca| named(ca, "--client-ca")),
+    )
 }
 
 /// Connections open at once (the API servers keep a few each).
@@ -170,14 +75,12 @@ impl Webhook {
 }
 
 /// Serves the webhook over TLS on `listener` until `shutdown`.
-pub async fn serve(listener: TcpListener, tls: Arc<TlsFiles>, options: InjectOptions, shutdown: CancellationToken) {
+pub async fn serve(listener: TcpListener, tls: Arc<ServerTls>, options: InjectOptions, shutdown: CancellationToken) {
     let webhook = Arc::new(Webhook::new(options));
-    crate::serve::serve_with(
+    tokio::spawn(tls.clone().keep_current(shutdown.clone()));
+    crate::serve::serve_on(
         listener,
-        move |stream| {
-            let acceptor = tls.acceptor();
-            async move { acceptor.accept(stream).await }
-        },
+        Some(tls),
         move |request, _peer| handle(request, webhook.clone()),
         shutdown,
         Duration::from_secs(10),

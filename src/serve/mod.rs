@@ -6,6 +6,7 @@
 
 mod activity;
 pub mod send_deadline;
+pub mod tls;
 mod until;
 
 use crate::metrics::limits::LimitCounters;
@@ -148,6 +149,34 @@ pub async fn serve<F, Fut, B>(
         limits,
     )
     .await
+}
+
+/// [`serve`], in TLS when `tls` is given: each connection's handshake runs in its own task,
+/// under the head timeout, with the certificate in force when it was accepted.
+pub async fn serve_on<F, Fut, B>(
+    listener: TcpListener,
+    tls: Option<Arc<tls::ServerTls>>,
+    handler: F,
+    shutdown: CancellationToken,
+    drain: Duration,
+    limits: ConnectionLimits,
+) where
+    F: Fn(Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Result<Response<B>, Infallible>> + Send + 'static,
+    B: Body + Unpin + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    match tls {
+        None => serve(listener, handler, shutdown, drain, limits).await,
+        Some(tls) => {
+            let handshake = move |stream| {
+                let acceptor = tls.acceptor();
+                async move { acceptor.accept(stream).await }
+            };
+            serve_with(listener, handshake, handler, shutdown, drain, limits).await
+        }
+    }
 }
 
 /// [`serve`] with each accepted connection first passed through `wrap` (a TLS handshake),
