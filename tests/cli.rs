@@ -52,7 +52,7 @@ fn bad_config_exits_64_naming_the_key() {
             "upstream: http://127.0.0.1:1\nmax_models: 0\n",
             "max_models",
         ),
-        ("bad-upstream", "upstream: https://engine:443\n", "upstream"),
+        ("bad-upstream", "upstream: ftp://engine:443\n", "upstream"),
         (
             "bad-buckets",
             "upstream: http://127.0.0.1:1\nbuckets:\n  ttft: [1, 0.5]\n",
@@ -100,7 +100,7 @@ fn missing_or_bad_flags_and_env_exit_64() {
     assert_eq!(code, 64);
     assert_eq!(
         stderr.trim(),
-        "llmslo: environment variable LLMSLO_UPSTREAM: `ftp://engine` must start with http://"
+        "llmslo: environment variable LLMSLO_UPSTREAM: `ftp://engine` must start with http:// or https://"
     );
     let (code, stderr) =
         run_and_fail(llmslo().args(["run", "--upstream", "http://127.0.0.1:1", "--listen", "everywhere"]));

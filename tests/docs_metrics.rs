@@ -99,6 +99,10 @@ async fn every_metric_the_docs_name_is_exported() {
     for page in disaggregated_pages().await {
         exported.extend(exported_names(&page));
     }
+    // A TLS port's certificate families.
+    let tls = start_sidecar(sidecar.proxy_addr, "tls: {self_signed: true}\n").await;
+    exported.extend(exported_names(&settled(&tls).await));
+    tls.shutdown().await;
     let missing: Vec<String> = documented_names()
         .into_iter()
         .filter(|name| {

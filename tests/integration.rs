@@ -47,6 +47,7 @@ mod streaming;
 mod sweep;
 mod sweep_health;
 mod tenants;
+mod tls;
 mod tpot_under_load;
 mod webhook;
 mod workload;

@@ -182,6 +182,25 @@ pub(super) struct Endpoints {
     /// name, pod addresses or CIDR ranges, each with the port, like qwen-prefill.llm-d.svc:8000.
     #[arg(long, env = "LLMSLO_PREFILL_POOL")]
     pub(super) prefill_pool: Option<String>,
+    /// Serve the proxy's port over TLS with this PEM certificate chain (and --tls-key-file);
+    /// files that change are served to new connections within 10 s.
+    #[arg(long, env = "LLMSLO_TLS_CERT_FILE", value_name = "FILE")]
+    pub(super) tls_cert_file: Option<PathBuf>,
+    /// The private key of --tls-cert-file, PEM.
+    #[arg(long, env = "LLMSLO_TLS_KEY_FILE", value_name = "FILE")]
+    pub(super) tls_key_file: Option<PathBuf>,
+    /// Serve the proxy's port over TLS with a certificate made at start [default: false].
+    #[arg(long, env = "LLMSLO_TLS_SELF_SIGNED", num_args = 0..=1, default_missing_value = "true",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub(super) tls_self_signed: Option<bool>,
+    /// PEM CA certificates that verify an https upstream, instead of the public roots.
+    #[arg(long, env = "LLMSLO_UPSTREAM_CA_FILE", value_name = "FILE")]
+    pub(super) upstream_ca_file: Option<PathBuf>,
+    /// Take an https upstream's certificate unverified: only for an engine on this host that
+    /// made its own [default: false].
+    #[arg(long, env = "LLMSLO_UPSTREAM_INSECURE_SKIP_VERIFY", num_args = 0..=1, default_missing_value = "true",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub(super) upstream_insecure_skip_verify: Option<bool>,
 }
 
 impl Endpoints {
@@ -221,6 +240,11 @@ impl Endpoints {
             role,
             prefill_relay: self.prefill_relay,
             prefill_pool: self.prefill_pool,
+            tls_cert_file: self.tls_cert_file,
+            tls_key_file: self.tls_key_file,
+            tls_self_signed: self.tls_self_signed,
+            upstream_ca_file: self.upstream_ca_file,
+            upstream_insecure_skip_verify: self.upstream_insecure_skip_verify,
             from_env,
         })
     }

@@ -93,6 +93,9 @@ pub(super) struct FileConfig {
     pub(super) prefill_relay: Option<String>,
     pub(super) prefill_pool: Option<Vec<String>>,
     pub(super) decode_leg_sources: Option<Vec<String>>,
+    pub(super) tls: Option<super::tls::TlsFile>,
+    pub(super) metrics_tls: Option<bool>,
+    pub(super) upstream_tls: Option<super::tls::UpstreamTlsFile>,
 }
 
 /// `per_request_slos:` as written: `off`, `separate` or `trusted`; `false` is `off`, and
@@ -378,8 +381,12 @@ impl Config {
                 "required: give --upstream, LLMSLO_UPSTREAM or `upstream:` in the file",
             )
         })?;
+        let upstream = parse_upstream(&upstream)?;
         let config = Config {
-            upstream: parse_upstream(&upstream)?,
+            upstream_tls: super::tls::upstream_tls(&overrides, f.upstream_tls, &upstream)?,
+            tls: super::tls::listener_tls(&overrides, f.tls)?,
+            metrics_tls: f.metrics_tls.unwrap_or(false),
+            upstream,
             listen: parse_addr("listen", o.listen.or(f.listen).as_deref().unwrap_or(defaults::LISTEN))?,
             metrics_listen: parse_addr(
                 "metrics_listen",

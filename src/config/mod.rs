@@ -16,6 +16,7 @@ pub mod memory;
 mod print;
 #[cfg(test)]
 mod tests;
+mod tls;
 mod validate;
 
 use crate::cost::CostSettings;
@@ -97,6 +98,16 @@ pub struct Overrides {
     pub prefill_relay: Option<String>,
     /// `--prefill-pool` / `LLMSLO_PREFILL_POOL`: members separated by commas.
     pub prefill_pool: Option<String>,
+    /// `--tls-cert-file` / `LLMSLO_TLS_CERT_FILE`.
+    pub tls_cert_file: Option<PathBuf>,
+    /// `--tls-key-file` / `LLMSLO_TLS_KEY_FILE`.
+    pub tls_key_file: Option<PathBuf>,
+    /// `--tls-self-signed` / `LLMSLO_TLS_SELF_SIGNED`.
+    pub tls_self_signed: Option<bool>,
+    /// `--upstream-ca-file` / `LLMSLO_UPSTREAM_CA_FILE`.
+    pub upstream_ca_file: Option<PathBuf>,
+    /// `--upstream-insecure-skip-verify` / `LLMSLO_UPSTREAM_INSECURE_SKIP_VERIFY`.
+    pub upstream_insecure_skip_verify: Option<bool>,
     /// The keys above whose value came from the environment rather than a flag.
     pub from_env: Vec<&'static str>,
 }
@@ -115,6 +126,11 @@ impl Overrides {
             "role" => self.role.is_some(),
             "prefill_relay" => self.prefill_relay.is_some(),
             "prefill_pool" => self.prefill_pool.is_some(),
+            "tls_cert_file" => self.tls_cert_file.is_some(),
+            "tls_key_file" => self.tls_key_file.is_some(),
+            "tls_self_signed" => self.tls_self_signed.is_some(),
+            "upstream_ca_file" => self.upstream_ca_file.is_some(),
+            "upstream_insecure_skip_verify" => self.upstream_insecure_skip_verify.is_some(),
             _ => false,
         };
         given.then(|| origin_label(key, self.from_env.contains(&key)))
@@ -133,8 +149,14 @@ pub fn origin_label(key: &str, from_env: bool) -> String {
 /// The effective, validated configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// The engine's base URI (`http://host:port`).
+    /// The engine's base URI (`http://host:port`, or `https://`).
     pub upstream: Uri,
+    /// `upstream_tls`: how an https upstream is verified.
+    pub upstream_tls: crate::upstream::tls::UpstreamTls,
+    /// `tls`: where the proxy port's certificate comes from, when it serves TLS.
+    pub tls: Option<crate::serve::tls::TlsSource>,
+    /// `metrics_tls`: the metrics port serves TLS with the same certificate.
+    pub metrics_tls: bool,
     /// Where the proxy listens.
     pub listen: SocketAddr,
     /// Where `/metrics`, `/healthz` and `/readyz` are served.

@@ -5,6 +5,7 @@ use crate::cost::CostSettings;
 use crate::metrics::buckets::BucketOverrides;
 use crate::observe::tenants::SourceSetting;
 use crate::otel::settings::OtelConfig;
+use crate::serve::tls::TlsSource;
 use std::time::Duration;
 
 impl Config {
@@ -110,6 +111,36 @@ impl Config {
             "decode_leg_sources": self.decode_leg_sources.iter().map(ToString::to_string).collect::<Vec<_>>(),
         });
         let mut mapping: serde_yaml::Mapping = serde_json::from_value(value).expect("plain JSON maps to YAML");
+        let mut put = |key: &str, value: serde_json::Value| {
+            mapping.insert(
+                key.into(),
+                serde_json::from_value(value).expect("plain JSON maps to YAML"),
+            );
+        };
+        match &self.tls {
+            None => {}
+            Some(TlsSource::SelfSigned) => put("tls", serde_json::json!({"self_signed": true})),
+            Some(TlsSource::Files { cert, key }) => {
+                put("tls", serde_json::json!({"cert_file": cert.path, "key_file": key.path}))
+            }
+        }
+        if self.metrics_tls {
+            put("metrics_tls", true.into());
+        }
+        if self.upstream_tls.is_set() {
+            let t = &self.upstream_tls;
+            let mut entry = serde_json::Map::new();
+            if let Some(ca) = &t.ca_file {
+                entry.insert("ca_file".into(), serde_json::json!(ca));
+            }
+            if let Some(name) = &t.server_name {
+                entry.insert("server_name".into(), name.clone().into());
+            }
+            if t.insecure_skip_verify {
+                entry.insert("insecure_skip_verify".into(), true.into());
+            }
+            put("upstream_tls", entry.into());
+        }
         if self.buckets != BucketOverrides::default() {
             let buckets = serde_json::to_value(&self.buckets).expect("bucket overrides serialize");
             mapping.insert(

@@ -108,6 +108,12 @@ impl Config {
                 ),
             ));
         }
+        if self.metrics_tls && self.tls.is_none() {
+            return Err(ConfigError::invalid(
+                "metrics_tls",
+                "serves the metrics port with the proxy's certificate: set tls too",
+            ));
+        }
         if self.prefill_relay.is_some() && self.role != crate::record::Role::Decode {
             return Err(ConfigError::invalid(
                 "prefill_relay",
@@ -198,20 +204,11 @@ pub(super) fn parse_upstream(value: &str) -> Result<Uri, ConfigError> {
     let uri: Uri = value
         .parse()
         .map_err(|e| ConfigError::invalid("upstream", format!("`{value}` is not a URI: {e}")))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(ConfigError::invalid(
-                "upstream",
-                "https upstreams are not supported: llmslo runs beside the engine and speaks plain HTTP to it",
-            ))
-        }
-        _ => {
-            return Err(ConfigError::invalid(
-                "upstream",
-                format!("`{value}` must start with http://"),
-            ))
-        }
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(ConfigError::invalid(
+            "upstream",
+            format!("`{value}` must start with http:// or https://"),
+        ));
     }
     if uri.authority().is_none() {
         return Err(ConfigError::invalid("upstream", format!("`{value}` has no host")));

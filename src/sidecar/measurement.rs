@@ -52,6 +52,10 @@ pub struct MeasurementSettings {
     pub recent_requests: usize,
     /// The pod's role in disaggregated serving.
     pub role: Role,
+    /// Routers send this decode pod its decode legs (`decode_leg_sources` names them).
+    pub routers_send_decode_legs: bool,
+    /// The ports' TLS, whose certificate's expiry and reloads `/metrics` shows.
+    pub tls: Option<Arc<crate::serve::tls::ServerTls>>,
     /// Readers beyond llmslo's own (the demo's table, a per-request log): each sees every
     /// request before llmslo's readers do.
     pub extra: Vec<Arc<dyn Reader>>,
@@ -71,6 +75,8 @@ impl Default for MeasurementSettings {
             gpu: None,
             recent_requests: 0,
             role: Role::default(),
+            routers_send_decode_legs: false,
+            tls: None,
             extra: Vec::new(),
         }
     }
@@ -135,7 +141,15 @@ impl Measurement {
             .register_collector(Box::new(EngineCollector(engine_view.clone())));
         let edges = Edges::new(&settings.buckets, &settings.slos);
         let families = Arc::new(RequestFamilies::new(&edges, &settings.buckets, known, &mut registry));
-        let disaggregation = Arc::new(DisaggFamilies::new(settings.role, edges.ttft.clone(), &mut registry));
+        let disaggregation = Arc::new(DisaggFamilies::new(
+            settings.role,
+            settings.routers_send_decode_legs,
+            edges.ttft.clone(),
+            &mut registry,
+        ));
+        if let Some(tls) = &settings.tls {
+            tls.register(registry.families());
+        }
         if let Some(gpu) = &settings.gpu {
             registry
                 .families()

@@ -22,7 +22,8 @@ use crate::proxy::relay::pool::PrefillPool;
 use crate::proxy::relay::PrefillRelay;
 use crate::proxy::{Proxy, ProxySettings};
 use crate::record::Reader;
-use crate::serve::{serve, ConnectionLimits, KeepAlive};
+use crate::serve::tls::ServerTls;
+use crate::serve::{serve, serve_on, ConnectionLimits, KeepAlive};
 use crate::upstream::UpstreamClient;
 use measurement::{Measurement, MeasurementSettings};
 use std::net::SocketAddr;
@@ -80,6 +81,10 @@ impl Sidecar {
         };
         let metrics_listener = bind(config.metrics_listen, "/metrics", "--metrics-listen").await?;
         warn_if_over_the_memory_limit(config);
+        let tls = match &config.tls {
+            Some(source) => Some(ServerTls::load(source.clone(), None).map_err(std::io::Error::other)?),
+            None => None,
+        };
         let proxy_addr = proxy_listener.local_addr()?;
         let metrics_addr = metrics_listener.local_addr()?;
 
@@ -105,6 +110,8 @@ impl Sidecar {
             gpu: gpu.clone(),
             recent_requests: config.recent_requests,
             role: config.role,
+            routers_send_decode_legs: !config.decode_leg_sources.is_empty(),
+            tls: tls.clone(),
             extra: readers,
         });
         let metrics = measurement.metrics.clone();
@@ -125,11 +132,13 @@ impl Sidecar {
                  until the file can be read; llmslo_tenant_api_keys_valid is 0"
             );
         }
-        let client = UpstreamClient::new(
+        let client = UpstreamClient::with_tls(
             &config.upstream,
+            &config.upstream_tls,
             config.max_in_flight_requests,
             config.upstream_idle_timeout,
-        );
+        )
+        .map_err(std::io::Error::other)?;
         let tokenizer = match &config.tokenizer {
             Some(path) => {
                 let counter = TokenCounter::load(path)
@@ -181,8 +190,12 @@ impl Sidecar {
         let stop_proxy = CancellationToken::new();
         let shutdown = CancellationToken::new();
         let mut tasks = JoinSet::new();
-        let proxy_task = tokio::spawn(serve(
+        if let Some(tls) = &tls {
+            tasks.spawn(tls.clone().keep_current(shutdown.clone()));
+        }
+        let proxy_task = tokio::spawn(serve_on(
             proxy_listener,
+            tls.clone(),
             move |request, peer| proxy.handle(request, peer),
             stop_proxy.clone(),
             config.drain_timeout,
@@ -229,8 +242,9 @@ impl Sidecar {
             readiness: readiness.clone(),
             workload: measurement.recent.clone(),
         };
-        tasks.spawn(serve(
+        tasks.spawn(serve_on(
             metrics_listener,
+            tls.filter(|_| config.metrics_tls),
             move |request, _peer| metrics_port::handle(request, port.clone()),
             shutdown.clone(),
             config.drain_timeout,

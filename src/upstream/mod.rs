@@ -3,6 +3,7 @@
 
 mod body;
 mod pool;
+pub mod tls;
 mod wake;
 
 pub use body::ResponseBody;
@@ -14,6 +15,7 @@ use http_body_util::{BodyExt, Empty};
 use pool::Pool;
 use std::sync::Arc;
 use std::time::Duration;
+use tls::{EngineTls, UpstreamTls};
 use tokio::sync::Notify;
 
 /// The engine sent nothing on an open response body for `stream_idle_timeout`.
@@ -45,23 +47,38 @@ pub struct UpstreamClient {
 }
 
 impl UpstreamClient {
-    /// A client for `upstream` (an `http://host:port[/base]` URI, validated by the config)
-    /// that keeps at most `max_idle` connections open between requests, each for at most
-    /// `idle_timeout`. Each request in flight holds one connection (HTTP/1.1), so with the
-    /// proxy's in-flight cap as `max_idle`, connections to the engine never exceed about that
-    /// cap.
+    /// A plain-HTTP client for `upstream`: [`Self::with_tls`] without TLS settings.
     pub fn new(upstream: &Uri, max_idle: usize, idle_timeout: Duration) -> Self {
+        Self::with_tls(upstream, &UpstreamTls::default(), max_idle, idle_timeout)
+            .expect("an http upstream needs no TLS settings")
+    }
+
+    /// A client for `upstream` (an `http://` or `https://host:port[/base]` URI, validated by
+    /// the config; an https one in TLS as `tls` says) that keeps at most `max_idle`
+    /// connections open between requests, each for at most `idle_timeout`. Each request in
+    /// flight holds one connection (HTTP/1.1), so with the proxy's in-flight cap as
+    /// `max_idle`, connections to the engine never exceed about that cap. An error says which
+    /// TLS setting does not load.
+    pub fn with_tls(
+        upstream: &Uri,
+        tls: &UpstreamTls,
+        max_idle: usize,
+        idle_timeout: Duration,
+    ) -> Result<Self, String> {
         let authority = upstream
             .authority()
             .cloned()
             .expect("validated upstream has an authority");
-        let address = format!("{}:{}", authority.host(), authority.port_u16().unwrap_or(80));
-        Self {
-            pool: Pool::new(address, max_idle, idle_timeout, CONNECT_TIMEOUT),
+        let https = upstream.scheme_str() == Some("https");
+        let port = authority.port_u16().unwrap_or(if https { 443 } else { 80 });
+        let address = format!("{}:{port}", authority.host());
+        let tls = https.then(|| EngineTls::new(authority.host(), tls)).transpose()?;
+        Ok(Self {
+            pool: Pool::new(address, tls, max_idle, idle_timeout, CONNECT_TIMEOUT),
             host: http::HeaderValue::from_str(authority.as_str()).expect("an authority is a valid header value"),
             base_path: upstream.path().trim_end_matches('/').to_string(),
             connect_failed: Arc::default(),
-        }
+        })
     }
 
     /// The upstream's origin-form URI for a request's path and query (the configured base path

@@ -3,6 +3,7 @@
 //! the client in one wake-up, with no hand-off between tasks. Between requests a connection is
 //! parked here, unpolled, and checked for life when it is taken again.
 
+use super::tls::EngineTls;
 use super::wake::ConnWaker;
 use bytes::Bytes;
 use http_body_util::combinators::UnsyncBoxBody;
@@ -19,16 +20,19 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
-use tracing::debug;
+use tracing::{debug, warn};
 
 /// A boxed error, the error type of bodies that can fail in more than one way.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Body type sent to the upstream.
 pub type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
 
+/// A connection to the engine: plain, or in TLS.
+type EngineIo = tokio_util::either::Either<TcpStream, tokio_rustls::client::TlsStream<TcpStream>>;
+
 /// A connection's driver: the future that reads and writes its socket, until it completes.
 struct Driver {
-    future: Pin<Box<Connection<TokioIo<TcpStream>, UpstreamBody>>>,
+    future: Pin<Box<Connection<TokioIo<EngineIo>, UpstreamBody>>>,
     /// The future has completed: the connection is closed, and is never polled again.
     closed: bool,
 }
@@ -101,6 +105,10 @@ impl SendError {
 #[derive(Debug)]
 pub struct Pool {
     address: String,
+    /// The TLS connections are wrapped in, for an https engine.
+    tls: Option<EngineTls>,
+    /// When a failed TLS handshake was last logged (at most one line a minute).
+    tls_failure_logged: Mutex<Option<Instant>>,
     idle: Mutex<Vec<Parked>>,
     max_idle: usize,
     idle_timeout: Duration,
@@ -115,11 +123,20 @@ struct Parked {
 }
 
 impl Pool {
-    /// A pool for `address` (`host:port`) that keeps at most `max_idle` connections for at
-    /// most `idle_timeout` each. Within a runtime, a task closes the expired ones.
-    pub fn new(address: String, max_idle: usize, idle_timeout: Duration, connect_timeout: Duration) -> Arc<Self> {
+    /// A pool for `address` (`host:port`, in `tls` when given) that keeps at most `max_idle`
+    /// connections for at most `idle_timeout` each. Within a runtime, a task closes the
+    /// expired ones.
+    pub fn new(
+        address: String,
+        tls: Option<EngineTls>,
+        max_idle: usize,
+        idle_timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Arc<Self> {
         let pool = Arc::new(Self {
             address,
+            tls,
+            tls_failure_logged: Mutex::default(),
             idle: Mutex::default(),
             max_idle,
             idle_timeout,
@@ -179,13 +196,32 @@ impl Pool {
         }
     }
 
-    /// Opens a new connection.
+    /// Opens a new connection (and its TLS session, within the same timeout); a handshake that
+    /// fails (an engine whose certificate does not verify) is a connect error.
     async fn connect(&self) -> Result<Conn, SendError> {
-        let stream = tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.address))
+        let timed_out = || SendError::Connect(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"));
+        let deadline = Instant::now() + self.connect_timeout;
+        let stream = tokio::time::timeout_at(deadline, TcpStream::connect(&self.address))
             .await
-            .map_err(|_| SendError::Connect(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")))?
+            .map_err(|_| timed_out())?
             .map_err(SendError::Connect)?;
         stream.set_nodelay(true).map_err(SendError::Connect)?;
+        let stream = match &self.tls {
+            None => tokio_util::either::Either::Left(stream),
+            Some(tls) => {
+                let session = tokio::time::timeout_at(deadline, tls.connect(stream))
+                    .await
+                    .map_err(|_| timed_out())?
+                    .map_err(|e| {
+                        self.log_tls_failure(&e);
+                        SendError::Connect(std::io::Error::new(
+                            e.kind(),
+                            format!("the TLS handshake with the engine failed: {e}"),
+                        ))
+                    })?;
+                tokio_util::either::Either::Right(session)
+            }
+        };
         let (sender, driver) = Builder::new()
             .handshake(TokioIo::new(stream))
             .await
@@ -198,6 +234,22 @@ impl Pool {
             },
             waker: ConnWaker::new(),
         })
+    }
+
+    /// Says why the engine's TLS handshake failed, at most once a minute.
+    fn log_tls_failure(&self, error: &std::io::Error) {
+        let mut logged = self.tls_failure_logged.lock().unwrap_or_else(|e| e.into_inner());
+        if logged.is_some_and(|at| at.elapsed() < Duration::from_secs(60)) {
+            return;
+        }
+        *logged = Some(Instant::now());
+        warn!(
+            %error,
+            upstream = %self.address,
+            "the TLS handshake with the engine failed: its requests are answered 502 (connect_error) until it \
+             succeeds; name the engine's CA in upstream_tls.ca_file, or, for an engine on this host with a \
+             certificate of its own, set upstream_tls.insecure_skip_verify"
+        );
     }
 
     /// Parks a connection whose exchange ended, when it can take another request and there
