@@ -13,7 +13,7 @@
 //! declaration only names a port of the pod's shared network namespace, where llmslo listens.
 
 use crate::record::Role;
-use container::{sidecar_container, Serving};
+use container::{sidecar_container, ListenTls, Serving};
 use serde_json::{json, Map, Value};
 
 /// The injected sidecar's memory request and limit unless `llmslo.io/memory` says otherwise:
@@ -59,6 +59,9 @@ pub mod annotations {
     /// Service's DNS name, addresses or CIDR ranges, each with the port, separated by commas.
     /// Without it the relay stays off and the prefill part is counted as unmeasured.
     pub const PREFILL_POOL: &str = "llmslo.io/prefill-pool";
+    /// The port llmslo listens on, where the injector's choice is wrong: the engine's own
+    /// port number makes llmslo take it and the engine move (as for a prefill pod).
+    pub const LISTEN_PORT: &str = "llmslo.io/listen-port";
     /// Set by the injector: the llmslo version injected.
     pub const INJECTED: &str = "llmslo.io/injected";
     /// Set by the injector: what llmslo cannot measure in this pod as injected, and how to mend
@@ -408,14 +411,32 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
             ))
         }
     };
+    let mut warnings = Vec::new();
+    // Whether llmslo listens on the port clients reached the pod on, by number.
+    let mut took_port = false;
     // In front of llm-d's routing sidecar when the pod has one: llmslo takes its port.
     let routing = router::find(spec);
-    let (engine_index, engine_number, service_name, listen, used) = match routing {
+    let (engine_index, engine_number, service_name, listen, used, mut serving) = match &routing {
         Some(routing) => {
             let used = used_ports(spec);
             let moved = free_port(&used, routing.port + 100);
+            // It served TLS: so does llmslo, with its files (or one made at start, as it would).
+            let mut serving = Serving::default();
+            if routing.secure {
+                let sidecar = router::container(spec, routing);
+                serving.tls = Some(match &routing.cert_path {
+                    Some(dir) => {
+                        serving
+                            .mounts
+                            .extend(engine::mount_holding(sidecar, &format!("{dir}/tls.crt")));
+                        ListenTls::Files(format!("{dir}/tls.crt"), format!("{dir}/tls.key"))
+                    }
+                    None => ListenTls::SelfSigned,
+                });
+            }
             let name = router::move_to(spec, routing, moved);
-            (0, moved, name, routing.port, [used, vec![moved]].concat())
+            took_port = true;
+            (0, moved, name, routing.port, [used, vec![moved]].concat(), serving)
         }
         None => {
             let (index, number, name) = match find_engine_port(spec, annotation(annotations::ENGINE_PORT).as_deref())? {
@@ -425,20 +446,82 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
                         .as_u64()
                         .ok_or("the engine's port has no containerPort")?;
                     let name = entry["name"].as_str().map(str::to_string);
-                    // The engine keeps listening where it did; its port entry is renamed.
+                    // The engine's port entry is renamed: llmslo's port takes its name.
                     entry["name"] = json!(ENGINE_PORT_NAME);
                     (container, number, name)
                 }
                 EnginePort::Undeclared(number) => (0, number, None),
             };
-            let used = [used_ports(spec), vec![number]].concat();
-            (index, number, name, free_port(&used, 8080), used)
+            let asked =
+                match annotation(annotations::LISTEN_PORT) {
+                    None => None,
+                    Some(text) => Some(text.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
+                        format!("annotation {}: `{text}` is not a port number", annotations::LISTEN_PORT)
+                    })? as u64),
+                };
+            let flags = engine::read(&spec["containers"][index]);
+            let mut serving = Serving {
+                role: router::role(&meta).or(flags.kv_producer.then_some(Role::Prefill)),
+                ..Serving::default()
+            };
+            // Where the engine's clients reach it by number (a prefill pod's router, KServe's
+            // scheduler and HTTPS probes), llmslo takes the engine's port and the engine moves.
+            let take_over = flags.tls.is_some() || serving.role == Some(Role::Prefill) || asked == Some(number);
+            if take_over && flags.in_a_shell {
+                warnings.push(format!(
+                    "the engine runs in a shell whose flags llmslo cannot rewrite, so it keeps port {number} and \
+                     llmslo listens on a port of its own: clients that reach the engine by number bypass llmslo{}",
+                    if flags.tls.is_some() {
+                        ", and llmslo cannot serve the engine's TLS"
+                    } else {
+                        ""
+                    }
+                ));
+            }
+            if take_over && !flags.in_a_shell {
+                let used = [used_ports(spec), vec![number]].concat();
+                let moved = free_port(&used, number + 100);
+                let container = &mut spec.get_mut("containers").expect("found above")[index];
+                engine::move_to(container, moved);
+                if let Some(entry) = container["ports"]
+                    .as_array_mut()
+                    .into_iter()
+                    .flatten()
+                    .find(|p| p["containerPort"].as_u64() == Some(number))
+                {
+                    entry["containerPort"] = json!(moved);
+                    entry["name"] = json!(ENGINE_PORT_NAME);
+                }
+                if let Some((cert, key)) = flags.tls {
+                    let engine = &spec["containers"][index];
+                    serving.mounts.extend(engine::mount_holding(engine, &cert));
+                    if let Some(other) = engine::mount_holding(engine, &key).filter(|m| !serving.mounts.contains(m)) {
+                        serving.mounts.push(other);
+                    }
+                    serving.tls = Some(ListenTls::Files(cert, key));
+                }
+                move_probes_by_number(spec, number, moved);
+                took_port = true;
+                (index, moved, name, number, [used, vec![moved]].concat(), serving)
+            } else {
+                let used = [used_ports(spec), vec![number]].concat();
+                let listen = asked
+                    .filter(|p| !used.contains(p))
+                    .unwrap_or_else(|| free_port(&used, 8080));
+                (index, number, name, listen, used, serving)
+            }
         }
     };
     let metrics = free_port(&[used.as_slice(), &[listen]].concat(), 9464);
-    let mut warning = None;
-    let serving = match routing {
-        Some(routing) => match prefill_pool(annotation(annotations::PREFILL_POOL).as_deref())? {
+    if let Some(routing) = &routing {
+        serving.role = Some(Role::Decode);
+        match prefill_pool(annotation(annotations::PREFILL_POOL).as_deref())? {
+            Some(_) if routing.tls_to_prefill => warnings.push(
+                "the prefill part of disaggregated requests is unmeasured: the routing sidecar speaks TLS to prefill \
+                 pods (--enable-tls=prefiller), and the relay that times the legs speaks plain HTTP, so it stays off \
+                 (llmslo in front of each prefill pod still counts the legs)"
+                    .to_string(),
+            ),
             Some(pool) => {
                 let port = free_port(&[used.as_slice(), &[listen, metrics]].concat(), 8299);
                 // The relay's address is what the routing sidecar is told: with SSRF protection
@@ -448,29 +531,16 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
                 } else {
                     "127.0.0.1"
                 };
-                Serving {
-                    role: Some(Role::Decode),
-                    relay: Some((format!("{host}:{port}"), pool)),
-                }
+                serving.relay = Some((format!("{host}:{port}"), pool));
             }
-            None => {
-                warning = Some(format!(
-                    "the prefill part of disaggregated requests is unmeasured: the relay that times it sends legs \
-                     only to the prefill pool, and {} names none (the prefill pods' headless Service, like \
-                     qwen-prefill.llm-d.svc.cluster.local:8000)",
-                    annotations::PREFILL_POOL
-                ));
-                Serving {
-                    role: Some(Role::Decode),
-                    relay: None,
-                }
-            }
-        },
-        None => Serving {
-            role: router::role(&meta),
-            relay: None,
-        },
-    };
+            None => warnings.push(format!(
+                "the prefill part of disaggregated requests is unmeasured: the relay that times it sends legs \
+                 only to the prefill pool, and {} names none (the prefill pods' headless Service, like \
+                 qwen-prefill.llm-d.svc.cluster.local:8000)",
+                annotations::PREFILL_POOL
+            )),
+        }
+    }
 
     if let Some(name) = &service_name {
         keep_probes_on_the_engine(spec, name);
@@ -530,10 +600,10 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
         .as_object_mut()
         .ok_or("annotations is not a map")?;
     annotations.insert(annotations::INJECTED.into(), json!(env!("CARGO_PKG_VERSION")));
-    if let Some(warning) = warning {
-        annotations.insert(annotations::WARNING.into(), json!(warning));
+    if !warnings.is_empty() {
+        annotations.insert(annotations::WARNING.into(), json!(warnings.join("; ")));
     }
-    if service_name.is_none() && routing.is_none() {
+    if service_name.is_none() && !took_port {
         annotations.insert(
             NOTE.into(),
             json!("the engine's port had no name: point Services at targetPort llmslo-http to go through llmslo"),
@@ -551,6 +621,27 @@ fn quote_llmslo_values(metadata: &mut Value) {
         for (key, value) in entries.into_iter().flatten() {
             if key.starts_with("llmslo.io/") && (value.is_boolean() || value.is_number()) {
                 *value = json!(as_text(value));
+            }
+        }
+    }
+}
+
+/// Points the containers' probes that name port `from` by number (the engine's, now llmslo's)
+/// at `to`, where the engine moved.
+fn move_probes_by_number(spec: &mut Map<String, Value>, from: u64, to: u64) {
+    let containers = spec.get_mut("containers").and_then(Value::as_array_mut);
+    for container in containers.into_iter().flatten() {
+        for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
+            for action in ["httpGet", "tcpSocket"] {
+                let port = container
+                    .get_mut(probe)
+                    .and_then(|p| p.get_mut(action))
+                    .and_then(|a| a.get_mut("port"));
+                if let Some(port) =
+                    port.filter(|port| port.as_u64() == Some(from) || port.as_str() == Some(&from.to_string()))
+                {
+                    *port = json!(to);
+                }
             }
         }
     }
@@ -646,6 +737,7 @@ const KNOWN_KEYS: &[(&str, &str)] = &[
     (annotations::GPUS, "annotations"),
     (annotations::INJECTED, "annotations"),
     (annotations::PREFILL_POOL, "annotations"),
+    (annotations::LISTEN_PORT, "annotations"),
     (annotations::WARNING, "annotations"),
     (NOTE, "annotations"),
 ];
@@ -742,6 +834,7 @@ fn free_port(used: &[u64], preferred: u64) -> u64 {
 }
 
 mod container;
+mod engine;
 mod router;
 
 #[cfg(test)]

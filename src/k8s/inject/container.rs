@@ -5,13 +5,28 @@ use super::{annotations, InjectOptions, CONTAINER, DEFAULT_MEMORY_LIMIT, NO_IMAG
 use crate::record::Role;
 use serde_json::{json, Value};
 
-/// How the injected sidecar serves in disaggregated serving.
+/// How the injected sidecar serves: its role in disaggregated serving, and TLS where the
+/// container it stands in front of served TLS.
+#[derive(Debug, Default)]
 pub(super) struct Serving {
     /// The pod's role, when llm-d names one or the pod has a routing sidecar.
     pub(super) role: Option<Role>,
     /// The prefill relay's address, in front of a routing sidecar, and the prefill pool it
     /// sends legs to.
     pub(super) relay: Option<(String, String)>,
+    /// The port's TLS, as the container llmslo moved served it.
+    pub(super) tls: Option<ListenTls>,
+    /// The volumes holding its certificate, mounted read-only as that container mounts them.
+    pub(super) mounts: Vec<Value>,
+}
+
+/// Where the injected sidecar's certificate comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum ListenTls {
+    /// The files the moved container served (its certificate and key).
+    Files(String, String),
+    /// Made at start, as the moved container would have.
+    SelfSigned,
 }
 
 /// The sidecar container: its arguments, environment, resources, probes and security context.
@@ -54,7 +69,22 @@ pub(super) fn sidecar_container(
         env.push(json!({"name": "LLMSLO_PREFILL_RELAY", "value": relay}));
         env.push(json!({"name": "LLMSLO_PREFILL_POOL", "value": pool}));
     }
-    let mut mounts = Vec::new();
+    let mut mounts = serving.mounts.clone();
+    match &serving.tls {
+        None => {}
+        Some(tls) => {
+            // The container behind llmslo serves TLS on 127.0.0.1 with a certificate made for
+            // the pod, which llmslo takes unverified there alone.
+            env.push(json!({"name": "LLMSLO_UPSTREAM_INSECURE_SKIP_VERIFY", "value": "true"}));
+            match tls {
+                ListenTls::Files(cert, key) => {
+                    env.push(json!({"name": "LLMSLO_TLS_CERT_FILE", "value": cert}));
+                    env.push(json!({"name": "LLMSLO_TLS_KEY_FILE", "value": key}));
+                }
+                ListenTls::SelfSigned => env.push(json!({"name": "LLMSLO_TLS_SELF_SIGNED", "value": "true"})),
+            }
+        }
+    }
     if annotation(annotations::CONFIG_MAP).is_some() {
         env.push(json!({"name": "LLMSLO_CONFIG", "value": "/etc/llmslo/llmslo.yaml"}));
         mounts.push(json!({"name": "llmslo-config", "mountPath": "/etc/llmslo", "readOnly": true}));
@@ -76,7 +106,7 @@ pub(super) fn sidecar_container(
         "image": image,
         "args": [
             "run",
-            "--upstream", format!("http://127.0.0.1:{engine_port}"),
+            "--upstream", format!("{}://127.0.0.1:{engine_port}", if serving.tls.is_some() { "https" } else { "http" }),
             "--listen", format!("0.0.0.0:{listen}"),
             "--metrics-listen", format!("0.0.0.0:{metrics}"),
         ],

@@ -13,7 +13,7 @@ const DEFAULT_PORT: u64 = 8000;
 pub const ROLE_LABEL: &str = "llm-d.ai/role";
 
 /// A routing sidecar found in a pod spec.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct RoutingSidecar {
     /// `containers` or `initContainers` (a native sidecar).
     list: &'static str,
@@ -23,13 +23,51 @@ pub(super) struct RoutingSidecar {
     /// Whether it allows only prefill pods of its InferencePool (then the relay must be on the
     /// pod's IP, which the pool holds; loopback is refused).
     pub(super) ssrf_protected: bool,
+    /// Whether it serves TLS (`--secure-serving`, or its older name `--secure-proxy`: on
+    /// unless set to false).
+    pub(super) secure: bool,
+    /// The directory of its `tls.crt` and `tls.key` (`--cert-path`); without one it serves a
+    /// certificate it made.
+    pub(super) cert_path: Option<String>,
+    /// Whether it speaks TLS to prefill pods (`--enable-tls=prefiller`): the relay, which
+    /// speaks plain HTTP, cannot stand between.
+    pub(super) tls_to_prefill: bool,
 }
 
-/// llm-d's routing sidecar, by its image or the names llm-d's charts give it.
+/// llm-d's routing sidecar, by its image (the older `llm-d-routing-sidecar`, or
+/// `llm-d-router-disagg-sidecar` from llm-d 0.8) or the names llm-d's charts give it.
 fn is_routing_sidecar(container: &Value) -> bool {
     let image = container["image"].as_str().unwrap_or_default();
     let name = container["name"].as_str().unwrap_or_default();
-    image.contains("llm-d-routing-sidecar") || matches!(name, "routing-proxy" | "llm-d-routing-sidecar")
+    image.contains("llm-d-routing-sidecar")
+        || image.contains("llm-d-router-disagg-sidecar")
+        || matches!(name, "routing-proxy" | "llm-d-routing-sidecar")
+}
+
+/// A Go boolean flag: absent is `default`, `-name` alone is true, `-name=false` is false.
+fn bool_flag(args: &[Value], name: &str, default: bool) -> Option<bool> {
+    let forms = [format!("-{name}"), format!("--{name}")];
+    let alone = args
+        .iter()
+        .any(|a| forms.iter().any(|f| a.as_str() == Some(f.as_str())));
+    if alone {
+        return Some(true);
+    }
+    let valued = args.iter().find_map(|a| {
+        let a = a.as_str()?;
+        forms.iter().find_map(|f| a.strip_prefix(f.as_str())?.strip_prefix('='))
+    });
+    match valued {
+        None => Some(default),
+        Some(v) => v.parse().ok(),
+    }
+}
+
+/// The port a `--configuration` YAML (inline) names, if it is there.
+fn configured_port(args: &[Value]) -> Option<u64> {
+    let (_, _, text) = flag(args, "configuration")?;
+    let value: serde_yaml::Value = serde_yaml::from_str(text).ok()?;
+    value.get("port").and_then(serde_yaml::Value::as_u64)
 }
 
 /// The value of flag `name` (Go's flag package: `-name`, `--name`, `=value` or the next
@@ -54,24 +92,33 @@ pub(super) fn find(spec: &Map<String, Value>) -> Option<RoutingSidecar> {
         let args = containers[index]["args"].as_array().cloned().unwrap_or_default();
         let port = match flag(&args, "port") {
             Some((_, _, value)) => value.parse().ok()?,
-            None => DEFAULT_PORT,
+            None => configured_port(&args).unwrap_or(DEFAULT_PORT),
         };
-        let ssrf_protected = flag(&args, "enable-ssrf-protection").is_some_and(|(_, _, v)| v == "true")
-            || args
-                .iter()
-                .any(|a| a == "-enable-ssrf-protection" || a == "--enable-ssrf-protection");
+        let ssrf_protected = bool_flag(&args, "enable-ssrf-protection", false)?;
+        let secure = bool_flag(&args, "secure-serving", true)? && bool_flag(&args, "secure-proxy", true)?;
+        let cert_path = flag(&args, "cert-path").map(|(_, _, dir)| dir.trim_end_matches('/').to_string());
+        let tls_to_prefill = flag(&args, "enable-tls")
+            .is_some_and(|(_, _, sides)| sides.split(',').any(|side| side.trim() == "prefiller"));
         Some(RoutingSidecar {
             list,
             index,
             port,
             ssrf_protected,
+            secure,
+            cert_path,
+            tls_to_prefill,
         })
     })
 }
 
+/// The routing sidecar's container.
+pub(super) fn container<'a>(spec: &'a Map<String, Value>, sidecar: &RoutingSidecar) -> &'a Value {
+    &spec[sidecar.list][sidecar.index]
+}
+
 /// Moves the routing sidecar to `port`: its `--port` argument and its port entry. Returns the
 /// name its port entry had (llmslo's port takes it, so Services by name reach llmslo).
-pub(super) fn move_to(spec: &mut Map<String, Value>, sidecar: RoutingSidecar, port: u64) -> Option<String> {
+pub(super) fn move_to(spec: &mut Map<String, Value>, sidecar: &RoutingSidecar, port: u64) -> Option<String> {
     let container = &mut spec.get_mut(sidecar.list).expect("found there")[sidecar.index];
     let mut args = container["args"].as_array().cloned().unwrap_or_default();
     match flag(&args, "port") {
@@ -122,7 +169,7 @@ mod tests {
             let mut s = spec(args.clone());
             let found = find(&s).expect("found");
             assert_eq!((found.port, found.ssrf_protected), (8000, false), "{args}");
-            assert_eq!(move_to(&mut s, found, 8100), None, "its port had no name");
+            assert_eq!(move_to(&mut s, &found, 8100), None, "its port had no name");
             let moved = &s["initContainers"][0];
             assert!(
                 moved["args"].as_array().unwrap().contains(&json!("--port=8100")),

@@ -597,12 +597,14 @@ fn in_an_llm_d_decode_pod_llmslo_takes_the_routing_sidecars_port_and_relays_its_
         .map(|a| a.as_str().unwrap())
         .collect();
     // Clients (the router, by number) reach llmslo; llmslo the routing sidecar; it the engine.
+    // The routing sidecar serves TLS unless told not to: so does llmslo, and it reaches the
+    // moved sidecar over TLS.
     assert_eq!(
         args,
         [
             "run",
             "--upstream",
-            "http://127.0.0.1:8100",
+            "https://127.0.0.1:8100",
             "--listen",
             "0.0.0.0:8000",
             "--metrics-listen",
@@ -627,6 +629,12 @@ fn in_an_llm_d_decode_pod_llmslo_takes_the_routing_sidecars_port_and_relays_its_
         "the relay sends legs to the pool alone"
     );
     assert_eq!(value("POD_IP"), None);
+    assert_eq!(
+        value("LLMSLO_TLS_SELF_SIGNED"),
+        Some(json!("true")),
+        "as the sidecar made its own"
+    );
+    assert_eq!(value("LLMSLO_UPSTREAM_INSECURE_SKIP_VERIFY"), Some(json!("true")));
     assert_eq!(
         llmslo["resources"]["limits"]["memory"], RELAY_MEMORY_LIMIT,
         "room for the relay's legs"
@@ -717,4 +725,223 @@ fn a_pods_llm_d_role_label_becomes_its_role() {
         .unwrap()
         .clone();
     assert!(!env.iter().any(|e| e["name"] == "LLMSLO_ROLE"), "no label, no role");
+}
+
+/// The llmslo container of an injected Deployment, its args and its environment by name.
+fn injected_sidecar(yaml: &str) -> (Value, Vec<String>, std::collections::BTreeMap<String, String>) {
+    let injected = inject_yaml(yaml, &InjectOptions::with_image("llmslo:test")).unwrap();
+    assert!(injected.warnings.is_empty(), "{:?}", injected.warnings);
+    let d: Value = serde_yaml::from_str(&injected.output).unwrap();
+    let spec = d["spec"]["template"]["spec"].clone();
+    let llmslo = spec["initContainers"][0].clone();
+    assert_eq!(llmslo["name"], "llmslo");
+    let args = llmslo["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_string())
+        .collect();
+    let env = llmslo["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+        .collect();
+    (spec, args, env)
+}
+
+#[test]
+fn a_routing_sidecar_told_to_serve_plain_http_gets_plain_http_on_both_sides() {
+    for off in ["--secure-proxy=false", "-secure-serving=false"] {
+        let plain = LLM_D_DECODE.replace("--connector=nixlv2]", &format!("--connector=nixlv2, {off}]"));
+        let (_, args, env) = injected_sidecar(&plain);
+        assert_eq!(args[2], "http://127.0.0.1:8100", "{off}");
+        assert!(
+            !env.keys()
+                .any(|k| k.starts_with("LLMSLO_TLS") || k.contains("INSECURE")),
+            "{off}: {env:?}"
+        );
+    }
+}
+
+/// An llm-d 0.9 decode pod: the renamed routing sidecar with its newer flags, its own
+/// certificate from a Secret, the engine on HTTPS too.
+const LLM_D_09_DECODE: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: qwen-decode}
+spec:
+  selector: {matchLabels: {app: qwen}}
+  template:
+    metadata:
+      labels: {app: qwen, llm-d.ai/role: decode, llmslo.io/inject: "true"}
+      annotations: {llmslo.io/prefill-pool: "qwen-prefill.llm-d.svc.cluster.local:8000"}
+    spec:
+      initContainers:
+        - name: routing-proxy
+          image: ghcr.io/llm-d/llm-d-router-disagg-sidecar:v0.9.0
+          args: [--port=8000, --model-server-port=8200, --kv-connector=nixlv2, --cert-path=/etc/routing-certs]
+          ports: [{containerPort: 8000, name: http}]
+          volumeMounts: [{name: routing-certs, mountPath: /etc/routing-certs}]
+          restartPolicy: Always
+      containers:
+        - name: vllm
+          image: ghcr.io/llm-d/llm-d-cuda:v0.5.0
+          args: [--port, "8200", --kv-transfer-config, '{"kv_connector":"NixlConnector","kv_role":"kv_both"}']
+          ports: [{containerPort: 8200}]
+      volumes: [{name: routing-certs, secret: {secretName: qwen-decode-certs}}]
+"#;
+
+#[test]
+fn an_llm_d_09_decode_pod_serves_its_routing_sidecars_certificate_through_llmslo() {
+    let (spec, args, env) = injected_sidecar(LLM_D_09_DECODE);
+    assert_eq!(
+        args[2..6],
+        ["https://127.0.0.1:8100", "--listen", "0.0.0.0:8000", "--metrics-listen"]
+    );
+    assert_eq!(env["LLMSLO_TLS_CERT_FILE"], "/etc/routing-certs/tls.crt");
+    assert_eq!(env["LLMSLO_TLS_KEY_FILE"], "/etc/routing-certs/tls.key");
+    assert_eq!(env["LLMSLO_UPSTREAM_INSECURE_SKIP_VERIFY"], "true");
+    assert_eq!(env["LLMSLO_ROLE"], "decode");
+    assert_eq!(
+        spec["initContainers"][0]["volumeMounts"],
+        json!([{"name": "routing-certs", "mountPath": "/etc/routing-certs", "readOnly": true}])
+    );
+    let routing = &spec["initContainers"][1];
+    assert_eq!(
+        routing["args"],
+        json!([
+            "--port=8100",
+            "--model-server-port=8200",
+            "--kv-connector=nixlv2",
+            "--cert-path=/etc/routing-certs"
+        ])
+    );
+    assert_eq!(
+        routing["ports"],
+        json!([{"containerPort": 8100, "name": ENGINE_PORT_NAME}])
+    );
+    // Its port's name is llmslo's now: Services by name reach llmslo.
+    let declared = spec["containers"][0]["ports"].as_array().unwrap();
+    assert!(
+        declared.contains(&json!({"name": "http", "containerPort": 8000, "protocol": "TCP"})),
+        "{declared:?}"
+    );
+}
+
+/// An llm-d prefill pod: the router sends legs to the engine's port, by number.
+const LLM_D_PREFILL: &str = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: qwen-prefill}
+spec:
+  selector: {matchLabels: {app: qwen-prefill}}
+  template:
+    metadata:
+      labels: {app: qwen-prefill, llm-d.ai/role: prefill, llmslo.io/inject: "true"}
+    spec:
+      containers:
+        - name: vllm
+          image: ghcr.io/llm-d/llm-d-cuda:v0.5.0
+          args: [--port, "8000", --kv-transfer-config, '{"kv_connector":"NixlConnector","kv_role":"kv_both"}']
+          ports: [{containerPort: 8000}]
+          readinessProbe: {httpGet: {path: /health, port: 8000}}
+"#;
+
+#[test]
+fn in_a_prefill_pod_llmslo_takes_the_port_the_router_sends_legs_to() {
+    let (spec, args, env) = injected_sidecar(LLM_D_PREFILL);
+    assert_eq!(args[2..5], ["http://127.0.0.1:8100", "--listen", "0.0.0.0:8000"]);
+    assert_eq!(env["LLMSLO_ROLE"], "prefill");
+    let vllm = &spec["containers"][0];
+    assert_eq!(vllm["args"].as_array().unwrap()[0..2], [json!("--port"), json!("8100")]);
+    assert_eq!(
+        vllm["readinessProbe"]["httpGet"]["port"], 8100,
+        "the engine's probe follows it"
+    );
+    assert!(vllm["ports"]
+        .as_array()
+        .unwrap()
+        .contains(&json!({"containerPort": 8100, "name": ENGINE_PORT_NAME})));
+    // Told by its KV role alone, without llm-d's label.
+    let unlabelled = LLM_D_PREFILL
+        .replace("llm-d.ai/role: prefill, ", "")
+        .replace("kv_both", "kv_producer");
+    let (_, args, env) = injected_sidecar(&unlabelled);
+    assert_eq!(
+        (args[4].as_str(), env["LLMSLO_ROLE"].as_str()),
+        ("0.0.0.0:8000", "prefill")
+    );
+    // Where the guess is wrong, an annotation says where llmslo listens.
+    let aggregated = LLM_D_PREFILL.replace("llm-d.ai/role: prefill, ", "");
+    let (_, args, _) = injected_sidecar(&aggregated);
+    assert_eq!(args[4], "0.0.0.0:8080", "an aggregated pod keeps its engine's port");
+    let asked = aggregated.replace(
+        "    spec:\n      containers:",
+        "      annotations: {llmslo.io/listen-port: \"8000\"}\n    spec:\n      containers:",
+    );
+    let (_, args, _) = injected_sidecar(&asked);
+    assert_eq!(
+        (args[2].as_str(), args[4].as_str()),
+        ("http://127.0.0.1:8100", "0.0.0.0:8000")
+    );
+    let wrong = aggregated.replace(
+        "    spec:\n      containers:",
+        "      annotations: {llmslo.io/listen-port: \"eighty\"}\n    spec:\n      containers:",
+    );
+    let error = inject_yaml(&wrong, &InjectOptions::with_image("llmslo:test")).unwrap_err();
+    assert!(error.to_string().contains("llmslo.io/listen-port"), "{error}");
+}
+
+/// The pod KServe's LLMInferenceService renders from its public template.
+const KSERVE_LLM: &str = include_str!("../../../tests/fixtures/k8s/kserve-llm-pod.yaml");
+
+#[test]
+fn a_kserve_llm_pod_on_https_is_served_through_llmslo_with_its_own_certificate() {
+    let (spec, args, env) = injected_sidecar(KSERVE_LLM);
+    assert_eq!(args[2..5], ["https://127.0.0.1:8100", "--listen", "0.0.0.0:8000"]);
+    assert_eq!(env["LLMSLO_TLS_CERT_FILE"], "/etc/ssl/certs/tls.crt");
+    assert_eq!(env["LLMSLO_TLS_KEY_FILE"], "/etc/ssl/certs/tls.key");
+    assert_eq!(env["LLMSLO_UPSTREAM_INSECURE_SKIP_VERIFY"], "true");
+    assert!(!env.contains_key("LLMSLO_ROLE"));
+    let llmslo = &spec["initContainers"][0];
+    assert_eq!(
+        llmslo["volumeMounts"],
+        json!([{"name": "tls-certs", "mountPath": "/etc/ssl/certs", "readOnly": true}])
+    );
+    let main = &spec["containers"][0];
+    let main_args = main["args"].as_array().unwrap();
+    let at = main_args.iter().position(|a| a == "--port").unwrap();
+    assert_eq!(main_args[at + 1], "8100", "the engine moved");
+    for probe in ["livenessProbe", "readinessProbe"] {
+        assert_eq!(
+            main[probe]["httpGet"],
+            json!({"path": "/health", "port": 8100, "scheme": "HTTPS"}),
+            "the engine's HTTPS probes reach it where it moved"
+        );
+    }
+    // llmslo's own probes are on its plain metrics port.
+    assert_eq!(llmslo["readinessProbe"]["httpGet"]["port"], 9464);
+}
+
+#[test]
+fn a_routing_sidecar_speaking_tls_to_prefill_pods_gets_no_relay_and_says_so() {
+    let tls = LLM_D_09_DECODE.replace(
+        "--kv-connector=nixlv2,",
+        "--kv-connector=nixlv2, --enable-tls=prefiller,",
+    );
+    let injected = inject_yaml(&tls, &InjectOptions::with_image("llmslo:test")).unwrap();
+    assert_eq!(injected.warnings.len(), 1, "{:?}", injected.warnings);
+    assert!(
+        injected.warnings[0].contains("--enable-tls=prefiller"),
+        "{:?}",
+        injected.warnings
+    );
+    let d: Value = serde_yaml::from_str(&injected.output).unwrap();
+    let env = d["spec"]["template"]["spec"]["initContainers"][0]["env"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(!env.iter().any(|e| e["name"] == "LLMSLO_PREFILL_RELAY"), "{env:?}");
+    assert!(env.contains(&json!({"name": "LLMSLO_ROLE", "value": "decode"})));
 }
