@@ -892,3 +892,152 @@ impl Drop for KilledOnDrop {
         let _ = self.0.wait();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_injected_llm_d_09_decode_pod_with_tls_serves_its_router_through_llmslo_over_tls() {
+    use crate::common::tls::{connect_alpn, TestCa};
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let ca = TestCa::new("pd-tls");
+    // The routing sidecar's --cert-path: its tls.crt and tls.key.
+    ca.issue("tls", 30);
+    let (router_port, engine_port) = quiet_ports();
+    let (prefill_engine, _p) = start_engine(engine(20, 2)).await;
+    let prefill_side = start_sidecar(prefill_engine, "role: prefill\n").await;
+    let dir = ca.dir.display().to_string();
+    let pod = format!(
+        r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: qwen-decode}}
+spec:
+  selector: {{matchLabels: {{app: qwen}}}}
+  template:
+    metadata:
+      labels: {{app: qwen, llm-d.ai/role: decode, llmslo.io/inject: "true"}}
+      annotations: {{llmslo.io/prefill-pool: "{pool}"}}
+    spec:
+      initContainers:
+        - name: routing-proxy
+          image: ghcr.io/llm-d/llm-d-router-disagg-sidecar:v0.9.0
+          args: [--port={router_port}, --model-server-port={engine_port}, --kv-connector=nixlv2, --cert-path={dir}]
+          ports: [{{containerPort: {router_port}}}]
+          volumeMounts: [{{name: certs, mountPath: {dir}}}]
+          restartPolicy: Always
+      containers:
+        - name: vllm
+          image: ghcr.io/llm-d/llm-d-cuda:v0.5.0
+          args: [--port, "{engine_port}"]
+          ports: [{{containerPort: {engine_port}}}]
+      volumes: [{{name: certs, secret: {{secretName: qwen-decode-certs}}}}]
+"#,
+        pool = prefill_side.proxy_addr
+    );
+    let injected =
+        llmslo::k8s::inject::inject_yaml(&pod, &llmslo::k8s::inject::InjectOptions::with_image("llmslo:test")).unwrap();
+    assert!(injected.warnings.is_empty(), "{:?}", injected.warnings);
+    let pod: serde_json::Value = serde_yaml::from_str(&injected.output).unwrap();
+    let init = &pod["spec"]["template"]["spec"]["initContainers"];
+    let words = |c: &serde_json::Value| -> Vec<String> {
+        c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect()
+    };
+    let (llmslo_args, routing_args) = (words(&init[0]), words(&init[1]));
+    let after = |flag: &str| llmslo_args[llmslo_args.iter().position(|a| a == flag).unwrap() + 1].clone();
+    let env = |name: &str| {
+        init[0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
+    let moved: u16 = routing_args
+        .iter()
+        .find_map(|a| a.strip_prefix("--port="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(after("--upstream"), format!("https://127.0.0.1:{moved}"));
+
+    // The pod's pieces on the ports inject wrote: the engine, the routing sidecar on TLS with
+    // its certificate, and llmslo as its arguments and environment say.
+    let decode_engine = tokio::net::TcpListener::bind(("127.0.0.1", engine_port)).await.unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(llmslo::tools::simulate::SimEngine::new(engine(20, 2)).serve(decode_engine, shutdown.clone()));
+    let named = |file: &str| llmslo::serve::tls::NamedPath {
+        path: ca.dir.join(file),
+        name: "--cert-path".into(),
+    };
+    let routing_tls = llmslo::serve::tls::ServerTls::load(
+        llmslo::serve::tls::TlsSource::Files {
+            cert: named("tls.crt"),
+            key: named("tls.key"),
+        },
+        None,
+    )
+    .unwrap();
+    common_routing::start_secure_routing_sidecar_at(
+        ([127, 0, 0, 1], moved).into(),
+        ([127, 0, 0, 1], engine_port).into(),
+        routing_tls,
+    )
+    .await;
+    let yaml = format!(
+        "upstream: {}\nlisten: 127.0.0.1:{router_port}\nmetrics_listen: 127.0.0.1:0\nengine: vllm\n\
+         final_scrape_grace: 0s\nrole: {}\nprefill_relay: {}\nprefill_pool: [{}]\n\
+         tls: {{cert_file: {}, key_file: {}}}\nupstream_tls: {{insecure_skip_verify: {}}}\n",
+        after("--upstream"),
+        env("LLMSLO_ROLE"),
+        env("LLMSLO_PREFILL_RELAY"),
+        env("LLMSLO_PREFILL_POOL"),
+        env("LLMSLO_TLS_CERT_FILE"),
+        env("LLMSLO_TLS_KEY_FILE"),
+        env("LLMSLO_UPSTREAM_INSECURE_SKIP_VERIFY"),
+    );
+    let pod_sidecar = Sidecar::start(&Config::from_yaml(&yaml).unwrap()).await.unwrap();
+
+    // The router, over TLS as before, to the port it always used.
+    for _ in 0..3 {
+        let tls = connect_alpn(([127, 0, 0, 1], router_port).into(), &ca.roots(), &[b"http/1.1"])
+            .await
+            .unwrap();
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let body = serde_json::json!({"model": "sim", "max_tokens": 6, "stream": true,
+            "messages": [{"role": "user", "content": "x".repeat(400)}]});
+        let request = Request::post("/v1/chat/completions")
+            .header("host", "localhost")
+            .header("content-type", "application/json")
+            .header("x-prefiller-host-port", prefill_side.proxy_addr.to_string())
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let text = response.into_body().collect().await.unwrap().to_bytes();
+        assert!(String::from_utf8_lossy(&text).ends_with("data: [DONE]\n\n"));
+    }
+    let page = settled(&pod_sidecar).await;
+    assert_eq!(
+        sample(&page, "llmslo_requests_served_total", &[("served", "disaggregated")]),
+        3.0,
+        "{page}"
+    );
+    assert_eq!(
+        sample(&page, "llmslo_ttft_part_seconds_count", &[("part", "prefill")]),
+        3.0,
+        "each prefill leg relayed and timed"
+    );
+    let legs = settled(&prefill_side).await;
+    assert_eq!(sample(&legs, "llmslo_legs_total", &[("phase", "prefill")]), 3.0);
+    pod_sidecar.shutdown().await;
+    prefill_side.shutdown().await;
+    shutdown.cancel();
+}

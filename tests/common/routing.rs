@@ -1,7 +1,9 @@
 //! The simulator's routing sidecar (llm-d's P/D protocol) on 127.0.0.1, for the tests.
 
+use llmslo::serve::tls::ServerTls;
 use llmslo::tools::simulate::routing::RoutingSidecar;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -20,10 +22,29 @@ pub async fn start_protected_routing_sidecar(decode: SocketAddr, allowed: &[Sock
     start("127.0.0.1:0".parse().unwrap(), decode, Some(allowed.to_vec())).await
 }
 
+/// Starts the routing sidecar on `listen` in front of the decode engine at `decode`, serving
+/// TLS with `tls` as llm-d's does unless told not to.
+pub async fn start_secure_routing_sidecar_at(
+    listen: SocketAddr,
+    decode: SocketAddr,
+    tls: Arc<ServerTls>,
+) -> SocketAddr {
+    serve(listen, decode, None, Some(tls)).await
+}
+
 async fn start(listen: SocketAddr, decode: SocketAddr, allowed: Option<Vec<SocketAddr>>) -> SocketAddr {
+    serve(listen, decode, allowed, None).await
+}
+
+async fn serve(
+    listen: SocketAddr,
+    decode: SocketAddr,
+    allowed: Option<Vec<SocketAddr>>,
+    tls: Option<Arc<ServerTls>>,
+) -> SocketAddr {
     let listener = TcpListener::bind(listen).await.unwrap();
     let addr = listener.local_addr().unwrap();
     // Serves until the test's runtime ends.
-    tokio::spawn(RoutingSidecar::new(decode, allowed).serve(listener, CancellationToken::new()));
+    tokio::spawn(RoutingSidecar::new(decode, allowed).serve(listener, tls, CancellationToken::new()));
     addr
 }

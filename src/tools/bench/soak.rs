@@ -163,7 +163,7 @@ async fn soak(options: &SoakOptions, ports: &Ports, engine: SocketAddr, dir: Pat
             .await
             .map_err(|e| format!("routing sidecar: {e}"))?;
         let router = listener.local_addr().map_err(|e| e.to_string())?;
-        tokio::spawn(RoutingSidecar::new(engine, Some(vec![relay])).serve(listener, shutdown.clone()));
+        tokio::spawn(RoutingSidecar::new(engine, Some(vec![relay])).serve(listener, None, shutdown.clone()));
         let config = format!("{deadlines}role: decode\nprefill_relay: {relay}\nprefill_pool: [{engine}]\n");
         (router, config, Some(relay))
     } else {

@@ -8,16 +8,17 @@
 //! allow-list it is llm-d's SSRF protection (`-enable-ssrf-protection=true`): a prefill pod
 //! outside the list gets 403 and nothing is sent.
 
+use crate::serve::tls::ServerTls;
 use bytes::Bytes;
 use http::{header, HeaderMap, Request, Response, StatusCode};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -55,8 +56,14 @@ impl RoutingSidecar {
         })
     }
 
-    /// Serves HTTP/1.1 on `listener` until `shutdown`.
-    pub async fn serve(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
+    /// Serves HTTP/1.1 and h2 on `listener` until `shutdown`, in TLS when `tls` is given (as
+    /// llm-d's serves by default).
+    pub async fn serve(
+        self: Arc<Self>,
+        listener: TcpListener,
+        tls: Option<Arc<ServerTls>>,
+        shutdown: CancellationToken,
+    ) {
         loop {
             let stream = tokio::select! {
                 _ = shutdown.cancelled() => return,
@@ -66,14 +73,20 @@ impl RoutingSidecar {
                 },
             };
             let router = self.clone();
+            let tls = tls.as_ref().map(|tls| tls.acceptor());
             tokio::spawn(async move {
                 let service = service_fn(move |request| {
                     let router = router.clone();
                     async move { Ok::<_, Infallible>(router.route(request).await) }
                 });
-                let _ = http1::Builder::new()
-                    .serve_connection(TokioIo::new(stream), service)
-                    .await;
+                let server = auto::Builder::new(TokioExecutor::new());
+                let _ = match tls {
+                    None => server.serve_connection(TokioIo::new(stream), service).await,
+                    Some(acceptor) => match acceptor.accept(stream).await {
+                        Ok(session) => server.serve_connection(TokioIo::new(session), service).await,
+                        Err(_) => return,
+                    },
+                };
             });
         }
     }
