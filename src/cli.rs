@@ -441,10 +441,11 @@ impl Cli {
                     hop: args.hop,
                     proxy_workers: args.proxy_workers.map_or_else(bench::available_cpus, usize::from),
                     first_port: args.first_port,
+                    tls: args.tls,
                 };
                 match bench::run(&options).await {
                     Ok(rows) => {
-                        write_stdout(&bench::render(&rows, options.proxy_workers));
+                        write_stdout(&bench::render(&rows, options.proxy_workers, options.tls));
                         ExitCode::SUCCESS
                     }
                     Err(e) => {

@@ -88,6 +88,27 @@ fn every_target_gets_a_complete_row_at_every_concurrency() {
 }
 
 #[test]
+#[ignore = "needs nginx (apt-get install nginx-light); run with cargo test -- --include-ignored"]
+fn with_tls_every_hop_of_every_target_is_tls_and_nothing_fails() {
+    let Some(nginx) = nginx() else { return };
+    let (code, out, err) = bench(&["--nginx", &nginx, "--tls"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("TLS on every hop"), "{out}");
+    let rows = rows(&out);
+    assert_eq!(rows.len(), 6, "{out}");
+    for (streams, target, requests, failed, _, _, _) in &rows {
+        assert!(*requests >= *streams, "{target} at {streams}: {out}");
+        assert_eq!(*failed, 0, "{target} at {streams}: {out}");
+    }
+    assert!(
+        llmslo_output(&["bench", "--tls", "--hop", "/bin/true"])
+            .2
+            .contains("--hop"),
+        "a hop is measured on plain HTTP alone"
+    );
+}
+
+#[test]
 fn without_nginx_only_the_baseline_and_llmslo_run() {
     let (code, out, err) = bench(&["--without-nginx"]);
     assert_eq!(code, 0, "{err}");

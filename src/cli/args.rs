@@ -56,8 +56,12 @@ pub(super) struct BenchArgs {
     /// A hop without measurement to measure beside llmslo, run as `PROGRAM UPSTREAM_URI
     /// LISTEN_ADDRESS`: the `plain_hop` example is llmslo's own hop, and tells what the hop
     /// costs from what the measurement adds.
-    #[arg(long, value_name = "PROGRAM")]
+    #[arg(long, value_name = "PROGRAM", conflicts_with = "tls")]
     pub(super) hop: Option<PathBuf>,
+    /// TLS on every hop, verified: the clients to each proxy and each proxy to the engine (a
+    /// certificate authority made for the run), nginx with `ssl` on both sides.
+    #[arg(long)]
+    pub(super) tls: bool,
     /// Workers each proxy serves with: llmslo's and the hop's runtime threads, nginx's worker
     /// processes; the same for all, so that none has more cores than another [default: the CPUs
     /// available, as nginx's `worker_processes auto` and tokio's default].

@@ -61,12 +61,14 @@ impl Samples {
     }
 }
 
-/// `streams` clients against `target`, each asking for `tokens` per request (naming `prefill`
-/// as the prefill pod, as llm-d's scheduler does, when given): `warmup` to open connections and
+/// `streams` clients against `target` (over TLS trusting `roots`, when given), each asking for
+/// `tokens` per request (naming `prefill` as the prefill pod, as llm-d's scheduler does, when
+/// given): `warmup` to open connections and
 /// fill pools unrecorded, then `duration` recorded (requests sent after the warm-up).
 pub async fn run_streams(
     target: SocketAddr,
     prefill: Option<SocketAddr>,
+    roots: Option<&rustls::RootCertStore>,
     streams: usize,
     warmup: Duration,
     duration: Duration,
@@ -74,7 +76,20 @@ pub async fn run_streams(
 ) -> Samples {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
+    connector.enforce_http(false);
+    let config =
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .expect("the default protocol versions")
+            .with_root_certificates(roots.cloned().unwrap_or_else(rustls::RootCertStore::empty))
+            .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(config)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
     let client = Client::builder(TokioExecutor::new()).build(connector);
+    let scheme = if roots.is_some() { "https" } else { "http" };
     let body = Bytes::from(
         serde_json::json!({
             "model": "sim",
@@ -98,7 +113,7 @@ pub async fn run_streams(
                 } else {
                     &mut samples
                 };
-                stream_once(&client, target, prefill, body.clone(), tokens, into).await;
+                stream_once(&client, scheme, target, prefill, body.clone(), tokens, into).await;
             }
             samples.warmup_output_tokens = unrecorded.output_tokens;
             samples
@@ -114,14 +129,15 @@ pub async fn run_streams(
 }
 
 async fn stream_once(
-    client: &Client<HttpConnector, Full<Bytes>>,
+    client: &Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    scheme: &str,
     target: SocketAddr,
     prefill: Option<SocketAddr>,
     body: Bytes,
     tokens: u32,
     samples: &mut Samples,
 ) {
-    let mut request = http::Request::post(format!("http://{target}/v1/chat/completions"))
+    let mut request = http::Request::post(format!("{scheme}://{target}/v1/chat/completions"))
         .header(http::header::CONTENT_TYPE, "application/json")
         .body(Full::new(body))
         .expect("a valid request");

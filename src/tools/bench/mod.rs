@@ -13,6 +13,7 @@ mod client;
 pub mod pd_attacks;
 mod process;
 pub mod soak;
+pub mod tls;
 
 use crate::tools::demo::EXAMPLE_SLOS;
 use crate::tools::simulate::delay::Delay;
@@ -23,6 +24,7 @@ use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+use tls::BenchTls;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -45,6 +47,8 @@ pub struct BenchOptions {
     pub proxy_workers: usize,
     /// The first of the consecutive ports the engine and the proxies listen on, when chosen.
     pub first_port: Option<u16>,
+    /// TLS on every hop: the clients to each proxy (and to the engine), each proxy to the engine.
+    pub tls: bool,
 }
 
 /// The CPUs this process may use (a container's CPU limit included), at least one.
@@ -87,19 +91,36 @@ pub struct Row {
 /// Runs every measurement and returns the rows, baseline first at each concurrency.
 pub async fn run(options: &BenchOptions) -> Result<Vec<Row>, String> {
     let ports = Ports::from(options.first_port);
-    with_engine("bench", options.engine, false, &ports, |engine, dir| {
-        measure(options, &ports, engine, dir)
-    })
+    with_engine(
+        "bench",
+        options.engine,
+        false,
+        options.tls,
+        &ports,
+        |engine, dir, tls| measure(options, &ports, engine, dir, tls),
+    )
     .await
 }
 
-/// Runs `work` against the built-in engine (following vLLM's `kv_transfer_params` with `pd`),
-/// with a scratch directory removed afterwards.
-async fn with_engine<T, F, Fut>(name: &str, timing: EngineTiming, pd: bool, ports: &Ports, work: F) -> Result<T, String>
+/// Runs `work` against the built-in engine (following vLLM's `kv_transfer_params` with `pd`,
+/// serving TLS with the certificate it is given with `tls`), with a scratch directory removed
+/// afterwards.
+async fn with_engine<T, F, Fut>(
+    name: &str,
+    timing: EngineTiming,
+    pd: bool,
+    tls: bool,
+    ports: &Ports,
+    work: F,
+) -> Result<T, String>
 where
-    F: FnOnce(SocketAddr, PathBuf) -> Fut,
+    F: FnOnce(SocketAddr, PathBuf, Option<BenchTls>) -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
 {
+    let dir = std::env::temp_dir().join(format!("llmslo-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let tls = if tls { Some(BenchTls::make(&dir)?) } else { None };
+    let server_tls = tls.as_ref().map(BenchTls::server).transpose()?;
     let shutdown = CancellationToken::new();
     let port = ports.take()?;
     let listener = TcpListener::bind(("127.0.0.1", port))
@@ -116,26 +137,36 @@ where
         }),
         ..SimOptions::default()
     });
-    tokio::spawn(engine.serve(listener, shutdown.clone()));
-    let dir = std::env::temp_dir().join(format!("llmslo-{name}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-    let result = work(engine_addr, dir.clone()).await;
+    tokio::spawn(engine.serve_on(listener, server_tls, shutdown.clone()));
+    let result = work(engine_addr, dir.clone(), tls).await;
     shutdown.cancel();
     let _ = std::fs::remove_dir_all(&dir);
     result
 }
 
 /// An `llmslo run` process in front of `engine`, with SLOs and goodput configured so it does
-/// all its usual work; returns it and its metrics address.
+/// all its usual work (serving `tls` and verifying the engine with its CA, when given);
+/// returns it and its metrics address.
 async fn start_sidecar_process(
     engine: SocketAddr,
     dir: &std::path::Path,
     extra_config: &str,
     worker_threads: Option<usize>,
+    tls: Option<&BenchTls>,
     ports: &Ports,
 ) -> Result<(Proxy, SocketAddr), String> {
     let config = dir.join("llmslo.yaml");
-    let sidecar_config = format!("engine: vllm\nservice: bench\n{EXAMPLE_SLOS}gpu: {{enabled: false}}\n{extra_config}");
+    let tls_config = match tls {
+        Some(t) => format!(
+            "tls: {{cert_file: {}, key_file: {}}}\nupstream_tls: {{ca_file: {}}}\n",
+            t.cert.display(),
+            t.key.display(),
+            t.ca.display()
+        ),
+        None => String::new(),
+    };
+    let sidecar_config =
+        format!("engine: vllm\nservice: bench\n{EXAMPLE_SLOS}gpu: {{enabled: false}}\n{extra_config}{tls_config}");
     std::fs::write(&config, sidecar_config).map_err(|e| e.to_string())?;
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let llmslo_port = ports.take()?;
@@ -148,7 +179,7 @@ async fn start_sidecar_process(
             "--config".into(),
             config.into_os_string(),
             "--upstream".into(),
-            format!("http://{engine}").into(),
+            format!("{}://{engine}", if tls.is_some() { "https" } else { "http" }).into(),
             "--listen".into(),
             format!("127.0.0.1:{llmslo_port}").into(),
             "--metrics-listen".into(),
@@ -163,21 +194,29 @@ async fn start_sidecar_process(
     Ok((proxy, SocketAddr::from(([127, 0, 0, 1], metrics_port))))
 }
 
-async fn measure(options: &BenchOptions, ports: &Ports, engine: SocketAddr, dir: PathBuf) -> Result<Vec<Row>, String> {
+async fn measure(
+    options: &BenchOptions,
+    ports: &Ports,
+    engine: SocketAddr,
+    dir: PathBuf,
+    tls: Option<BenchTls>,
+) -> Result<Vec<Row>, String> {
+    let tls = tls.as_ref();
+    let roots = tls.map(|t| &t.roots);
     let dir = dir.as_path();
     let tokens = options.engine.tokens;
     let workers = options.proxy_workers;
     // The bench's load comes from one address, as through a gateway: every in-flight slot is its.
     let one_client = "max_in_flight_per_client: 1024\n";
     let mut proxies = vec![
-        start_sidecar_process(engine, dir, one_client, Some(workers), ports)
+        start_sidecar_process(engine, dir, one_client, Some(workers), tls, ports)
             .await?
             .0,
     ];
     if let Some(nginx) = &options.nginx {
         let port = ports.take()?;
         let conf = dir.join("nginx.conf");
-        std::fs::write(&conf, nginx_config(engine, port, dir, workers)).map_err(|e| e.to_string())?;
+        std::fs::write(&conf, nginx_config(engine, port, dir, workers, tls)).map_err(|e| e.to_string())?;
         proxies.push(
             Proxy::start(
                 "nginx",
@@ -198,7 +237,7 @@ async fn measure(options: &BenchOptions, ports: &Ports, engine: SocketAddr, dir:
 
     let mut rows = Vec::new();
     for &streams in &options.streams {
-        let samples = run_streams(engine, None, streams, options.warmup, options.duration, tokens).await;
+        let samples = run_streams(engine, None, roots, streams, options.warmup, options.duration, tokens).await;
         rows.push(Row {
             streams,
             target: "direct",
@@ -214,6 +253,7 @@ async fn measure(options: &BenchOptions, ports: &Ports, engine: SocketAddr, dir:
                 .while_sampling_anon_rss(run_streams(
                     proxy.addr,
                     None,
+                    roots,
                     streams,
                     options.warmup,
                     options.duration,
@@ -240,8 +280,11 @@ async fn measure(options: &BenchOptions, ports: &Ports, engine: SocketAddr, dir:
 
 /// The rows as a table, with each proxy's additions over the baseline at the same concurrency,
 /// under a line naming how many workers each proxy had.
-pub fn render(rows: &[Row], proxy_workers: usize) -> String {
+pub fn render(rows: &[Row], proxy_workers: usize, tls: bool) -> String {
     let mut out = String::new();
+    if tls {
+        let _ = writeln!(out, "TLS on every hop: client to proxy, proxy to engine, verified");
+    }
     let (threads, processes) = match proxy_workers {
         1 => ("thread", "process"),
         _ => ("threads", "processes"),

@@ -1,6 +1,7 @@
 //! The proxies under test as child processes: started, waited for, measured through /proc
 //! (CPU time and resident memory, children included, as nginx's workers are), and stopped.
 
+use super::tls::BenchTls;
 use std::ffi::{OsStr, OsString};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -226,7 +227,23 @@ fn status_bytes(pid: u32, field: &str) -> u64 {
 
 /// nginx as a streaming reverse proxy in front of `engine`: `workers` worker processes, no buffering, pooled
 /// HTTP/1.1 upstream connections, every path under `dir`.
-pub fn nginx_config(engine: SocketAddr, port: u16, dir: &Path, workers: usize) -> String {
+pub fn nginx_config(engine: SocketAddr, port: u16, dir: &Path, workers: usize, tls: Option<&BenchTls>) -> String {
+    let (ssl, scheme, upstream_ssl) = match tls {
+        None => (String::new(), "http", String::new()),
+        Some(t) => (
+            format!(
+                " ssl;\n    ssl_certificate {};\n    ssl_certificate_key {}",
+                t.cert.display(),
+                t.key.display()
+            ),
+            "https",
+            format!(
+                "      proxy_ssl_trusted_certificate {};\n      proxy_ssl_verify on;\n      proxy_ssl_name localhost;\n\
+                 \x20     proxy_ssl_session_reuse on;\n",
+                t.ca.display()
+            ),
+        ),
+    };
     let dir = dir.display();
     format!(
         "daemon off;\nworker_processes {workers};\npid {dir}/nginx.pid;\nerror_log {dir}/nginx-error.log warn;\n\
@@ -234,8 +251,8 @@ pub fn nginx_config(engine: SocketAddr, port: u16, dir: &Path, workers: usize) -
          http {{\n  access_log off;\n  client_body_temp_path {dir}/client_body;\n  proxy_temp_path {dir}/proxy;\n\
          \x20 fastcgi_temp_path {dir}/fastcgi;\n  uwsgi_temp_path {dir}/uwsgi;\n  scgi_temp_path {dir}/scgi;\n\
          \x20 upstream engine {{ server {engine}; keepalive 1024; }}\n\
-         \x20 server {{\n    listen 127.0.0.1:{port};\n    location / {{\n      proxy_pass http://engine;\n\
-         \x20     proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n\
+         \x20 server {{\n    listen 127.0.0.1:{port}{ssl};\n    location / {{\n      proxy_pass {scheme}://engine;\n\
+         {upstream_ssl}\x20     proxy_http_version 1.1;\n      proxy_set_header Connection \"\";\n      proxy_buffering off;\n\
          \x20   }}\n  }}\n}}\n"
     )
 }
@@ -272,9 +289,28 @@ mod tests {
 
     #[test]
     fn nginx_config_streams_without_buffering() {
-        let conf = nginx_config("127.0.0.1:9000".parse().unwrap(), 9100, Path::new("/tmp/b"), 2);
+        let conf = nginx_config("127.0.0.1:9000".parse().unwrap(), 9100, Path::new("/tmp/b"), 2, None);
         assert!(conf.contains("proxy_buffering off;") && conf.contains("listen 127.0.0.1:9100;"));
         assert!(conf.contains("worker_processes 2;"));
         assert!(conf.contains("server 127.0.0.1:9000;") && conf.contains("pid /tmp/b/nginx.pid;"));
+        assert!(!conf.contains("ssl") && conf.contains("proxy_pass http://engine;"));
+    }
+
+    #[test]
+    fn with_tls_nginx_serves_and_verifies_on_both_sides() {
+        let dir = std::env::temp_dir().join(format!("llmslo-bench-tls-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let tls = BenchTls::make(&dir).unwrap();
+        let conf = nginx_config(
+            "127.0.0.1:9000".parse().unwrap(),
+            9100,
+            Path::new("/tmp/b"),
+            2,
+            Some(&tls),
+        );
+        assert!(conf.contains("listen 127.0.0.1:9100 ssl;"), "{conf}");
+        assert!(conf.contains(&format!("ssl_certificate {};", tls.cert.display())));
+        assert!(conf.contains("proxy_pass https://engine;") && conf.contains("proxy_ssl_verify on;"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -145,9 +145,14 @@ impl SoakReport {
 /// Runs the soak: engine and sidecar started here, `streams` clients for `duration`.
 pub async fn run(options: &SoakOptions) -> Result<SoakReport, String> {
     let ports = Ports::from(None);
-    with_engine("soak", options.engine, options.disaggregated, &ports, |engine, dir| {
-        soak(options, &ports, engine, dir)
-    })
+    with_engine(
+        "soak",
+        options.engine,
+        options.disaggregated,
+        false,
+        &ports,
+        |engine, dir, _| soak(options, &ports, engine, dir),
+    )
     .await
 }
 
@@ -169,7 +174,7 @@ async fn soak(options: &SoakOptions, ports: &Ports, engine: SocketAddr, dir: Pat
     } else {
         (engine, deadlines.to_string(), None)
     };
-    let (sidecar, metrics) = start_sidecar_process(upstream, &dir, &config, None, ports).await?;
+    let (sidecar, metrics) = start_sidecar_process(upstream, &dir, &config, None, None, ports).await?;
     // The readiness probe's connection opens at start: take the baseline once it is there.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let baseline_fds = sidecar.open_fds();
@@ -184,6 +189,7 @@ async fn soak(options: &SoakOptions, ports: &Ports, engine: SocketAddr, dir: Pat
     let load = tokio::spawn(run_streams(
         sidecar.addr,
         relay.map(|_| engine),
+        None,
         options.streams,
         Duration::ZERO,
         options.duration,

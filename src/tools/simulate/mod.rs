@@ -158,6 +158,16 @@ impl SimEngine {
 
     /// Serves on `listener` until `shutdown`.
     pub async fn serve(self: Arc<Self>, listener: TcpListener, shutdown: CancellationToken) {
+        self.serve_on(listener, None, shutdown).await
+    }
+
+    /// [`SimEngine::serve`], in TLS when `tls` is given (an https engine).
+    pub async fn serve_on(
+        self: Arc<Self>,
+        listener: TcpListener,
+        tls: Option<Arc<crate::serve::tls::ServerTls>>,
+        shutdown: CancellationToken,
+    ) {
         if let Some(batching) = self.options.batching {
             let batcher = Batcher::start(
                 batching,
@@ -167,8 +177,9 @@ impl SimEngine {
             );
             let _ = self.batcher.set(batcher);
         }
-        crate::serve::serve(
+        crate::serve::serve_on(
             listener,
+            tls,
             move |request, _peer| self.clone().handle(request),
             shutdown,
             Duration::from_secs(5),
