@@ -415,7 +415,29 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
     // Whether llmslo listens on the port clients reached the pod on, by number.
     let mut took_port = false;
     // In front of llm-d's routing sidecar when the pod has one: llmslo takes its port.
-    let routing = router::find(spec);
+    let asked = match annotation(annotations::LISTEN_PORT) {
+        None => None,
+        Some(text) => Some(
+            text.parse::<u16>()
+                .ok()
+                .filter(|p| *p > 0)
+                .ok_or_else(|| format!("annotation {}: `{text}` is not a port number", annotations::LISTEN_PORT))?
+                as u64,
+        ),
+    };
+    let mut routing = router::find(spec);
+    if let Some(routing) = &mut routing {
+        match asked {
+            Some(port) => routing.port = port,
+            None if routing.port_in_a_file => warnings.push(format!(
+                "the routing sidecar reads its port from --configuration-file, which inject cannot read: llmslo \
+                 takes {} (the default); if the sidecar listens elsewhere, set {} to its port",
+                routing.port,
+                annotations::LISTEN_PORT
+            )),
+            None => {}
+        }
+    }
     let (engine_index, engine_number, service_name, listen, used, mut serving) = match &routing {
         Some(routing) => {
             let used = used_ports(spec);
@@ -452,13 +474,6 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
                 }
                 EnginePort::Undeclared(number) => (0, number, None),
             };
-            let asked =
-                match annotation(annotations::LISTEN_PORT) {
-                    None => None,
-                    Some(text) => Some(text.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(|| {
-                        format!("annotation {}: `{text}` is not a port number", annotations::LISTEN_PORT)
-                    })? as u64),
-                };
             let flags = engine::read(&spec["containers"][index]);
             let mut serving = Serving {
                 role: router::role(&meta).or(flags.kv_producer.then_some(Role::Prefill)),

@@ -29,6 +29,9 @@ pub(super) struct RoutingSidecar {
     /// The directory of its `tls.crt` and `tls.key` (`--cert-path`); without one it serves a
     /// certificate it made.
     pub(super) cert_path: Option<String>,
+    /// Its port is in a `--configuration-file`, which the injector cannot read (it is assumed
+    /// to be the default unless `llmslo.io/listen-port` says).
+    pub(super) port_in_a_file: bool,
     /// Whether it speaks TLS to prefill pods (`--enable-tls=prefiller`): the relay, which
     /// speaks plain HTTP, cannot stand between.
     pub(super) tls_to_prefill: bool,
@@ -90,10 +93,12 @@ pub(super) fn find(spec: &Map<String, Value>) -> Option<RoutingSidecar> {
         let containers = spec.get(list)?.as_array()?;
         let index = containers.iter().position(is_routing_sidecar)?;
         let args = containers[index]["args"].as_array().cloned().unwrap_or_default();
-        let port = match flag(&args, "port") {
-            Some((_, _, value)) => value.parse().ok()?,
-            None => configured_port(&args).unwrap_or(DEFAULT_PORT),
+        let named = match flag(&args, "port") {
+            Some((_, _, value)) => Some(value.parse().ok()?),
+            None => configured_port(&args),
         };
+        let port_in_a_file = named.is_none() && flag(&args, "configuration-file").is_some();
+        let port = named.unwrap_or(DEFAULT_PORT);
         let ssrf_protected = bool_flag(&args, "enable-ssrf-protection", false)?;
         let secure = bool_flag(&args, "secure-serving", true)? && bool_flag(&args, "secure-proxy", true)?;
         let cert_path = flag(&args, "cert-path").map(|(_, _, dir)| dir.trim_end_matches('/').to_string());
@@ -107,6 +112,7 @@ pub(super) fn find(spec: &Map<String, Value>) -> Option<RoutingSidecar> {
             secure,
             cert_path,
             tls_to_prefill,
+            port_in_a_file,
         })
     })
 }

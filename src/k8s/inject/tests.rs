@@ -945,3 +945,30 @@ fn a_routing_sidecar_speaking_tls_to_prefill_pods_gets_no_relay_and_says_so() {
     assert!(!env.iter().any(|e| e["name"] == "LLMSLO_PREFILL_RELAY"), "{env:?}");
     assert!(env.contains(&json!({"name": "LLMSLO_ROLE", "value": "decode"})));
 }
+
+#[test]
+fn a_routing_sidecar_whose_port_is_in_a_file_takes_the_annotated_port_or_says_it_assumed_one() {
+    let from_file = LLM_D_09_DECODE
+        .replace("--port=8000, ", "--configuration-file=/etc/routing/config.yaml, ")
+        .replace("containerPort: 8000", "containerPort: 9000");
+    let injected = inject_yaml(&from_file, &InjectOptions::with_image("llmslo:test")).unwrap();
+    assert_eq!(injected.warnings.len(), 1, "{:?}", injected.warnings);
+    assert!(
+        injected.warnings[0].contains("--configuration-file") && injected.warnings[0].contains("llmslo.io/listen-port")
+    );
+    let told = from_file.replace(
+        "annotations: {llmslo.io/prefill-pool",
+        "annotations: {llmslo.io/listen-port: \"9000\", llmslo.io/prefill-pool",
+    );
+    let (spec, args, _) = injected_sidecar(&told);
+    assert_eq!(args[4], "0.0.0.0:9000", "{args:?}");
+    let routing = &spec["initContainers"][1];
+    assert!(
+        routing["args"].as_array().unwrap().contains(&json!("--port=9100")),
+        "{routing}"
+    );
+    // Inline configuration names the port itself.
+    let inline = LLM_D_09_DECODE.replace("--port=8000, ", "\"--configuration=port: 8000\", ");
+    let (_, args, _) = injected_sidecar(&inline);
+    assert_eq!(args[4], "0.0.0.0:8000");
+}
