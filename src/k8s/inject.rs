@@ -479,9 +479,11 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
                 role: router::role(&meta).or(flags.kv_producer.then_some(Role::Prefill)),
                 ..Serving::default()
             };
-            // Where the engine's clients reach it by number (a prefill pod's router, KServe's
-            // scheduler and HTTPS probes), llmslo takes the engine's port and the engine moves.
-            let take_over = flags.tls.is_some() || serving.role == Some(Role::Prefill) || asked == Some(number);
+            // Where the engine's clients reach it by number (the routers of a disaggregated pool,
+            // KServe's scheduler and HTTPS probes), llmslo takes the engine's port and the
+            // engine moves.
+            let take_over =
+                flags.tls.is_some() || serving.role.is_some_and(|r| r != Role::Aggregated) || asked == Some(number);
             if take_over && flags.in_a_shell {
                 warnings.push(format!(
                     "the engine runs in a shell whose flags llmslo cannot rewrite, so it keeps port {number} and \

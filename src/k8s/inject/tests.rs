@@ -972,3 +972,17 @@ fn a_routing_sidecar_whose_port_is_in_a_file_takes_the_annotated_port_or_says_it
     let (_, args, _) = injected_sidecar(&inline);
     assert_eq!(args[4], "0.0.0.0:8000");
 }
+
+#[test]
+fn a_decode_pod_without_a_routing_sidecar_takes_the_port_its_router_sends_to() {
+    // A decode server of vLLM's or SGLang's router: the router reaches it by number.
+    let decode = LLM_D_PREFILL.replace("llm-d.ai/role: prefill", "llm-d.ai/role: decode");
+    let (spec, args, env) = injected_sidecar(&decode);
+    assert_eq!(args[2..5], ["http://127.0.0.1:8100", "--listen", "0.0.0.0:8000"]);
+    assert_eq!(env["LLMSLO_ROLE"], "decode");
+    assert!(
+        !env.contains_key("LLMSLO_PREFILL_RELAY"),
+        "no routing sidecar, no relay"
+    );
+    assert_eq!(spec["containers"][0]["readinessProbe"]["httpGet"]["port"], 8100);
+}
