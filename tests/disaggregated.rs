@@ -937,27 +937,10 @@ spec:
     assert!(injected.warnings.is_empty(), "{:?}", injected.warnings);
     let pod: serde_json::Value = serde_yaml::from_str(&injected.output).unwrap();
     let init = &pod["spec"]["template"]["spec"]["initContainers"];
-    let words = |c: &serde_json::Value| -> Vec<String> {
-        c["args"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a.as_str().unwrap().to_string())
-            .collect()
-    };
-    let (llmslo_args, routing_args) = (words(&init[0]), words(&init[1]));
-    let after = |flag: &str| llmslo_args[llmslo_args.iter().position(|a| a == flag).unwrap() + 1].clone();
-    let env = |name: &str| {
-        init[0]["env"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["name"] == name)
-            .and_then(|e| e["value"].as_str())
-            .unwrap_or_default()
-            .to_string()
-    };
-    let moved: u16 = routing_args
+    let llmslo = InjectedContainer(init[0].clone());
+    let (after, env) = (|flag: &str| llmslo.after(flag), |name: &str| llmslo.env(name));
+    let moved: u16 = InjectedContainer(init[1].clone())
+        .args()
         .iter()
         .find_map(|a| a.strip_prefix("--port="))
         .unwrap()

@@ -325,29 +325,13 @@ async fn an_injected_kserve_pod_serves_its_https_clients_through_llmslo_on_the_p
     assert!(injected.warnings.is_empty(), "{:?}", injected.warnings);
     let pod: serde_json::Value = serde_yaml::from_str(&injected.output).unwrap();
     let spec = &pod["spec"]["template"]["spec"];
-    let words = |c: &serde_json::Value| -> Vec<String> {
-        c["args"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a.as_str().unwrap().to_string())
-            .collect()
-    };
-    let (llmslo_args, engine_args) = (words(&spec["initContainers"][0]), words(&spec["containers"][0]));
-    let after = |args: &[String], flag: &str| args[args.iter().position(|a| a == flag).unwrap() + 1].clone();
-    let env = |name: &str| {
-        spec["initContainers"][0]["env"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|e| e["name"] == name)
-            .and_then(|e| e["value"].as_str())
-            .unwrap_or_default()
-            .to_string()
-    };
-    let moved: u16 = after(&engine_args, "--port").parse().unwrap();
-    assert_eq!(after(&llmslo_args, "--listen"), format!("0.0.0.0:{port}"));
-    assert_eq!(after(&llmslo_args, "--upstream"), format!("https://127.0.0.1:{moved}"));
+    let llmslo = InjectedContainer(spec["initContainers"][0].clone());
+    let moved: u16 = InjectedContainer(spec["containers"][0].clone())
+        .after("--port")
+        .parse()
+        .unwrap();
+    assert_eq!(llmslo.after("--listen"), format!("0.0.0.0:{port}"));
+    assert_eq!(llmslo.after("--upstream"), format!("https://127.0.0.1:{moved}"));
 
     // The engine where inject moved it, on HTTPS with the pod's certificate (an https server:
     // the simulator behind a TLS port).
@@ -362,10 +346,10 @@ async fn an_injected_kserve_pod_serves_its_https_clients_through_llmslo_on_the_p
     let front = sidecar(&format!(
         "upstream: {}\nlisten: 127.0.0.1:{port}\ntls: {{cert_file: {}, key_file: {}}}\n\
          upstream_tls: {{insecure_skip_verify: {}}}\n",
-        after(&llmslo_args, "--upstream"),
-        env("LLMSLO_TLS_CERT_FILE"),
-        env("LLMSLO_TLS_KEY_FILE"),
-        env("LLMSLO_UPSTREAM_INSECURE_SKIP_VERIFY"),
+        llmslo.after("--upstream"),
+        llmslo.env("LLMSLO_TLS_CERT_FILE"),
+        llmslo.env("LLMSLO_TLS_KEY_FILE"),
+        llmslo.env("LLMSLO_UPSTREAM_INSECURE_SKIP_VERIFY"),
     ))
     .await;
     // KServe's clients and probes, on the port they always used, over HTTPS.

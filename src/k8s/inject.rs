@@ -646,27 +646,22 @@ fn quote_llmslo_values(metadata: &mut Value) {
 /// Points the containers' probes that name port `from` by number (the engine's, now llmslo's)
 /// at `to`, where the engine moved.
 fn move_probes_by_number(spec: &mut Map<String, Value>, from: u64, to: u64) {
-    let containers = spec.get_mut("containers").and_then(Value::as_array_mut);
-    for container in containers.into_iter().flatten() {
-        for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
-            for action in ["httpGet", "tcpSocket"] {
-                let port = container
-                    .get_mut(probe)
-                    .and_then(|p| p.get_mut(action))
-                    .and_then(|a| a.get_mut("port"));
-                if let Some(port) =
-                    port.filter(|port| port.as_u64() == Some(from) || port.as_str() == Some(&from.to_string()))
-                {
-                    *port = json!(to);
-                }
-            }
-        }
-    }
+    let from_text = from.to_string();
+    repoint_probes(
+        spec,
+        |port| port.as_u64() == Some(from) || port.as_str() == Some(&from_text),
+        json!(to),
+    );
 }
 
 /// Points the containers' probes that name the engine's port (now llmslo's) at the renamed
 /// engine port, so the engine's health never depends on the sidecar's.
 fn keep_probes_on_the_engine(spec: &mut Map<String, Value>, port_name: &str) {
+    repoint_probes(spec, |port| port.as_str() == Some(port_name), json!(ENGINE_PORT_NAME));
+}
+
+/// Sets every container probe's port that `names_it` picks to `to`.
+fn repoint_probes(spec: &mut Map<String, Value>, names_it: impl Fn(&Value) -> bool, to: Value) {
     let containers = spec.get_mut("containers").and_then(Value::as_array_mut);
     for container in containers.into_iter().flatten() {
         for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
@@ -675,8 +670,8 @@ fn keep_probes_on_the_engine(spec: &mut Map<String, Value>, port_name: &str) {
                     .get_mut(probe)
                     .and_then(|p| p.get_mut(action))
                     .and_then(|a| a.get_mut("port"));
-                if let Some(port) = port.filter(|port| port.as_str() == Some(port_name)) {
-                    *port = json!(ENGINE_PORT_NAME);
+                if let Some(port) = port.filter(|port| names_it(port)) {
+                    *port = to.clone();
                 }
             }
         }

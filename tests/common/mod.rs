@@ -500,3 +500,37 @@ fn next_offset() -> u16 {
     static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
     NEXT.fetch_add(7, std::sync::atomic::Ordering::Relaxed)
 }
+
+/// An injected pod template's container, as Kubernetes would run it: its args, what follows a
+/// flag among them, and its environment.
+pub struct InjectedContainer(pub serde_json::Value);
+
+impl InjectedContainer {
+    /// Its `args`.
+    pub fn args(&self) -> Vec<String> {
+        self.0["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_string())
+            .collect()
+    }
+
+    /// The argument after `flag`.
+    pub fn after(&self, flag: &str) -> String {
+        let args = self.args();
+        args[args.iter().position(|a| a == flag).unwrap() + 1].clone()
+    }
+
+    /// Environment variable `name`'s value, empty when unset.
+    pub fn env(&self, name: &str) -> String {
+        self.0["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == name)
+            .and_then(|e| e["value"].as_str())
+            .unwrap_or_default()
+            .to_string()
+    }
+}
