@@ -41,7 +41,8 @@ const CGROUP_MEMORY_MAX: &str = "/sys/fs/cgroup/memory.max";
 impl Config {
     /// The most memory the proxy can hold with every limit reached at once, running
     /// `worker_threads` threads: connections, requests in flight, the peek's buffer budget and
-    /// each thread's parse of a body, and the engine's page, above the base (a tokenizer adds its
+    /// each thread's parse of a body, an h2 engine's stream windows, and the engine's page, above
+    /// the base (a tokenizer adds its
     /// own size; a compressed response its decoder window while it lasts), and the requests kept
     /// for `/workload`; with the prefill relay, its own connections and a leg for each request.
     pub fn worst_case_memory_bytes(&self, worker_threads: usize) -> u64 {
@@ -49,6 +50,7 @@ impl Config {
             + self.max_connections as u64 * PER_CONNECTION_BYTES
             + self.max_in_flight_requests as u64 * PER_IN_FLIGHT_REQUEST_BYTES
             + self.relay_bytes()
+            + self.engine_h2_bytes()
             + self.max_buffered_request_bytes as u64
             + worker_threads as u64 * self.max_peek_bytes as u64 / PARSE_SCRATCH_SHARE_OF_BODY
             + self.engine_page_bytes()
@@ -68,6 +70,15 @@ impl Config {
         match self.prefill_relay {
             Some(_) => self.max_in_flight_requests as u64 * (PER_CONNECTION_BYTES + PER_IN_FLIGHT_REQUEST_BYTES),
             None => 0,
+        }
+    }
+
+    /// An https engine that speaks h2: each request in flight may hold its stream's window of
+    /// the engine's bytes unread here (over HTTP/1.1 they wait in the kernel's socket buffer).
+    pub fn engine_h2_bytes(&self) -> u64 {
+        match self.upstream.scheme_str() {
+            Some("https") => self.max_in_flight_requests as u64 * u64::from(crate::upstream::H2_STREAM_WINDOW),
+            _ => 0,
         }
     }
 

@@ -2,7 +2,7 @@
 //! reads it: every frame the engine's last read brought is ready at once, so the client's
 //! connection writes them together. At its end the connection is parked for the next request.
 
-use super::pool::{Conn, Pool};
+use super::pool::{Carrier, Pool};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use std::pin::Pin;
@@ -13,27 +13,27 @@ use std::task::{Context, Poll};
 #[derive(Debug)]
 pub struct ResponseBody {
     incoming: Incoming,
-    /// The connection, until the body ends and it is parked.
-    conn: Option<Conn>,
+    /// What the body arrives on, until it ends (an HTTP/1.1 connection is then parked).
+    carrier: Option<Carrier>,
     pool: Weak<Pool>,
 }
 
 impl ResponseBody {
-    /// `incoming`, arriving on `conn`, which goes back to `pool` at its end.
-    pub fn new(incoming: Incoming, conn: Conn, pool: Weak<Pool>) -> Self {
+    /// `incoming`, arriving on `carrier`, which goes back to `pool` at its end.
+    pub fn new(incoming: Incoming, carrier: Carrier, pool: Weak<Pool>) -> Self {
         Self {
             incoming,
-            conn: Some(conn),
+            carrier: Some(carrier),
             pool,
         }
     }
 }
 
 impl ResponseBody {
-    /// The body has ended: its connection goes back to the pool (which closes it when it cannot
-    /// take another request).
+    /// The body has ended: its HTTP/1.1 connection goes back to the pool (which closes it when
+    /// it cannot take another request), its HTTP/2 stream's place is given back.
     fn park(&mut self, cx: &mut Context<'_>) {
-        if let (Some(conn), Some(pool)) = (self.conn.take(), self.pool.upgrade()) {
+        if let (Some(Carrier::Connection(conn)), Some(pool)) = (self.carrier.take(), self.pool.upgrade()) {
             pool.park(conn, cx);
         }
     }
@@ -41,7 +41,8 @@ impl ResponseBody {
 
 impl Drop for ResponseBody {
     /// A body dropped whole (one that was empty, or that ended without a last poll) leaves its
-    /// connection parked; one dropped part-way closes it, as HTTP/1.1 requires.
+    /// HTTP/1.1 connection parked; one dropped part-way closes it, as HTTP/1.1 requires (an
+    /// HTTP/2 stream dropped part-way is reset, its connection kept).
     fn drop(&mut self) {
         if self.incoming.is_end_stream() {
             self.park(&mut Context::from_waker(std::task::Waker::noop()));
@@ -56,11 +57,11 @@ impl Body for ResponseBody {
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = &mut *self;
         let incoming = &mut this.incoming;
-        let frame = std::task::ready!(match &mut this.conn {
+        let frame = std::task::ready!(match &mut this.carrier {
             // Once it has closed, what it read is in `incoming`, and so is its error.
-            Some(conn) => conn.poll_driven(cx, |cx| Pin::new(incoming).poll_frame(cx)),
-            // Parked at the body's end.
-            None => Pin::new(incoming).poll_frame(cx),
+            Some(Carrier::Connection(conn)) => conn.poll_driven(cx, |cx| Pin::new(incoming).poll_frame(cx)),
+            // A stream of a shared HTTP/2 connection, or parked at the body's end.
+            Some(Carrier::Stream(_)) | None => Pin::new(incoming).poll_frame(cx),
         });
         if frame.is_none() {
             this.park(cx);

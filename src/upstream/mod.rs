@@ -7,7 +7,7 @@ pub mod tls;
 mod wake;
 
 pub use body::ResponseBody;
-pub use pool::{BoxError, Replayable, SendError, UpstreamBody};
+pub use pool::{BoxError, Replayable, SendError, UpstreamBody, H2_STREAM_WINDOW};
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode, Uri};
@@ -56,9 +56,9 @@ impl UpstreamClient {
     /// A client for `upstream` (an `http://` or `https://host:port[/base]` URI, validated by
     /// the config; an https one in TLS as `tls` says) that keeps at most `max_idle`
     /// connections open between requests, each for at most `idle_timeout`. Each request in
-    /// flight holds one connection (HTTP/1.1), so with the proxy's in-flight cap as
-    /// `max_idle`, connections to the engine never exceed about that cap. An error says which
-    /// TLS setting does not load.
+    /// flight holds one HTTP/1.1 connection, so with the proxy's in-flight cap as `max_idle`,
+    /// connections to the engine never exceed about that cap; an https engine that chooses h2
+    /// takes every request on one connection. An error says which TLS setting does not load.
     pub fn with_tls(
         upstream: &Uri,
         tls: &UpstreamTls,
@@ -96,9 +96,9 @@ impl UpstreamClient {
         if !request.headers().contains_key(http::header::HOST) {
             request.headers_mut().insert(http::header::HOST, self.host.clone());
         }
-        let sent = self.pool.send(request).await.map(|(response, conn)| {
+        let sent = self.pool.send(request).await.map(|(response, carrier)| {
             let pool = Arc::downgrade(&self.pool);
-            response.map(|body| ResponseBody::new(body, conn, pool))
+            response.map(|body| ResponseBody::new(body, carrier, pool))
         });
         if sent.as_ref().is_err_and(SendError::is_connect) {
             self.connect_failed.notify_one();
@@ -339,6 +339,137 @@ mod tests {
         }
         assert_eq!(client.pool.idle(), 2);
         assert_eq!(next(&mut seen).await, Seen::ClosedBySidecar, "the third is closed");
+    }
+
+    /// An https engine on 127.0.0.1 whose ALPN offers `alpn`, answering each request `ok` after
+    /// 100 ms; it counts its connections and notes each request's HTTP version.
+    async fn tls_engine(
+        alpn: &[&[u8]],
+    ) -> (
+        Uri,
+        Arc<std::sync::atomic::AtomicUsize>,
+        mpsc::UnboundedReceiver<http::Version>,
+    ) {
+        use hyper_util::rt::{TokioExecutor, TokioIo};
+        let key = rcgen::KeyPair::generate().unwrap();
+        let certificate = rcgen::CertificateParams::new(vec!["localhost".to_string()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let mut config =
+            rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_no_client_auth()
+                .with_single_cert(
+                    vec![certificate.der().clone()],
+                    rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+                )
+                .unwrap();
+        config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri = format!("https://{}", listener.local_addr().unwrap()).parse().unwrap();
+        let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (versions, seen) = mpsc::unbounded_channel();
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let (acceptor, versions) = (acceptor.clone(), versions.clone());
+                tokio::spawn(async move {
+                    let Ok(stream) = acceptor.accept(stream).await else {
+                        return;
+                    };
+                    let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                        let _ = versions.send(request.version());
+                        async {
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(Bytes::from(
+                                "ok",
+                            ))))
+                        }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        (uri, accepted, seen)
+    }
+
+    /// Sends three requests at once to `client` and checks each is answered `ok`.
+    async fn three_at_once(client: &UpstreamClient) {
+        let answers = futures_util::future::join_all((0..3).map(|_| client.get("/"))).await;
+        for answer in answers {
+            assert_eq!(answer.unwrap(), (StatusCode::OK, Bytes::from("ok")));
+        }
+    }
+
+    fn skip_verify() -> UpstreamTls {
+        UpstreamTls {
+            insecure_skip_verify: true,
+            ..UpstreamTls::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn an_https_engine_that_chooses_h2_takes_every_request_on_one_connection() {
+        let (uri, accepted, mut versions) = tls_engine(&[b"h2", b"http/1.1"]).await;
+        let client = UpstreamClient::with_tls(&uri, &skip_verify(), 4, Duration::from_secs(60)).unwrap();
+        three_at_once(&client).await;
+        three_at_once(&client).await;
+        assert_eq!(
+            accepted.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "six requests, one connection"
+        );
+        for _ in 0..6 {
+            assert_eq!(versions.recv().await, Some(http::Version::HTTP_2));
+        }
+        assert_eq!(client.pool.idle(), 0, "an HTTP/2 connection is shared, never parked");
+        assert_eq!(client.pool.shared(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_shared_h2_connection_carries_a_hundred_streams_and_more_open_another() {
+        let (uri, accepted, _versions) = tls_engine(&[b"h2"]).await;
+        let client = UpstreamClient::with_tls(&uri, &skip_verify(), 1024, Duration::from_secs(60)).unwrap();
+        let answers = futures_util::future::join_all((0..150).map(|_| client.get("/"))).await;
+        assert!(answers
+            .iter()
+            .all(|answer| answer.as_ref().is_ok_and(|(status, _)| *status == StatusCode::OK)));
+        assert_eq!(
+            accepted.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "150 streams at once on two connections"
+        );
+        assert_eq!(client.pool.shared(), 2);
+    }
+
+    #[tokio::test]
+    async fn an_https_engine_that_serves_only_http1_gets_a_connection_per_request_in_flight() {
+        let (uri, accepted, mut versions) = tls_engine(&[b"http/1.1"]).await;
+        let client = UpstreamClient::with_tls(&uri, &skip_verify(), 4, Duration::from_secs(60)).unwrap();
+        three_at_once(&client).await;
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 3);
+        for _ in 0..3 {
+            assert_eq!(versions.recv().await, Some(http::Version::HTTP_11));
+        }
+        assert_eq!(client.pool.idle(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_shared_h2_connection_unused_for_the_idle_timeout_is_let_go_and_another_opened() {
+        let (uri, accepted, _versions) = tls_engine(&[b"h2"]).await;
+        let client = UpstreamClient::with_tls(&uri, &skip_verify(), 4, Duration::from_millis(200)).unwrap();
+        assert_eq!(client.get("/").await.unwrap().1, "ok");
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        assert!(client.pool.shared() == 0, "let go after the idle timeout");
+        assert_eq!(client.get("/").await.unwrap().1, "ok");
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
 
     #[tokio::test]

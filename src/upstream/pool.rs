@@ -1,7 +1,9 @@
-//! The engine's HTTP/1.1 connections. A request drives the connection it holds from its own
+//! The engine's connections. A request on HTTP/1.1 drives the connection it holds from its own
 //! task (the one serving the client): the engine's bytes are read, parsed and written on to
 //! the client in one wake-up, with no hand-off between tasks. Between requests a connection is
-//! parked here, unpolled, and checked for life when it is taken again.
+//! parked here, unpolled, and checked for life when it is taken again. An https engine whose
+//! ALPN chooses h2 gets one shared HTTP/2 connection instead, driven by a task of its own, each
+//! request a stream on it.
 
 use super::tls::EngineTls;
 use super::wake::ConnWaker;
@@ -11,14 +13,17 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Body;
 use hyper::body::Incoming;
 use hyper::client::conn::http1::{Builder, Connection, SendRequest};
+use hyper::client::conn::http2;
 use hyper::Response;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::future::{poll_fn, Future};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
@@ -26,6 +31,12 @@ use tracing::{debug, warn};
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 /// Body type sent to the upstream.
 pub type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
+
+/// The most of the engine's bytes one HTTP/2 stream holds here unread (its flow-control
+/// window, a dozen stream events or more): a client that stops reading holds no more than this
+/// of a shared connection, and the connection's window is this for every request that can be
+/// in flight, so no stalled streams can starve the others.
+pub const H2_STREAM_WINDOW: u32 = 4 << 10;
 
 /// A connection to the engine: plain, or in TLS.
 type EngineIo = tokio_util::either::Either<TcpStream, tokio_rustls::client::TlsStream<TcpStream>>;
@@ -92,6 +103,9 @@ pub enum SendError {
     /// The connection failed during the exchange.
     #[error("the upstream request failed")]
     Request(#[source] hyper::Error),
+    /// A new HTTP/2 connection closed before the request's stream could open.
+    #[error("the upstream closed a new HTTP/2 connection before taking the request")]
+    ClosedBeforeUse,
 }
 
 impl SendError {
@@ -110,9 +124,59 @@ pub struct Pool {
     /// When a failed TLS handshake was last logged (at most one line a minute).
     tls_failure_logged: Mutex<Option<Instant>>,
     idle: Mutex<Vec<Parked>>,
+    /// The engine's HTTP/2 connections, once its ALPN chose h2: each request is a stream on
+    /// one with a stream to spare.
+    shared: Mutex<Vec<Shared>>,
+    /// A request is opening a TLS connection that may turn out HTTP/2: the others wait for it
+    /// rather than each open one of their own.
+    opening: AtomicBool,
+    /// Woken when that opening ends, whatever came of it.
+    opened: Notify,
+    /// The last opening failed (or its request went away): the waiting requests open their own.
+    opening_failed: AtomicBool,
+    /// The engine's ALPN chose HTTP/1.1: requests open connections without waiting for others.
+    serves_http1: AtomicBool,
     max_idle: usize,
     idle_timeout: Duration,
     connect_timeout: Duration,
+}
+
+/// How many streams at once one HTTP/2 connection carries before another is opened: the least
+/// that HTTP/2 asks servers to allow, so that no request waits on the engine's limit.
+pub const H2_STREAMS_PER_CONNECTION: usize = 100;
+
+/// A shared HTTP/2 connection, the streams it carries, and when a request last took it.
+#[derive(Debug)]
+struct Shared {
+    sender: http2::SendRequest<UpstreamBody>,
+    streams: Arc<AtomicUsize>,
+    used: Instant,
+}
+
+/// A stream's place on a shared HTTP/2 connection, given back when it is dropped.
+#[derive(Debug)]
+pub struct StreamSlot(Arc<AtomicUsize>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// What a response arrives on: an HTTP/1.1 connection of its own, or a stream of a shared
+/// HTTP/2 connection.
+#[derive(Debug)]
+pub enum Carrier {
+    /// Driven by the body's reader, and parked at its end.
+    Connection(Conn),
+    /// Driven by the connection's own task; the place is given back at the body's end.
+    Stream(StreamSlot),
+}
+
+/// A connection for a request: an HTTP/1.1 one of its own, or a place on a shared HTTP/2 one.
+enum Opened {
+    Http1(Conn),
+    Http2(http2::SendRequest<UpstreamBody>, StreamSlot),
 }
 
 /// A connection between requests, since when.
@@ -138,6 +202,11 @@ impl Pool {
             tls,
             tls_failure_logged: Mutex::default(),
             idle: Mutex::default(),
+            shared: Mutex::default(),
+            opening: AtomicBool::new(false),
+            opened: Notify::new(),
+            opening_failed: AtomicBool::new(false),
+            serves_http1: AtomicBool::new(false),
             max_idle,
             idle_timeout,
             connect_timeout,
@@ -150,26 +219,42 @@ impl Pool {
 
     /// Sends `request` on a parked connection, or a new one, and drives it from this task
     /// until the response head: the response comes with its connection, for its body to
-    /// drive on and park again at its end. A parked connection that closed before taking the
-    /// request is replaced by another; one the engine closed before answering (its keep-alive
-    /// racing the request: the engine never read it) has the request sent once more on a new
-    /// connection, when its body can be sent again (none, or [`Replayable`]).
+    /// drive on and park again at its end, or with its place on a shared HTTP/2 connection
+    /// (which drives itself). A parked connection that closed before taking the request is
+    /// replaced by another; one the engine closed before answering (its keep-alive racing the
+    /// request: the engine never read it) has the request sent once more on a new connection,
+    /// when its body can be sent again (none, or [`Replayable`]).
     pub async fn send(
         &self,
         mut request: hyper::Request<UpstreamBody>,
-    ) -> Result<(Response<Incoming>, Conn), SendError> {
+    ) -> Result<(Response<Incoming>, Carrier), SendError> {
+        if let Some((sender, slot)) = self.take_shared() {
+            match self.send_h2(sender, request).await? {
+                Ok(response) => return Ok((response, Carrier::Stream(slot))),
+                // The engine closed the connection before the stream opened: another one.
+                Err(unsent) => request = unsent,
+            }
+        }
         let mut replayed = false;
         loop {
             let parked = if replayed { None } else { self.take() };
             let (mut conn, reused) = match parked {
                 Some(conn) => (conn, true),
-                None => (self.connect().await?, false),
+                None => match self.open().await? {
+                    Opened::Http1(conn) => (conn, false),
+                    Opened::Http2(sender, slot) => {
+                        return match self.send_h2(sender, request).await? {
+                            Ok(response) => Ok((response, Carrier::Stream(slot))),
+                            Err(_) => Err(SendError::ClosedBeforeUse),
+                        };
+                    }
+                },
             };
             let mut replay = reused.then(|| replay_of(&request)).flatten();
             let mut sent = std::pin::pin!(conn.sender.try_send_request(request));
             let answer = poll_fn(|cx| conn.poll_driven(cx, |cx| sent.as_mut().poll(cx))).await;
             match answer {
-                Ok(response) => return Ok((response, conn)),
+                Ok(response) => return Ok((response, Carrier::Connection(conn))),
                 Err(mut error) => match error.take_message() {
                     Some(unsent) if reused => request = unsent,
                     _ => match replay.take().filter(|_| closed_before_answering(error.error())) {
@@ -185,6 +270,111 @@ impl Pool {
         }
     }
 
+    /// A connection for a request that found none to take: a new one, or a place on a shared
+    /// HTTP/2 connection another request opened meanwhile. While the engine's protocol is not
+    /// known to be HTTP/1.1, one request at a time opens a TLS connection and the others wait
+    /// for it (a burst at start opens an HTTP/2 connection per hundred streams, not one each);
+    /// when that opening fails, they each open their own.
+    async fn open(&self) -> Result<Opened, SendError> {
+        loop {
+            if self.tls.is_none() || self.serves_http1.load(Ordering::Acquire) {
+                return self.connect().await;
+            }
+            if let Some((sender, slot)) = self.take_shared() {
+                return Ok(Opened::Http2(sender, slot));
+            }
+            let mut ended = std::pin::pin!(self.opened.notified());
+            ended.as_mut().enable();
+            if self
+                .opening
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                let mut opening = Opening {
+                    pool: self,
+                    failed: true,
+                };
+                let opened = self.connect().await?;
+                if matches!(opened, Opened::Http1(_)) {
+                    self.serves_http1.store(true, Ordering::Release);
+                }
+                opening.failed = false;
+                return Ok(opened);
+            }
+            ended.await;
+            if self.opening_failed.load(Ordering::Acquire) {
+                return self.connect().await;
+            }
+        }
+    }
+
+    /// Sends `request` as a stream of the HTTP/2 connection `sender` leads to; the request comes
+    /// back unsent when the connection closed before it could open its stream.
+    async fn send_h2(
+        &self,
+        mut sender: http2::SendRequest<UpstreamBody>,
+        request: hyper::Request<UpstreamBody>,
+    ) -> Result<Result<Response<Incoming>, hyper::Request<UpstreamBody>>, SendError> {
+        let request = self.for_h2(request);
+        if sender.ready().await.is_err() {
+            return Ok(Err(request));
+        }
+        match sender.try_send_request(request).await {
+            Ok(response) => Ok(Ok(response)),
+            Err(mut error) => match error.take_message() {
+                Some(unsent) => Ok(Err(unsent)),
+                None => Err(SendError::Request(error.into_error())),
+            },
+        }
+    }
+
+    /// `request` as an HTTP/2 stream needs it: its target in full (`https`, and the authority
+    /// its `Host` header named, else the engine's address), the `Host` header dropped for it.
+    fn for_h2(&self, mut request: hyper::Request<UpstreamBody>) -> hyper::Request<UpstreamBody> {
+        let authority = request
+            .headers_mut()
+            .remove(http::header::HOST)
+            .and_then(|host| http::uri::Authority::try_from(host.as_bytes()).ok())
+            .unwrap_or_else(|| {
+                http::uri::Authority::try_from(self.address.as_str()).expect("the engine's address is an authority")
+            });
+        let mut parts = request.uri().clone().into_parts();
+        parts.scheme = Some(http::uri::Scheme::HTTPS);
+        parts.authority = Some(authority);
+        if parts.path_and_query.is_none() {
+            parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/"));
+        }
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            *request.uri_mut() = uri;
+        }
+        *request.version_mut() = http::Version::HTTP_2;
+        request
+    }
+
+    /// A place on a shared HTTP/2 connection that is open and has a stream to spare; the closed
+    /// ones are let go.
+    fn take_shared(&self) -> Option<(http2::SendRequest<UpstreamBody>, StreamSlot)> {
+        let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        shared.retain(|open| !open.sender.is_closed());
+        let open = shared
+            .iter_mut()
+            .find(|open| open.streams.load(Ordering::Acquire) < H2_STREAMS_PER_CONNECTION)?;
+        open.streams.fetch_add(1, Ordering::AcqRel);
+        open.used = Instant::now();
+        Some((open.sender.clone(), StreamSlot(open.streams.clone())))
+    }
+
+    /// Shares a new HTTP/2 connection, its first place taken.
+    fn share(&self, sender: http2::SendRequest<UpstreamBody>) -> StreamSlot {
+        let streams = Arc::new(AtomicUsize::new(1));
+        self.shared.lock().unwrap_or_else(|e| e.into_inner()).push(Shared {
+            sender,
+            streams: streams.clone(),
+            used: Instant::now(),
+        });
+        StreamSlot(streams)
+    }
+
     /// The most recently parked connection that is still alive; the others are closed. Each
     /// is checked (a read of its socket) after the lock is let go.
     fn take(&self) -> Option<Conn> {
@@ -196,9 +386,10 @@ impl Pool {
         }
     }
 
-    /// Opens a new connection (and its TLS session, within the same timeout); a handshake that
-    /// fails (an engine whose certificate does not verify) is a connect error.
-    async fn connect(&self) -> Result<Conn, SendError> {
+    /// Opens a new connection (and its TLS session, within the same timeout): HTTP/2 when the
+    /// engine's ALPN chose it, else HTTP/1.1. A handshake that fails (an engine whose
+    /// certificate does not verify) is a connect error.
+    async fn connect(&self) -> Result<Opened, SendError> {
         let timed_out = || SendError::Connect(std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"));
         let deadline = Instant::now() + self.connect_timeout;
         let stream = tokio::time::timeout_at(deadline, TcpStream::connect(&self.address))
@@ -222,18 +413,44 @@ impl Pool {
                 tokio_util::either::Either::Right(session)
             }
         };
+        if is_h2(&stream) {
+            let sender = self.handshake_h2(stream).await?;
+            let slot = self.share(sender.clone());
+            return Ok(Opened::Http2(sender, slot));
+        }
         let (sender, driver) = Builder::new()
             .handshake(TokioIo::new(stream))
             .await
             .map_err(SendError::Request)?;
-        Ok(Conn {
+        Ok(Opened::Http1(Conn {
             sender,
             driver: Driver {
                 future: Box::pin(driver),
                 closed: false,
             },
             waker: ConnWaker::new(),
-        })
+        }))
+    }
+
+    /// Starts HTTP/2 on `stream`, its connection driven by a task of its own until every
+    /// request's stream and every sender of it have gone.
+    async fn handshake_h2(&self, stream: EngineIo) -> Result<http2::SendRequest<UpstreamBody>, SendError> {
+        let connection_window = H2_STREAM_WINDOW
+            .saturating_mul(self.max_idle.max(1) as u32)
+            .min(MAX_H2_WINDOW);
+        let (sender, connection) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .initial_stream_window_size(H2_STREAM_WINDOW)
+            .initial_connection_window_size(connection_window)
+            .handshake(TokioIo::new(stream))
+            .await
+            .map_err(SendError::Request)?;
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                debug!(%error, "the engine's HTTP/2 connection ended");
+            }
+        });
+        Ok(sender)
     }
 
     /// Says why the engine's TLS handshake failed, at most once a minute.
@@ -267,16 +484,53 @@ impl Pool {
         }
     }
 
-    /// Closes the connections parked longer than the idle timeout.
+    /// Closes the connections parked longer than the idle timeout, and the shared ones that
+    /// carry no stream and that no request took for as long.
     fn close_expired_now(&self) {
         let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
         idle.retain(|parked| parked.since.elapsed() < self.idle_timeout);
+        drop(idle);
+        let mut shared = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        shared.retain(|open| open.used.elapsed() < self.idle_timeout || open.streams.load(Ordering::Acquire) > 0);
+    }
+
+    /// How many HTTP/2 connections are kept for requests to share.
+    #[cfg(test)]
+    pub fn shared(&self) -> usize {
+        self.shared.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// How many connections are parked.
     #[cfg(test)]
     pub fn idle(&self) -> usize {
         self.idle.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// A request's opening of a connection, which ends (the waiting requests woken) when it is
+/// dropped: when the connection is open, has failed, or the request went away.
+struct Opening<'a> {
+    pool: &'a Pool,
+    /// No connection came of it (yet).
+    failed: bool,
+}
+
+impl Drop for Opening<'_> {
+    fn drop(&mut self) {
+        self.pool.opening_failed.store(self.failed, Ordering::Release);
+        self.pool.opening.store(false, Ordering::Release);
+        self.pool.opened.notify_waiters();
+    }
+}
+
+/// The largest flow-control window HTTP/2 allows.
+const MAX_H2_WINDOW: u32 = (1 << 31) - 1;
+
+/// Whether the engine's ALPN chose h2 for `stream`.
+fn is_h2(stream: &EngineIo) -> bool {
+    match stream {
+        tokio_util::either::Either::Left(_) => false,
+        tokio_util::either::Either::Right(tls) => tls.get_ref().1.alpn_protocol() == Some(b"h2"),
     }
 }
 

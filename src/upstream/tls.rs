@@ -58,8 +58,8 @@ impl EngineTls {
         } else {
             builder.with_root_certificates(roots(settings)?).with_no_client_auth()
         };
-        // The pool speaks HTTP/1.1 to the engine.
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // h2 where the engine serves it (one connection for every stream), else HTTP/1.1.
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let name = settings
             .server_name
             .as_deref()

@@ -529,6 +529,18 @@ fn the_defaults_fit_the_memory_limit_the_injector_gives() {
     assert_eq!(merge.worst_case_memory_bytes(1) >> 20, 127, "with merge");
     assert!(merge.worst_case_memory_bytes(1) < limit);
     assert_eq!(DEFAULT_MEMORY_LIMIT, format!("{}Mi", limit >> 20));
+    let https = crate::config::Config::from_yaml(
+        "upstream: https://127.0.0.1:8000
+",
+    )
+    .unwrap();
+    assert_eq!(
+        https.engine_h2_bytes() >> 20,
+        4,
+        "1024 h2 stream windows: docs/configuration.md"
+    );
+    assert_eq!(https.worst_case_memory_bytes(1), worst + https.engine_h2_bytes());
+    assert!(https.worst_case_memory_bytes(1) < limit, "an https engine fits too");
 }
 
 #[test]
