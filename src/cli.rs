@@ -76,6 +76,9 @@ impl Cli {
             "tls_self_signed",
             "upstream_ca_file",
             "upstream_insecure_skip_verify",
+            "prefill_tls",
+            "prefill_ca_file",
+            "prefill_insecure_skip_verify",
         ] {
             let source = [sub, Some(&matches)]
                 .into_iter()

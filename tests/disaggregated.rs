@@ -895,6 +895,18 @@ impl Drop for KilledOnDrop {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_injected_llm_d_09_decode_pod_with_tls_serves_its_router_through_llmslo_over_tls() {
+    injected_llm_d_09_pod_with_tls(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_injected_llm_d_09_decode_pod_speaking_tls_to_prefill_pods_has_its_legs_relayed_in_tls() {
+    injected_llm_d_09_pod_with_tls(true).await;
+}
+
+/// An llm-d 0.9 decode pod whose routing sidecar serves TLS (and, with `to_prefill_in_tls`,
+/// speaks TLS to prefill pods unverified), injected, then served on the ports inject wrote:
+/// every request through llmslo over TLS, every prefill leg relayed and timed.
+async fn injected_llm_d_09_pod_with_tls(to_prefill_in_tls: bool) {
     use crate::common::tls::{connect_alpn, TestCa};
     let _alone = ONE_AT_A_TIME.lock().await;
     let ca = TestCa::new("pd-tls");
@@ -902,7 +914,18 @@ async fn an_injected_llm_d_09_decode_pod_with_tls_serves_its_router_through_llms
     ca.issue("tls", 30);
     let (router_port, engine_port) = quiet_ports();
     let (prefill_engine, _p) = start_engine(engine(20, 2)).await;
-    let prefill_side = start_sidecar(prefill_engine, "role: prefill\n").await;
+    // A prefill pod serving TLS with a certificate of its own, when the router speaks TLS to it.
+    let prefill_tls = if to_prefill_in_tls {
+        "tls: {self_signed: true}\n"
+    } else {
+        ""
+    };
+    let prefill_side = start_sidecar(prefill_engine, &format!("role: prefill\n{prefill_tls}")).await;
+    let to_prefill = if to_prefill_in_tls {
+        ", --enable-tls=prefiller, --tls-insecure-skip-verify=prefiller"
+    } else {
+        ""
+    };
     let dir = ca.dir.display().to_string();
     let pod = format!(
         r#"
@@ -919,7 +942,7 @@ spec:
       initContainers:
         - name: routing-proxy
           image: ghcr.io/llm-d/llm-d-router-disagg-sidecar:v0.9.0
-          args: [--port={router_port}, --model-server-port={engine_port}, --kv-connector=nixlv2, --cert-path={dir}]
+          args: [--port={router_port}, --model-server-port={engine_port}, --kv-connector=nixlv2, --cert-path={dir}{to_prefill}]
           ports: [{{containerPort: {router_port}}}]
           volumeMounts: [{{name: certs, mountPath: {dir}}}]
           restartPolicy: Always
@@ -965,16 +988,27 @@ spec:
         None,
     )
     .unwrap();
-    common_routing::start_secure_routing_sidecar_at(
-        ([127, 0, 0, 1], moved).into(),
-        ([127, 0, 0, 1], engine_port).into(),
-        routing_tls,
-    )
-    .await;
+    let (moved_at, decode_at) = (([127, 0, 0, 1], moved).into(), ([127, 0, 0, 1], engine_port).into());
+    if to_prefill_in_tls {
+        common_routing::start_routing_sidecar_with_tls_to_prefill_at(moved_at, decode_at, routing_tls).await;
+        assert_eq!(env("LLMSLO_PREFILL_TLS"), "true");
+        assert_eq!(env("LLMSLO_PREFILL_INSECURE_SKIP_VERIFY"), "true");
+    } else {
+        common_routing::start_secure_routing_sidecar_at(moved_at, decode_at, routing_tls).await;
+        assert_eq!(
+            env("LLMSLO_PREFILL_TLS"),
+            "",
+            "the relay speaks plain HTTP, as the routing sidecar does"
+        );
+    }
+    let prefill_tls = match to_prefill_in_tls {
+        true => "prefill_tls: {enabled: true, insecure_skip_verify: true}\n",
+        false => "",
+    };
     let yaml = format!(
         "upstream: {}\nlisten: 127.0.0.1:{router_port}\nmetrics_listen: 127.0.0.1:0\nengine: vllm\n\
          final_scrape_grace: 0s\nrole: {}\nprefill_relay: {}\nprefill_pool: [{}]\n\
-         tls: {{cert_file: {}, key_file: {}}}\nupstream_tls: {{insecure_skip_verify: {}}}\n",
+         tls: {{cert_file: {}, key_file: {}}}\nupstream_tls: {{insecure_skip_verify: {}}}\n{prefill_tls}",
         after("--upstream"),
         env("LLMSLO_ROLE"),
         env("LLMSLO_PREFILL_RELAY"),

@@ -263,6 +263,7 @@ async fn an_engine_that_cannot_be_verified_is_refused_and_one_on_this_host_may_s
 #[test]
 fn tls_settings_that_cannot_work_are_refused_at_load() {
     let up = "upstream: https://127.0.0.1:8443\n";
+    let relaying = format!("{up}role: decode\nprefill_relay: 127.0.0.1:8299\nprefill_pool: [10.0.0.0/24:8000]\n");
     let error = |yaml: &str| Config::from_yaml(yaml).unwrap_err().to_string();
     for (yaml, key, says) in [
         (
@@ -292,6 +293,21 @@ fn tls_settings_that_cannot_work_are_refused_at_load() {
         ),
         (format!("{up}metrics_tls: true\n"), "metrics_tls", "set tls"),
         (format!("{up}tls: {{cert: /a.crt}}\n"), "tls", "unknown field"),
+        (
+            format!("{up}prefill_tls: {{enabled: true}}\n"),
+            "prefill_tls",
+            "set prefill_relay",
+        ),
+        (
+            format!("{relaying}prefill_tls: {{insecure_skip_verify: true, ca_file: /ca.crt}}\n"),
+            "prefill_tls.insecure_skip_verify",
+            "keep one",
+        ),
+        (
+            format!("{relaying}prefill_tls: {{verify: false}}\n"),
+            "prefill_tls",
+            "unknown field",
+        ),
     ] {
         let error = error(&yaml);
         assert!(error.contains(key) && error.contains(says), "{yaml}: {error}");
@@ -306,6 +322,15 @@ fn tls_settings_that_cannot_work_are_refused_at_load() {
         (again.tls, again.metrics_tls, again.upstream_tls),
         (config.tls, true, config.upstream_tls)
     );
+    // A verification setting turns the relay's TLS on; printed and read back the same.
+    for (prefill, skip) in [("{ca_file: /ca.crt}", false), ("{insecure_skip_verify: true}", true)] {
+        let config = Config::from_yaml(&format!("{relaying}prefill_tls: {prefill}\n")).unwrap();
+        let tls = config.prefill_tls.clone().expect("on");
+        assert_eq!(tls.insecure_skip_verify, skip);
+        assert_eq!(Config::from_yaml(&config.to_yaml()).unwrap().prefill_tls, Some(tls));
+    }
+    let off = Config::from_yaml(&format!("{relaying}prefill_tls: {{enabled: false}}\n")).unwrap();
+    assert_eq!(off.prefill_tls, None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -205,6 +205,19 @@ pub(super) struct Endpoints {
     #[arg(long, env = "LLMSLO_UPSTREAM_INSECURE_SKIP_VERIFY", num_args = 0..=1, default_missing_value = "true",
           value_parser = clap::builder::BoolishValueParser::new())]
     pub(super) upstream_insecure_skip_verify: Option<bool>,
+    /// The prefill relay speaks TLS: its port serves it (the proxy's certificate, else one made at
+    /// start) and its legs go to the prefill pods over https [default: false].
+    #[arg(long, env = "LLMSLO_PREFILL_TLS", num_args = 0..=1, default_missing_value = "true",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub(super) prefill_tls: Option<bool>,
+    /// PEM CA certificates that verify the prefill pods the relay sends legs to.
+    #[arg(long, env = "LLMSLO_PREFILL_CA_FILE", value_name = "FILE")]
+    pub(super) prefill_ca_file: Option<PathBuf>,
+    /// Take the prefill pods' certificates unverified, as a routing sidecar started with
+    /// --tls-insecure-skip-verify=prefiller does [default: false].
+    #[arg(long, env = "LLMSLO_PREFILL_INSECURE_SKIP_VERIFY", num_args = 0..=1, default_missing_value = "true",
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub(super) prefill_insecure_skip_verify: Option<bool>,
 }
 
 impl Endpoints {
@@ -249,6 +262,9 @@ impl Endpoints {
             tls_self_signed: self.tls_self_signed,
             upstream_ca_file: self.upstream_ca_file,
             upstream_insecure_skip_verify: self.upstream_insecure_skip_verify,
+            prefill_tls: self.prefill_tls,
+            prefill_ca_file: self.prefill_ca_file,
+            prefill_insecure_skip_verify: self.prefill_insecure_skip_verify,
             from_env,
         })
     }

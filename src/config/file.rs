@@ -96,6 +96,7 @@ pub(super) struct FileConfig {
     pub(super) tls: Option<super::tls::TlsFile>,
     pub(super) metrics_tls: Option<bool>,
     pub(super) upstream_tls: Option<super::tls::UpstreamTlsFile>,
+    pub(super) prefill_tls: Option<super::tls::PrefillTlsFile>,
 }
 
 /// `per_request_slos:` as written: `off`, `separate` or `trusted`; `false` is `off`, and
@@ -385,6 +386,7 @@ impl Config {
         let config = Config {
             upstream_tls: super::tls::upstream_tls(&overrides, f.upstream_tls, &upstream)?,
             tls: super::tls::listener_tls(&overrides, f.tls)?,
+            prefill_tls: super::tls::prefill_tls(&overrides, f.prefill_tls)?,
             metrics_tls: f.metrics_tls.unwrap_or(false),
             upstream,
             listen: parse_addr("listen", o.listen.or(f.listen).as_deref().unwrap_or(defaults::LISTEN))?,

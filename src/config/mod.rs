@@ -108,6 +108,12 @@ pub struct Overrides {
     pub upstream_ca_file: Option<PathBuf>,
     /// `--upstream-insecure-skip-verify` / `LLMSLO_UPSTREAM_INSECURE_SKIP_VERIFY`.
     pub upstream_insecure_skip_verify: Option<bool>,
+    /// `--prefill-tls` / `LLMSLO_PREFILL_TLS`.
+    pub prefill_tls: Option<bool>,
+    /// `--prefill-ca-file` / `LLMSLO_PREFILL_CA_FILE`.
+    pub prefill_ca_file: Option<PathBuf>,
+    /// `--prefill-insecure-skip-verify` / `LLMSLO_PREFILL_INSECURE_SKIP_VERIFY`.
+    pub prefill_insecure_skip_verify: Option<bool>,
     /// The keys above whose value came from the environment rather than a flag.
     pub from_env: Vec<&'static str>,
 }
@@ -131,6 +137,9 @@ impl Overrides {
             "tls_self_signed" => self.tls_self_signed.is_some(),
             "upstream_ca_file" => self.upstream_ca_file.is_some(),
             "upstream_insecure_skip_verify" => self.upstream_insecure_skip_verify.is_some(),
+            "prefill_tls" => self.prefill_tls.is_some(),
+            "prefill_ca_file" => self.prefill_ca_file.is_some(),
+            "prefill_insecure_skip_verify" => self.prefill_insecure_skip_verify.is_some(),
             _ => false,
         };
         given.then(|| origin_label(key, self.from_env.contains(&key)))
@@ -153,6 +162,8 @@ pub struct Config {
     pub upstream: Uri,
     /// `upstream_tls`: how an https upstream is verified.
     pub upstream_tls: crate::upstream::tls::UpstreamTls,
+    /// `prefill_tls`: the prefill relay serves TLS and sends its legs over https, verified so.
+    pub prefill_tls: Option<crate::upstream::tls::UpstreamTls>,
     /// `tls`: where the proxy port's certificate comes from, when it serves TLS.
     pub tls: Option<crate::serve::tls::TlsSource>,
     /// `metrics_tls`: the metrics port serves TLS with the same certificate.

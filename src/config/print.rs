@@ -141,6 +141,17 @@ impl Config {
             }
             put("upstream_tls", entry.into());
         }
+        if let Some(t) = &self.prefill_tls {
+            let mut entry = serde_json::Map::new();
+            entry.insert("enabled".into(), true.into());
+            if let Some(ca) = &t.ca_file {
+                entry.insert("ca_file".into(), serde_json::json!(ca));
+            }
+            if t.insecure_skip_verify {
+                entry.insert("insecure_skip_verify".into(), true.into());
+            }
+            put("prefill_tls", entry.into());
+        }
         if self.buckets != BucketOverrides::default() {
             let buckets = serde_json::to_value(&self.buckets).expect("bucket overrides serialize");
             mapping.insert(

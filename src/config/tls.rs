@@ -1,5 +1,6 @@
-//! `tls:`, `metrics_tls` and `upstream_tls:`: TLS on the sidecar's ports and to an https
-//! engine, as the file writes them and as flags and the environment override them.
+//! `tls:`, `metrics_tls`, `upstream_tls:` and `prefill_tls:`: TLS on the sidecar's ports, to an
+//! https engine and on the prefill relay's hops, as the file writes them and as flags and the
+//! environment override them.
 
 use super::error::ConfigError;
 use super::{origin_label, Overrides};
@@ -25,6 +26,41 @@ pub(super) struct UpstreamTlsFile {
     ca_file: Option<PathBuf>,
     server_name: Option<String>,
     insecure_skip_verify: Option<bool>,
+}
+
+/// `prefill_tls:` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PrefillTlsFile {
+    enabled: Option<bool>,
+    ca_file: Option<PathBuf>,
+    insecure_skip_verify: Option<bool>,
+}
+
+/// How the prefill relay's legs are verified, when it speaks TLS: on when `enabled` (or a flag)
+/// says so, or when a verification setting is given; a CA file beside skipping verification is
+/// an error.
+pub(super) fn prefill_tls(o: &Overrides, f: Option<PrefillTlsFile>) -> Result<Option<UpstreamTls>, ConfigError> {
+    let f = f.unwrap_or_default();
+    let settings = UpstreamTls {
+        ca_file: o.prefill_ca_file.clone().or(f.ca_file),
+        server_name: None,
+        insecure_skip_verify: o
+            .prefill_insecure_skip_verify
+            .or(f.insecure_skip_verify)
+            .unwrap_or(false),
+    };
+    let enabled = o.prefill_tls.or(f.enabled).unwrap_or(settings.is_set());
+    if !enabled {
+        return Ok(None);
+    }
+    if settings.insecure_skip_verify && settings.ca_file.is_some() {
+        return Err(ConfigError::invalid(
+            "prefill_tls.insecure_skip_verify",
+            "verifies nothing, so a ca_file beside it would not be used: keep one of the two",
+        ));
+    }
+    Ok(Some(settings))
 }
 
 /// How the proxy's port serves TLS, if it does: files (each named in errors as it was given)

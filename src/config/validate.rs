@@ -120,6 +120,12 @@ impl Config {
                 "relays the prefill legs a decode pod's routing sidecar sends: set role: decode too",
             ));
         }
+        if self.prefill_tls.is_some() && self.prefill_relay.is_none() {
+            return Err(ConfigError::invalid(
+                "prefill_tls",
+                "is how the prefill relay speaks to the routing sidecar and the prefill pods: set prefill_relay too",
+            ));
+        }
         if self.prefill_relay.is_some() && self.prefill_pool.is_empty() {
             return Err(ConfigError::invalid(
                 "prefill_relay",

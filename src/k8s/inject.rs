@@ -14,6 +14,7 @@
 
 use crate::record::Role;
 use container::{sidecar_container, ListenTls, Serving};
+use router::ToPrefill;
 use serde_json::{json, Map, Value};
 
 /// The injected sidecar's memory request and limit unless `llmslo.io/memory` says otherwise:
@@ -533,13 +534,22 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
     if let Some(routing) = &routing {
         serving.role = Some(Role::Decode);
         match prefill_pool(annotation(annotations::PREFILL_POOL).as_deref())? {
-            Some(_) if routing.tls_to_prefill => warnings.push(
+            Some(_) if routing.to_prefill == ToPrefill::TlsVerified => warnings.push(
                 "the prefill part of disaggregated requests is unmeasured: the routing sidecar speaks TLS to prefill \
-                 pods (--enable-tls=prefiller), and the relay that times the legs speaks plain HTTP, so it stays off \
-                 (llmslo in front of each prefill pod still counts the legs)"
+                 pods and verifies them (--enable-tls=prefiller without --tls-insecure-skip-verify=prefiller), so it \
+                 would not take the certificate of the relay that times the legs, which stays off (llmslo in front \
+                 of each prefill pod still counts the legs)"
+                    .to_string(),
+            ),
+            Some(_) if routing.to_prefill == ToPrefill::InAFile => warnings.push(
+                "the prefill part of disaggregated requests is unmeasured: the routing sidecar reads its settings \
+                 from a --configuration-file, which may have it speak TLS to prefill pods, so the relay that times \
+                 the legs stays off (llmslo in front of each prefill pod still counts the legs); give the settings \
+                 as arguments or inline --configuration to have it on"
                     .to_string(),
             ),
             Some(pool) => {
+                serving.relay_tls = routing.to_prefill == ToPrefill::TlsUnverified;
                 let port = free_port(&[used.as_slice(), &[listen, metrics]].concat(), 8299);
                 // The relay's address is what the routing sidecar is told: with SSRF protection
                 // it allows only its pool's pods, so the pod's own IP.

@@ -16,10 +16,12 @@ pub mod pool;
 use super::error::error_response;
 use super::ProxyBody;
 use crate::record::{PrefillTimer, RelaySkip};
+use crate::upstream::tls::UpstreamTls;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Request, Response, StatusCode, Uri};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -29,7 +31,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
-use tracing::debug;
+use tracing::warn;
 
 /// The header llm-d's router names the prefill pod in; the older name before it.
 pub static PREFILLER_HEADERS: [HeaderName; 2] = [
@@ -60,11 +62,15 @@ pub struct PrefillRelay {
     advertised: HeaderValue,
     /// Keyed by a random id: a leg cannot name another request's entry by guessing.
     pending: Mutex<HashMap<u64, Arc<Pending>>>,
-    client: Client<HttpConnector, Incoming>,
+    client: Client<HttpsConnector<HttpConnector>, Incoming>,
+    /// `https` when the legs go to the prefill pods in TLS, else `http`.
+    scheme: &'static str,
     /// How long the prefill pod may take to answer a leg.
     timeout: Duration,
     /// The only pods legs are sent to.
     pool: Arc<PrefillPool>,
+    /// When a leg that could not reach its prefill pod was last logged (one line a minute).
+    unreachable_logged: Mutex<Option<Instant>>,
 }
 
 /// One request's expected leg.
@@ -100,21 +106,36 @@ impl Drop for RelayTicket {
 }
 
 impl PrefillRelay {
-    /// A relay listening on `address` that sends legs to the pods of `pool` alone, waiting
-    /// `timeout` at most for a prefill pod's answer.
-    pub fn new(address: SocketAddr, timeout: Duration, pool: Arc<PrefillPool>) -> Arc<Self> {
+    /// A relay listening on `address` that sends legs to the pods of `pool` alone, over https
+    /// verified as `tls` says when it is given, waiting `timeout` at most for a prefill pod's
+    /// answer. An error says which TLS setting does not load.
+    pub fn new(
+        address: SocketAddr,
+        timeout: Duration,
+        pool: Arc<PrefillPool>,
+        tls: Option<&UpstreamTls>,
+    ) -> Result<Arc<Self>, String> {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_secs(10)));
         connector.set_nodelay(true);
-        Arc::new(Self {
+        connector.enforce_http(false);
+        let settings = tls.cloned().unwrap_or_default();
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(crate::upstream::tls::client_config(&settings, "prefill_tls")?)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
+        Ok(Arc::new(Self {
             advertised: HeaderValue::from_str(&address.to_string()).expect("a socket address is a header value"),
             pending: Mutex::default(),
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(4))
                 .build(connector),
+            scheme: if tls.is_some() { "https" } else { "http" },
             timeout,
             pool,
-        })
+            unreachable_logged: Mutex::default(),
+        }))
     }
 
     /// When the router named one prefill pod of the pool, names the relay instead and tags the
@@ -181,7 +202,7 @@ impl PrefillRelay {
         };
         let path = request.uri().path_and_query().map_or("/", |p| p.as_str());
         let uri = Uri::builder()
-            .scheme("http")
+            .scheme(self.scheme)
             .authority(pending.target.to_string())
             .path_and_query(path)
             .build();
@@ -200,11 +221,28 @@ impl PrefillRelay {
                 response.map(|body| body.map_err(Into::into).boxed_unsync())
             }
             Ok(Err(error)) => {
-                debug!(%error, "the prefill pod could not be reached");
+                self.log_unreachable(&error);
                 refusal(StatusCode::BAD_GATEWAY, "the prefill pod could not be reached")
             }
             Err(_) => refusal(StatusCode::GATEWAY_TIMEOUT, "the prefill pod sent no answer in time"),
         }
+    }
+}
+
+impl PrefillRelay {
+    /// Says why a leg could not reach its prefill pod (a refused connection, a certificate that
+    /// does not verify), at most once a minute.
+    fn log_unreachable(&self, error: &hyper_util::client::legacy::Error) {
+        let mut logged = self.unreachable_logged.lock().expect("relay log lock");
+        if logged.is_some_and(|at| at.elapsed() < Duration::from_secs(60)) {
+            return;
+        }
+        *logged = Some(Instant::now());
+        warn!(
+            error = %crate::upstream::innermost_cause(error),
+            "a prefill leg could not reach its prefill pod: answered 502 to the routing sidecar (with prefill_tls, \
+             a pod whose certificate does not verify is never trusted: name its CA in prefill_tls.ca_file)"
+        );
     }
 }
 
@@ -219,7 +257,7 @@ mod tests {
 
     fn relay() -> Arc<PrefillRelay> {
         let pool = PrefillPool::new(vec![pool::PoolMember::parse("10.0.0.0/24:8000").unwrap()]);
-        PrefillRelay::new("127.0.0.1:9".parse().unwrap(), Duration::from_secs(1), pool)
+        PrefillRelay::new("127.0.0.1:9".parse().unwrap(), Duration::from_secs(1), pool, None).unwrap()
     }
 
     fn headers(values: &[&str]) -> HeaderMap {

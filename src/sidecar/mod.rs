@@ -23,7 +23,7 @@ use crate::proxy::relay::PrefillRelay;
 use crate::proxy::{Proxy, ProxySettings};
 use crate::record::Reader;
 use crate::serve::tls::ServerTls;
-use crate::serve::{serve, serve_on, ConnectionLimits, KeepAlive};
+use crate::serve::{serve_on, ConnectionLimits, KeepAlive};
 use crate::upstream::UpstreamClient;
 use measurement::{Measurement, MeasurementSettings};
 use std::net::SocketAddr;
@@ -150,11 +150,15 @@ impl Sidecar {
         };
         let pool = PrefillPool::new(config.prefill_pool.clone());
         let relay = match &relay_listener {
-            Some(listener) => Some(PrefillRelay::new(
-                listener.local_addr()?,
-                config.upstream_timeout,
-                pool.clone(),
-            )),
+            Some(listener) => Some(
+                PrefillRelay::new(
+                    listener.local_addr()?,
+                    config.upstream_timeout,
+                    pool.clone(),
+                    config.prefill_tls.as_ref(),
+                )
+                .map_err(std::io::Error::other)?,
+            ),
             None => None,
         };
         // The window is a backstop for a stalled probe; failures turn readiness off sooner.
@@ -219,10 +223,20 @@ impl Sidecar {
                 "relaying and timing the prefill legs of the requests forwarded, to the pods of the pool alone"
             );
             tasks.spawn(pool.keep_resolved(shutdown.clone()));
+            // With prefill_tls the routing sidecar sends its legs here in TLS, as it would
+            // to a prefill pod: the proxy's certificate, else one made now.
+            let relay_tls = match (&config.prefill_tls, &tls) {
+                (None, _) => None,
+                (Some(_), Some(tls)) => Some(tls.clone()),
+                (Some(_), None) => Some(
+                    ServerTls::load(crate::serve::tls::TlsSource::SelfSigned, None).map_err(std::io::Error::other)?,
+                ),
+            };
             // Stopped with the metrics port, once the proxy has drained: its streams' legs
             // are relayed to the end.
-            tasks.spawn(serve(
+            tasks.spawn(serve_on(
                 listener,
+                relay_tls,
                 move |request, _peer| {
                     let relay = relay.clone();
                     async move { Ok::<_, std::convert::Infallible>(relay.relay(request).await) }

@@ -46,18 +46,7 @@ impl std::fmt::Debug for EngineTls {
 impl EngineTls {
     /// The TLS for an engine at `host` as `settings` say; an error names what does not load.
     pub fn new(host: &str, settings: &UpstreamTls) -> Result<Self, String> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| e.to_string())?;
-        let mut config = if settings.insecure_skip_verify {
-            builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
-                .with_no_client_auth()
-        } else {
-            builder.with_root_certificates(roots(settings)?).with_no_client_auth()
-        };
+        let mut config = client_config(settings, "upstream_tls")?;
         // h2 where the engine serves it (one connection for every stream), else HTTP/1.1.
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let name = settings
@@ -81,14 +70,33 @@ impl EngineTls {
     }
 }
 
+/// A TLS client's settings as `settings` (the config's `key`) say, without ALPN: verified
+/// against the CA file or the public roots, or not at all; an error names what does not load.
+pub fn client_config(settings: &UpstreamTls, key: &str) -> Result<rustls::ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?;
+    Ok(if settings.insecure_skip_verify {
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(AnyCertificate(provider)))
+            .with_no_client_auth()
+    } else {
+        builder
+            .with_root_certificates(roots(settings, key)?)
+            .with_no_client_auth()
+    })
+}
+
 /// The CA file's certificates, or the public roots built in.
-fn roots(settings: &UpstreamTls) -> Result<rustls::RootCertStore, String> {
+fn roots(settings: &UpstreamTls, key: &str) -> Result<rustls::RootCertStore, String> {
     let Some(path) = &settings.ca_file else {
         return Ok(rustls::RootCertStore {
             roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
         });
     };
-    let named = format!("upstream_tls.ca_file {}", path.display());
+    let named = format!("{key}.ca_file {}", path.display());
     let certificates = CertificateDer::pem_file_iter(path)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
         .map_err(|e| format!("{named}: {e}"))?;

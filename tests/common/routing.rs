@@ -32,6 +32,20 @@ pub async fn start_secure_routing_sidecar_at(
     serve(listen, decode, None, Some(tls)).await
 }
 
+/// [`start_secure_routing_sidecar_at`], speaking TLS to prefill pods (unverified), as
+/// `--enable-tls=prefiller --tls-insecure-skip-verify=prefiller` has llm-d's do.
+pub async fn start_routing_sidecar_with_tls_to_prefill_at(
+    listen: SocketAddr,
+    decode: SocketAddr,
+    tls: Arc<ServerTls>,
+) -> SocketAddr {
+    let listener = TcpListener::bind(listen).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let router = RoutingSidecar::with_tls_to_prefill(decode, None);
+    tokio::spawn(router.serve(listener, Some(tls), CancellationToken::new()));
+    addr
+}
+
 async fn start(listen: SocketAddr, decode: SocketAddr, allowed: Option<Vec<SocketAddr>>) -> SocketAddr {
     serve(listen, decode, allowed, None).await
 }

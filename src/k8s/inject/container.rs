@@ -14,6 +14,9 @@ pub(super) struct Serving {
     /// The prefill relay's address, in front of a routing sidecar, and the prefill pool it
     /// sends legs to.
     pub(super) relay: Option<(String, String)>,
+    /// The relay speaks TLS, taking the prefill pods' certificates unverified, as the routing
+    /// sidecar does.
+    pub(super) relay_tls: bool,
     /// The port's TLS, as the container llmslo moved served it.
     pub(super) tls: Option<ListenTls>,
     /// The volumes holding its certificate, mounted read-only as that container mounts them.
@@ -68,6 +71,10 @@ pub(super) fn sidecar_container(
         }
         env.push(json!({"name": "LLMSLO_PREFILL_RELAY", "value": relay}));
         env.push(json!({"name": "LLMSLO_PREFILL_POOL", "value": pool}));
+        if serving.relay_tls {
+            env.push(json!({"name": "LLMSLO_PREFILL_TLS", "value": "true"}));
+            env.push(json!({"name": "LLMSLO_PREFILL_INSECURE_SKIP_VERIFY", "value": "true"}));
+        }
     }
     let mut mounts = serving.mounts.clone();
     match &serving.tls {

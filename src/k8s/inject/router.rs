@@ -32,9 +32,24 @@ pub(super) struct RoutingSidecar {
     /// Its port is in a `--configuration-file`, which the injector cannot read (it is assumed
     /// to be the default unless `llmslo.io/listen-port` says).
     pub(super) port_in_a_file: bool,
-    /// Whether it speaks TLS to prefill pods (`--enable-tls=prefiller`): the relay, which
-    /// speaks plain HTTP, cannot stand between.
-    pub(super) tls_to_prefill: bool,
+    /// How it speaks to prefill pods: the relay between must speak the same.
+    pub(super) to_prefill: ToPrefill,
+}
+
+/// How a routing sidecar speaks to prefill pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ToPrefill {
+    /// Plain HTTP.
+    Plain,
+    /// TLS, their certificates unverified (`--tls-insecure-skip-verify=prefiller`): the relay
+    /// serves it TLS with a certificate of its own and speaks TLS to the pods, unverified too.
+    TlsUnverified,
+    /// TLS, their certificates verified against its system roots: it would not take a relay's
+    /// certificate for the relay's address, so the relay stays off.
+    TlsVerified,
+    /// Unknown: its settings are in a `--configuration-file` the injector cannot read, so the
+    /// relay stays off (a plain relay would break legs the file sends in TLS).
+    InAFile,
 }
 
 /// llm-d's routing sidecar, by its image (the older `llm-d-routing-sidecar`, or
@@ -66,11 +81,58 @@ fn bool_flag(args: &[Value], name: &str, default: bool) -> Option<bool> {
     }
 }
 
-/// The port a `--configuration` YAML (inline) names, if it is there.
-fn configured_port(args: &[Value]) -> Option<u64> {
+/// The `--configuration` YAML given inline, if there is one.
+fn configuration(args: &[Value]) -> Option<serde_yaml::Value> {
     let (_, _, text) = flag(args, "configuration")?;
-    let value: serde_yaml::Value = serde_yaml::from_str(text).ok()?;
-    value.get("port").and_then(serde_yaml::Value::as_u64)
+    serde_yaml::from_str(text).ok()
+}
+
+/// Whether `stage` is among the stages a list flag names (`--enable-tls=prefiller,decoder`,
+/// given once or more), in the arguments or the inline configuration.
+fn names_stage(args: &[Value], configured: Option<&serde_yaml::Value>, name: &str, stage: &str) -> bool {
+    let forms = [format!("-{name}"), format!("--{name}")];
+    let in_args = args.iter().enumerate().any(|(i, arg)| {
+        let Some(arg) = arg.as_str() else { return false };
+        forms.iter().any(|form| {
+            let value = match arg.strip_prefix(form.as_str()) {
+                Some(value) if value.starts_with('=') => &value[1..],
+                Some("") => args.get(i + 1).and_then(Value::as_str).unwrap_or_default(),
+                _ => return false,
+            };
+            value.split(',').any(|s| s.trim() == stage)
+        })
+    });
+    let in_configuration = configured
+        .and_then(|c| c.get(name))
+        .and_then(serde_yaml::Value::as_sequence)
+        .is_some_and(|stages| stages.iter().any(|s| s.as_str() == Some(stage)));
+    in_args || in_configuration
+}
+
+/// A boolean set in the arguments (Go's forms) or the inline configuration; absent is false.
+fn set(args: &[Value], configured: Option<&serde_yaml::Value>, name: &str) -> Option<bool> {
+    let in_configuration = configured
+        .and_then(|c| c.get(name))
+        .and_then(serde_yaml::Value::as_bool)
+        .unwrap_or(false);
+    Some(bool_flag(args, name, false)? || in_configuration)
+}
+
+/// How the routing sidecar speaks to prefill pods: `--enable-tls=prefiller` (or the older
+/// `--prefiller-use-tls`), verified unless `--tls-insecure-skip-verify=prefiller` (or the
+/// older `--prefiller-tls-insecure-skip-verify`).
+fn to_prefill(args: &[Value], configured: Option<&serde_yaml::Value>, in_a_file: bool) -> Option<ToPrefill> {
+    if in_a_file {
+        return Some(ToPrefill::InAFile);
+    }
+    let tls = names_stage(args, configured, "enable-tls", "prefiller") || set(args, configured, "prefiller-use-tls")?;
+    let unverified = names_stage(args, configured, "tls-insecure-skip-verify", "prefiller")
+        || set(args, configured, "prefiller-tls-insecure-skip-verify")?;
+    Some(match (tls, unverified) {
+        (false, _) => ToPrefill::Plain,
+        (true, true) => ToPrefill::TlsUnverified,
+        (true, false) => ToPrefill::TlsVerified,
+    })
 }
 
 /// The value of flag `name` (Go's flag package: `-name`, `--name`, `=value` or the next
@@ -93,17 +155,21 @@ pub(super) fn find(spec: &Map<String, Value>) -> Option<RoutingSidecar> {
         let containers = spec.get(list)?.as_array()?;
         let index = containers.iter().position(is_routing_sidecar)?;
         let args = containers[index]["args"].as_array().cloned().unwrap_or_default();
+        let configured = configuration(&args);
         let named = match flag(&args, "port") {
             Some((_, _, value)) => Some(value.parse().ok()?),
-            None => configured_port(&args),
+            None => configured
+                .as_ref()
+                .and_then(|c| c.get("port"))
+                .and_then(serde_yaml::Value::as_u64),
         };
-        let port_in_a_file = named.is_none() && flag(&args, "configuration-file").is_some();
+        let in_a_file = flag(&args, "configuration-file").is_some();
+        let port_in_a_file = named.is_none() && in_a_file;
         let port = named.unwrap_or(DEFAULT_PORT);
         let ssrf_protected = bool_flag(&args, "enable-ssrf-protection", false)?;
         let secure = bool_flag(&args, "secure-serving", true)? && bool_flag(&args, "secure-proxy", true)?;
         let cert_path = flag(&args, "cert-path").map(|(_, _, dir)| dir.trim_end_matches('/').to_string());
-        let tls_to_prefill = flag(&args, "enable-tls")
-            .is_some_and(|(_, _, sides)| sides.split(',').any(|side| side.trim() == "prefiller"));
+        let to_prefill = to_prefill(&args, configured.as_ref(), in_a_file)?;
         Some(RoutingSidecar {
             list,
             index,
@@ -111,7 +177,7 @@ pub(super) fn find(spec: &Map<String, Value>) -> Option<RoutingSidecar> {
             ssrf_protected,
             secure,
             cert_path,
-            tls_to_prefill,
+            to_prefill,
             port_in_a_file,
         })
     })

@@ -937,25 +937,73 @@ fn a_kserve_llm_pod_on_https_is_served_through_llmslo_with_its_own_certificate()
 }
 
 #[test]
-fn a_routing_sidecar_speaking_tls_to_prefill_pods_gets_no_relay_and_says_so() {
-    let tls = LLM_D_09_DECODE.replace(
+fn a_routing_sidecar_speaking_tls_to_prefill_pods_unverified_gets_a_relay_in_tls() {
+    for (to_prefill, skip) in [
+        ("--enable-tls=prefiller, --tls-insecure-skip-verify=prefiller", ""),
+        (
+            "--enable-tls, \"decoder,prefiller\", --tls-insecure-skip-verify=prefiller,decoder",
+            "",
+        ),
+        // The older flags KServe renders.
+        (
+            "--prefiller-use-tls=true, --prefiller-tls-insecure-skip-verify=true",
+            "",
+        ),
+        ("--prefiller-use-tls", ", --prefiller-tls-insecure-skip-verify"),
+        // Inline configuration.
+        (
+            "\"--configuration=enable-tls: [prefiller]\\ntls-insecure-skip-verify: [prefiller]\"",
+            "",
+        ),
+    ] {
+        let pod = LLM_D_09_DECODE.replace(
+            "--kv-connector=nixlv2,",
+            &format!("--kv-connector=nixlv2, {to_prefill}{skip},"),
+        );
+        let (_, _, env) = injected_sidecar(&pod);
+        assert!(env.contains_key("LLMSLO_PREFILL_RELAY"), "{to_prefill}: {env:?}");
+        assert_eq!(env["LLMSLO_PREFILL_TLS"], "true", "{to_prefill}");
+        assert_eq!(env["LLMSLO_PREFILL_INSECURE_SKIP_VERIFY"], "true", "{to_prefill}");
+    }
+    // Plain HTTP to prefill pods: a plain relay.
+    let (_, _, env) = injected_sidecar(LLM_D_09_DECODE);
+    assert!(env.contains_key("LLMSLO_PREFILL_RELAY"));
+    assert!(!env.contains_key("LLMSLO_PREFILL_TLS"), "{env:?}");
+    let off = LLM_D_09_DECODE.replace(
         "--kv-connector=nixlv2,",
-        "--kv-connector=nixlv2, --enable-tls=prefiller,",
+        "--kv-connector=nixlv2, --prefiller-use-tls=false,",
     );
-    let injected = inject_yaml(&tls, &InjectOptions::with_image("llmslo:test")).unwrap();
-    assert_eq!(injected.warnings.len(), 1, "{:?}", injected.warnings);
-    assert!(
-        injected.warnings[0].contains("--enable-tls=prefiller"),
-        "{:?}",
-        injected.warnings
-    );
-    let d: Value = serde_yaml::from_str(&injected.output).unwrap();
-    let env = d["spec"]["template"]["spec"]["initContainers"][0]["env"]
-        .as_array()
-        .unwrap()
-        .clone();
-    assert!(!env.iter().any(|e| e["name"] == "LLMSLO_PREFILL_RELAY"), "{env:?}");
-    assert!(env.contains(&json!({"name": "LLMSLO_ROLE", "value": "decode"})));
+    assert!(!injected_sidecar(&off).2.contains_key("LLMSLO_PREFILL_TLS"));
+}
+
+#[test]
+fn a_routing_sidecar_verifying_prefill_pods_or_configured_from_a_file_gets_no_relay_and_says_so() {
+    for (shape, says) in [
+        ("--enable-tls=prefiller,", "--tls-insecure-skip-verify=prefiller"),
+        ("--prefiller-use-tls=true,", "--tls-insecure-skip-verify=prefiller"),
+        ("--configuration-file=/etc/routing/config.yaml,", "--configuration-file"),
+    ] {
+        let pod = LLM_D_09_DECODE.replace("--kv-connector=nixlv2,", &format!("--kv-connector=nixlv2, {shape}"));
+        let injected = inject_yaml(&pod, &InjectOptions::with_image("llmslo:test")).unwrap();
+        assert_eq!(injected.warnings.len(), 1, "{shape}: {:?}", injected.warnings);
+        assert!(
+            injected.warnings[0].contains(says) && injected.warnings[0].contains("unmeasured"),
+            "{:?}",
+            injected.warnings
+        );
+        let d: Value = serde_yaml::from_str(&injected.output).unwrap();
+        let env = d["spec"]["template"]["spec"]["initContainers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .clone();
+        assert!(!env.iter().any(|e| e["name"] == "LLMSLO_PREFILL_RELAY"), "{env:?}");
+        assert!(env.contains(&json!({"name": "LLMSLO_ROLE", "value": "decode"})));
+        let annotations = &d["spec"]["template"]["metadata"]["annotations"];
+        assert!(
+            annotations.to_string().contains("unmeasured"),
+            "the pod says so too: {annotations}"
+        );
+    }
 }
 
 #[test]
@@ -968,11 +1016,22 @@ fn a_routing_sidecar_whose_port_is_in_a_file_takes_the_annotated_port_or_says_it
     assert!(
         injected.warnings[0].contains("--configuration-file") && injected.warnings[0].contains("llmslo.io/listen-port")
     );
+    assert!(injected.warnings[0].contains("the relay that times the legs stays off"));
     let told = from_file.replace(
         "annotations: {llmslo.io/prefill-pool",
         "annotations: {llmslo.io/listen-port: \"9000\", llmslo.io/prefill-pool",
     );
-    let (spec, args, _) = injected_sidecar(&told);
+    let injected = inject_yaml(&told, &InjectOptions::with_image("llmslo:test")).unwrap();
+    assert_eq!(
+        injected.warnings.len(),
+        1,
+        "the relay's, not the port's: {:?}",
+        injected.warnings
+    );
+    assert!(injected.warnings[0].contains("the relay that times the legs stays off"));
+    let d: Value = serde_yaml::from_str(&injected.output).unwrap();
+    let spec = &d["spec"]["template"]["spec"];
+    let args = &spec["initContainers"][0]["args"];
     assert_eq!(args[4], "0.0.0.0:9000", "{args:?}");
     let routing = &spec["initContainers"][1];
     assert!(

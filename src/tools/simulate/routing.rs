@@ -6,7 +6,8 @@
 //! Every header of the client's request goes on both legs, with an `x-request-id` of its own
 //! added. A request naming no prefill pod goes to the decode engine as it is. With an
 //! allow-list it is llm-d's SSRF protection (`-enable-ssrf-protection=true`): a prefill pod
-//! outside the list gets 403 and nothing is sent.
+//! outside the list gets 403 and nothing is sent. It can speak TLS to prefill pods, their
+//! certificates unverified (`--enable-tls=prefiller --tls-insecure-skip-verify=prefiller`).
 
 use crate::serve::tls::ServerTls;
 use bytes::Bytes;
@@ -15,6 +16,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -40,7 +42,9 @@ type Body = UnsyncBoxBody<Bytes, hyper::Error>;
 pub struct RoutingSidecar {
     decode: SocketAddr,
     allowed: Option<Vec<SocketAddr>>,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// How prefill legs go: `http`, or `https` unverified.
+    prefill_scheme: &'static str,
     next_id: AtomicU64,
 }
 
@@ -48,10 +52,32 @@ impl RoutingSidecar {
     /// One in front of the decode engine at `decode`; with `allowed`, prefill legs go to those
     /// addresses alone.
     pub fn new(decode: SocketAddr, allowed: Option<Vec<SocketAddr>>) -> Arc<Self> {
+        Self::with_prefill_scheme(decode, allowed, "http")
+    }
+
+    /// [`Self::new`], speaking TLS to prefill pods without verifying them.
+    pub fn with_tls_to_prefill(decode: SocketAddr, allowed: Option<Vec<SocketAddr>>) -> Arc<Self> {
+        Self::with_prefill_scheme(decode, allowed, "https")
+    }
+
+    fn with_prefill_scheme(decode: SocketAddr, allowed: Option<Vec<SocketAddr>>, scheme: &'static str) -> Arc<Self> {
+        let unverified = crate::upstream::tls::UpstreamTls {
+            insecure_skip_verify: true,
+            ..Default::default()
+        };
+        let tls = crate::upstream::tls::client_config(&unverified, "prefill").expect("unverified TLS loads nothing");
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
         Arc::new(Self {
             decode,
             allowed,
-            client: Client::builder(TokioExecutor::new()).build_http(),
+            client: Client::builder(TokioExecutor::new()).build(connector),
+            prefill_scheme: scheme,
             next_id: AtomicU64::new(1),
         })
     }
@@ -106,7 +132,9 @@ impl RoutingSidecar {
             .filter(|v| !v.is_empty());
         let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
         let Some(prefill) = prefill else {
-            return self.send(&self.decode.to_string(), &path, &parts.headers, body).await;
+            return self
+                .send("http", &self.decode.to_string(), &path, &parts.headers, body)
+                .await;
         };
         let allowed = |pod: &str| {
             self.allowed
@@ -136,7 +164,13 @@ impl RoutingSidecar {
         leg.remove("stream_options");
         leg.insert("max_tokens".into(), json!(1));
         let answer = self
-            .send(&prefill, &path, &headers, Bytes::from(Value::Object(leg).to_string()))
+            .send(
+                self.prefill_scheme,
+                &prefill,
+                &path,
+                &headers,
+                Bytes::from(Value::Object(leg).to_string()),
+            )
             .await;
         if !answer.status().is_success() {
             return status(answer.status());
@@ -151,6 +185,7 @@ impl RoutingSidecar {
         let mut decode = original;
         decode["kv_transfer_params"] = params;
         self.send(
+            "http",
             &self.decode.to_string(),
             &path,
             &headers,
@@ -159,10 +194,10 @@ impl RoutingSidecar {
         .await
     }
 
-    /// POSTs `body` to `target` with the client's headers (less those the body and the
-    /// target decide), the answer streamed back as it comes.
-    async fn send(&self, target: &str, path: &str, headers: &HeaderMap, body: Bytes) -> Response<Body> {
-        let Ok(mut request) = Request::post(format!("http://{target}{path}")).body(Full::new(body)) else {
+    /// POSTs `body` to `target` in `scheme` with the client's headers (less those the body and
+    /// the target decide), the answer streamed back as it comes.
+    async fn send(&self, scheme: &str, target: &str, path: &str, headers: &HeaderMap, body: Bytes) -> Response<Body> {
+        let Ok(mut request) = Request::post(format!("{scheme}://{target}{path}")).body(Full::new(body)) else {
             return status(StatusCode::BAD_REQUEST);
         };
         for (name, value) in headers {
