@@ -126,7 +126,7 @@ fn missing_or_bad_flags_and_env_exit_64() {
     assert_eq!(code, 64);
     assert_eq!(
         stderr.trim(),
-        "llmslo: flag --role: `leader` is not a role: aggregated, prefill or decode"
+        "llmslo: flag --role: `leader` is not a role: aggregated, prefill, decode or router"
     );
     let (code, stderr) = run_and_fail(
         llmslo()

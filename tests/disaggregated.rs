@@ -783,6 +783,51 @@ async fn every_attack_on_the_relay_and_the_legs_leaves_the_streams_beside_it_who
     front.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_front_of_a_pd_router_every_request_is_disaggregated_with_the_parts_its_answer_states() {
+    // What a P/D router passes back: the decode engine's stream, with its own account.
+    let (engine_addr, _e) = start_engine(engine(20, 2)).await;
+    let front = start_sidecar(engine_addr, "role: router\n").await;
+    let http = client();
+    for _ in 0..3 {
+        ask(&http, front.proxy_addr, 100, 6, None).await;
+    }
+    let page = settled(&front).await;
+    assert_eq!(sample(&page, "llmslo_role", &[("role", "router")]), 1.0);
+    assert_eq!(
+        sample(&page, "llmslo_requests_served_total", &[("served", "disaggregated")]),
+        3.0
+    );
+    assert_eq!(sample(&page, "llmslo_requests_total", &[("outcome", "success")]), 3.0);
+    assert_eq!(
+        sample(&page, "llmslo_ttft_part_seconds_count", &[("part", "decode_queue")]),
+        3.0
+    );
+    assert_eq!(
+        sample(&page, "llmslo_ttft_part_unmeasured_total", &[("part", "prefill")]),
+        3.0,
+        "no relay sees the legs behind a router"
+    );
+    // A leg a client claims is still a user request here.
+    let leg = serde_json::json!({"model": "sim", "prompt": "x", "max_tokens": 1,
+        "kv_transfer_params": {"do_remote_decode": true}});
+    let response = http
+        .request(
+            Request::post(format!("http://{}/v1/completions", front.proxy_addr))
+                .header("content-type", "application/json")
+                .body(Full::new(Bytes::from(leg.to_string())))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    response.into_body().collect().await.unwrap();
+    let page = settled(&front).await;
+    assert_eq!(sample(&page, "llmslo_requests_total", &[("outcome", "success")]), 4.0);
+    assert_eq!(sample(&page, "llmslo_legs_total", &[]), 0.0);
+    front.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 #[ignore = "needs vllm-router (CI installs it with its tools); run with cargo test -- --include-ignored"]
 async fn behind_vllms_own_router_each_user_request_is_counted_once_and_each_prefill_leg_as_a_leg() {
@@ -822,8 +867,8 @@ async fn behind_vllms_own_router_each_user_request_is_counted_once_and_each_pref
         assert!(started.elapsed() < Duration::from_secs(30), "vllm-router did not start");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // llmslo in front of the router: what users waited for.
-    let front = start_sidecar(router_addr, "").await;
+    // llmslo in front of the router, told so: what users waited for, served disaggregated.
+    let front = start_sidecar(router_addr, "role: router\n").await;
     let http = client();
     for _ in 0..10 {
         ask(&http, front.proxy_addr, 100, 6, None).await;
@@ -867,6 +912,39 @@ async fn behind_vllms_own_router_each_user_request_is_counted_once_and_each_pref
         0.0,
         "none counted twice"
     );
+    assert_eq!(
+        sample(
+            &front_page,
+            "llmslo_requests_served_total",
+            &[("served", "disaggregated")]
+        ),
+        10.0
+    );
+    // The decode server's own account reaches the front through the router: its queue and its
+    // scheduling to first token are measured; the prefill leg, out of the front's sight, is not,
+    // and so neither is the rest.
+    for part in ["decode_queue", "kv_transfer"] {
+        assert_eq!(
+            sample(&front_page, "llmslo_ttft_part_seconds_count", &[("part", part)]),
+            10.0,
+            "{part}: {front_page}"
+        );
+        assert_eq!(
+            sample(&front_page, "llmslo_ttft_part_unmeasured_total", &[("part", part)]),
+            0.0
+        );
+    }
+    for part in ["prefill", "coordination"] {
+        assert_eq!(
+            sample(&front_page, "llmslo_ttft_part_unmeasured_total", &[("part", part)]),
+            10.0,
+            "{part}"
+        );
+        assert_eq!(
+            sample(&front_page, "llmslo_ttft_part_seconds_count", &[("part", part)]),
+            0.0
+        );
+    }
     for (name, page) in [
         ("front", &front_page),
         ("prefill", &prefill_page),

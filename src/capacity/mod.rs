@@ -160,14 +160,15 @@ impl Reader for CapacityEngine {
 /// The SLOs a pod's knee is judged by: a prefill pool's by its TTFT SLOs (it makes only first
 /// tokens), a decode pool's by its TPOT SLOs (its TTFT is mostly the prefill pool's), each
 /// the ones `goodput.require` names, or all of that kind when it names none; an aggregated
-/// pod's by `goodput.require` as it is.
+/// pod's, and a P/D router's (what users waited for, both pools together), by
+/// `goodput.require` as it is.
 fn pool_view(set: &SloSet, role: Role) -> std::borrow::Cow<'_, SloSet> {
     let phase = |slo: &crate::slo::spec::Slo| match role {
         Role::Prefill => matches!(slo.kind, SloKind::Ttft(_)),
         Role::Decode => matches!(slo.kind, SloKind::Tpot(_)),
-        Role::Aggregated => true,
+        Role::Aggregated | Role::Router => true,
     };
-    if role == Role::Aggregated {
+    if matches!(role, Role::Aggregated | Role::Router) {
         return std::borrow::Cow::Borrowed(set);
     }
     let of_phase: Vec<usize> = (0..set.slos.len()).filter(|&i| phase(&set.slos[i])).collect();

@@ -176,7 +176,8 @@ pub(super) struct Endpoints {
     /// [default: auto].
     #[arg(long, env = "LLMSLO_ENGINE")]
     pub(super) engine: Option<String>,
-    /// The pod's role in disaggregated serving: aggregated, prefill or decode [default: aggregated].
+    /// The pod's role in disaggregated serving: aggregated, prefill, decode, or router (in front of
+    /// a P/D router) [default: aggregated].
     #[arg(long, env = "LLMSLO_ROLE")]
     pub(super) role: Option<String>,
     /// Address of the prefill relay of a decode pod's sidecar, like 127.0.0.1:8299 [default: off].
@@ -242,7 +243,7 @@ impl Endpoints {
             None => None,
             Some(name) => Some(Role::from_name(&name).ok_or_else(|| {
                 format!(
-                    "{}: `{name}` is not a role: aggregated, prefill or decode",
+                    "{}: `{name}` is not a role: aggregated, prefill, decode or router",
                     crate::config::origin_label("role", from_env.contains(&"role"))
                 )
             })?),

@@ -222,7 +222,7 @@ impl DisaggFamilies {
         let r = registry.families();
         r.register(
             "llmslo_role",
-            "The pod's role in disaggregated serving (aggregated, prefill or decode), always 1",
+            "The pod's role in disaggregated serving (aggregated, prefill, decode, or router in front of a P/D router), always 1",
             roles,
         );
         r.register(
@@ -304,7 +304,9 @@ impl Reader for DisaggFamilies {
         // A pod without a role that is sent decode legs sits behind the hop that owns the stream.
         let sign = match self.role {
             Role::Prefill if record.count_source.is_some() => Some(Placement::UserRequestOnPrefillPod),
-            Role::Aggregated if record.leg_fields_ignored == Some(LegPhase::Decode) => Some(Placement::SeesDecodeLegs),
+            Role::Aggregated | Role::Router if record.leg_fields_ignored == Some(LegPhase::Decode) => {
+                Some(Placement::SeesDecodeLegs)
+            }
             _ => None,
         };
         self.placement.note(sign);

@@ -332,7 +332,7 @@ impl Shared {
         let claimed = fields.leg.or_else(|| {
             fields.bootstrap_room.then_some(match role {
                 Role::Decode => LegPhase::Decode,
-                Role::Aggregated | Role::Prefill => LegPhase::Prefill,
+                Role::Aggregated | Role::Prefill | Role::Router => LegPhase::Prefill,
             })
         });
         let Some(claimed) = claimed else {
@@ -344,7 +344,7 @@ impl Shared {
                 let ip = ip.to_canonical();
                 ip.is_loopback() || self.settings.decode_leg_sources.iter().any(|net| net.contains(&ip))
             }),
-            (Role::Decode, LegPhase::Prefill) | (Role::Aggregated, _) => false,
+            (Role::Decode, LegPhase::Prefill) | (Role::Aggregated | Role::Router, _) => false,
         };
         if expected {
             (Some(claimed), None)
@@ -355,7 +355,7 @@ impl Shared {
 
     /// How a user request is served: disaggregated when the router named a prefill pod (its
     /// leg then diverted to the relay, when there is one and the pod is of its pool), else as
-    /// the pod's role says.
+    /// the pod's role says (every request in front of a P/D router is disaggregated).
     fn served(&self, headers: &mut HeaderMap) -> (Served, Result<Option<Box<dyn PrefillTimer>>, RelaySkip>) {
         if self.settings.relay.is_some() {
             // Only llmslo tags a request for its relay.
@@ -364,6 +364,7 @@ impl Shared {
         if !relay::names_prefill_pod(headers) {
             let served = match self.recorder.role() {
                 Role::Decode => Served::DecodeOnly,
+                Role::Router => Served::Disaggregated,
                 Role::Aggregated | Role::Prefill => Served::Aggregated,
             };
             return (served, Ok(None));

@@ -16,6 +16,10 @@ pub enum Role {
     Prefill,
     /// A decode pool's pod: it takes the client's stream (in front of the routing sidecar).
     Decode,
+    /// In front of a router that serves every request disaggregated (vLLM's `vllm-router`,
+    /// SGLang's router, in P/D mode): every request is a user request served so, its legs
+    /// out of sight.
+    Router,
 }
 
 impl Role {
@@ -25,12 +29,13 @@ impl Role {
             Role::Aggregated => "aggregated",
             Role::Prefill => "prefill",
             Role::Decode => "decode",
+            Role::Router => "router",
         }
     }
 
     /// The role a `role` value names (`aggregated`, `prefill`, `decode`), if any.
     pub fn from_name(name: &str) -> Option<Self> {
-        [Role::Aggregated, Role::Prefill, Role::Decode]
+        [Role::Aggregated, Role::Prefill, Role::Decode, Role::Router]
             .into_iter()
             .find(|role| role.as_str() == name)
     }
@@ -69,7 +74,8 @@ impl LegPhase {
 pub enum Served {
     /// One engine did both phases.
     Aggregated,
-    /// The router named a prefill pod (`x-prefiller-host-port`): prefill there, decode here.
+    /// The router named a prefill pod (`x-prefiller-host-port`): prefill there, decode here;
+    /// or a P/D router behind llmslo (`role: router`) served it on two pools.
     Disaggregated,
     /// A decode pod did both phases itself: the router named no prefill pod.
     DecodeOnly,
