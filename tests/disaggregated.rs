@@ -1136,3 +1136,147 @@ spec:
     prefill_side.shutdown().await;
     shutdown.cancel();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_injected_prefill_pod_counts_every_leg_on_the_port_its_router_sends_to() {
+    use crate::common::tls::{https, TestCa};
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let ca = TestCa::new("pd-prefill");
+    // KServe's prefill pods serve vLLM on HTTPS with the pod's certificate.
+    let (cert, key) = ca.issue("tls", 30);
+    for https_engine in [false, true] {
+        let port = quiet_port_with_two_above();
+        let ssl = match https_engine {
+            true => format!(", --ssl-certfile, {}, --ssl-keyfile, {}", cert.display(), key.display()),
+            false => String::new(),
+        };
+        let scheme = if https_engine { "HTTPS" } else { "HTTP" };
+        let pod = format!(
+            r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: qwen-prefill}}
+spec:
+  selector: {{matchLabels: {{app: qwen-prefill}}}}
+  template:
+    metadata:
+      labels: {{app: qwen-prefill, llm-d.ai/role: prefill, llmslo.io/inject: "true"}}
+    spec:
+      containers:
+        - name: vllm
+          image: ghcr.io/llm-d/llm-d-cuda:v0.5.0
+          args: [--port, "{port}", --kv-transfer-config, '{{"kv_connector":"NixlConnector","kv_role":"kv_producer"}}'{ssl}]
+          ports: [{{containerPort: {port}}}]
+          readinessProbe: {{httpGet: {{path: /health, port: {port}, scheme: {scheme}}}}}
+          volumeMounts: [{{name: certs, mountPath: {dir}}}]
+      volumes: [{{name: certs, secret: {{secretName: qwen-prefill-certs}}}}]
+"#,
+            dir = ca.dir.display()
+        );
+        let injected =
+            llmslo::k8s::inject::inject_yaml(&pod, &llmslo::k8s::inject::InjectOptions::with_image("llmslo:test"))
+                .unwrap();
+        assert!(injected.warnings.is_empty(), "{:?}", injected.warnings);
+        let pod: serde_json::Value = serde_yaml::from_str(&injected.output).unwrap();
+        let spec = &pod["spec"]["template"]["spec"];
+        let llmslo = InjectedContainer(spec["initContainers"][0].clone());
+        let engine_container = InjectedContainer(spec["containers"][0].clone());
+        let moved: u16 = engine_container.after("--port").parse().unwrap();
+        assert_eq!(llmslo.after("--listen"), format!("0.0.0.0:{port}"));
+        assert_eq!(llmslo.env("LLMSLO_ROLE"), "prefill");
+        let probe = &spec["containers"][0]["readinessProbe"]["httpGet"];
+        assert_eq!(probe["port"], moved, "the engine's probe follows it");
+
+        // The engine where inject moved it (on HTTPS when it served HTTPS), and llmslo as the
+        // pod runs it: its arguments and environment, on loopback.
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", moved)).await.unwrap();
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let engine_tls = https_engine.then(|| {
+            let named = |path: &std::path::Path| llmslo::serve::tls::NamedPath {
+                path: path.to_path_buf(),
+                name: "--ssl-certfile".into(),
+            };
+            llmslo::serve::tls::ServerTls::load(
+                llmslo::serve::tls::TlsSource::Files {
+                    cert: named(&cert),
+                    key: named(&key),
+                },
+                None,
+            )
+            .unwrap()
+        });
+        tokio::spawn(llmslo::tools::simulate::SimEngine::new(engine(20, 2)).serve_on(
+            listener,
+            engine_tls,
+            shutdown.clone(),
+        ));
+        let tls = match https_engine {
+            true => format!(
+                "tls: {{cert_file: {}, key_file: {}}}\nupstream_tls: {{insecure_skip_verify: {}}}\n",
+                llmslo.env("LLMSLO_TLS_CERT_FILE"),
+                llmslo.env("LLMSLO_TLS_KEY_FILE"),
+                llmslo.env("LLMSLO_UPSTREAM_INSECURE_SKIP_VERIFY"),
+            ),
+            false => String::new(),
+        };
+        let yaml = format!(
+            "upstream: {}\nlisten: 127.0.0.1:{port}\nmetrics_listen: 127.0.0.1:0\nengine: vllm\nfinal_scrape_grace: 0s\n\
+             role: {}\n{tls}",
+            llmslo.after("--upstream"),
+            llmslo.env("LLMSLO_ROLE"),
+        );
+        let side = Sidecar::start(&Config::from_yaml(&yaml).unwrap()).await.unwrap();
+
+        // The routing sidecars' prefill legs, to the port they always used.
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        for _ in 0..3 {
+            let leg = serde_json::json!({"model": "sim", "max_tokens": 1, "stream": false,
+                "messages": [{"role": "user", "content": "x".repeat(400)}],
+                "kv_transfer_params": {"do_remote_decode": true, "do_remote_prefill": false}});
+            let request = |uri: String| {
+                Request::post(uri)
+                    .header("content-type", "application/json")
+                    .body(Full::new(Bytes::from(leg.to_string())))
+                    .unwrap()
+            };
+            let (status, body) = if https_engine {
+                https(
+                    addr,
+                    &ca.roots(),
+                    "localhost",
+                    request("https://localhost/v1/chat/completions".into()),
+                )
+                .await
+                .unwrap()
+            } else {
+                let response = client()
+                    .request(request(format!("http://{addr}/v1/chat/completions")))
+                    .await
+                    .unwrap();
+                (
+                    response.status().as_u16(),
+                    response.into_body().collect().await.unwrap().to_bytes(),
+                )
+            };
+            assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+            assert!(String::from_utf8_lossy(&body).contains("kv_transfer_params"));
+        }
+        let page = settled(&side).await;
+        assert_eq!(
+            sample(
+                &page,
+                "llmslo_legs_total",
+                &[("phase", "prefill"), ("outcome", "success")]
+            ),
+            3.0,
+            "https engine {https_engine}: {page}"
+        );
+        assert_eq!(
+            sample(&page, "llmslo_requests_total", &[]),
+            0.0,
+            "legs, never user requests"
+        );
+        side.shutdown().await;
+        shutdown.cancel();
+    }
+}

@@ -450,3 +450,94 @@ async fn with_a_client_ca_only_callers_it_signed_are_answered() {
     child.wait().unwrap();
     std::fs::remove_dir_all(dir).unwrap();
 }
+
+/// The Pod a Deployment's template makes.
+fn pod_of(deployment_yaml: &str) -> Value {
+    let deployment: Value = serde_yaml::from_str(deployment_yaml).unwrap();
+    let template = &deployment["spec"]["template"];
+    json!({"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"], "spec": template["spec"]})
+}
+
+/// The webhook's answer for `pod`, and the pod with its patch applied.
+fn admitted(pod: &Value) -> (Value, Value) {
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "e4", "kind": {"kind": "Pod"}, "operation": "CREATE", "namespace": "llm", "object": pod}});
+    let answer =
+        llmslo::k8s::webhook::review(review.to_string().as_bytes(), &InjectOptions::with_image("llmslo:test")).unwrap();
+    assert_eq!(answer["response"]["allowed"], true);
+    let patch = base64::engine::general_purpose::STANDARD
+        .decode(answer["response"]["patch"].as_str().unwrap())
+        .unwrap();
+    let patch: json_patch::Patch = serde_json::from_slice(&patch).unwrap();
+    let mut patched = pod.clone();
+    json_patch::patch(&mut patched, &patch).unwrap();
+    (answer, patched)
+}
+
+#[test]
+fn the_webhook_injects_todays_pods_as_inject_does_and_says_what_it_cannot_measure() {
+    let kserve = pod_of(&std::fs::read_to_string("tests/fixtures/k8s/kserve-llm-pod.yaml").unwrap());
+    let decode = "
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: qwen-decode}
+spec:
+  template:
+    metadata:
+      labels: {app: qwen, llm-d.ai/role: decode, llmslo.io/inject: \"true\"}
+      annotations: {llmslo.io/prefill-pool: \"qwen-prefill.llm-d.svc.cluster.local:8000\"}
+    spec:
+      initContainers:
+        - name: routing-proxy
+          image: ghcr.io/llm-d/llm-d-router-disagg-sidecar:v0.9.0
+          args: [--port=8000, --model-server-port=8200, --kv-connector=nixlv2, --cert-path=/etc/routing-certs, TO_PREFILL]
+          ports: [{containerPort: 8000}]
+          volumeMounts: [{name: routing-certs, mountPath: /etc/routing-certs}]
+          restartPolicy: Always
+      containers:
+        - name: vllm
+          image: ghcr.io/llm-d/llm-d-cuda:v0.5.0
+          args: [--port, \"8200\"]
+          ports: [{containerPort: 8200}]
+      volumes: [{name: routing-certs, secret: {secretName: qwen-decode-certs}}]
+";
+    let unverified = pod_of(&decode.replace(
+        "TO_PREFILL",
+        "--enable-tls=prefiller, --tls-insecure-skip-verify=prefiller",
+    ));
+    let verified = pod_of(&decode.replace("TO_PREFILL", "--enable-tls=prefiller"));
+    let env = |pod: &Value| -> std::collections::BTreeMap<String, String> {
+        pod["spec"]["initContainers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|e| Some((e["name"].as_str()?.to_string(), e["value"].as_str()?.to_string())))
+            .collect()
+    };
+    for pod in [&kserve, &unverified, &verified] {
+        let (_, patched) = admitted(pod);
+        let mut expected = pod.clone();
+        inject_pod_template(&mut expected, &InjectOptions::with_image("llmslo:test")).unwrap();
+        assert_eq!(patched, expected, "the same pod as inject makes");
+        assert_eq!(patched["spec"]["initContainers"][0]["name"], "llmslo");
+    }
+    // KServe: llmslo serves the engine's certificate on its port, the engine on HTTPS behind it.
+    let (answer, patched) = admitted(&kserve);
+    assert!(answer["response"].get("warnings").is_none(), "{answer}");
+    let kserve_env = env(&patched);
+    assert_eq!(kserve_env["LLMSLO_TLS_CERT_FILE"], "/etc/ssl/certs/tls.crt");
+    assert_eq!(
+        patched["spec"]["initContainers"][0]["args"][2],
+        "https://127.0.0.1:8100"
+    );
+    // llm-d 0.9, TLS to prefill pods unverified: the relay in TLS.
+    let (answer, patched) = admitted(&unverified);
+    assert!(answer["response"].get("warnings").is_none(), "{answer}");
+    assert_eq!(env(&patched)["LLMSLO_PREFILL_TLS"], "true");
+    // Verified: no relay, and the webhook says so to whoever creates the pod, and on the pod.
+    let (answer, patched) = admitted(&verified);
+    let warnings = answer["response"]["warnings"].to_string();
+    assert!(warnings.contains("unmeasured"), "{answer}");
+    assert!(!env(&patched).contains_key("LLMSLO_PREFILL_RELAY"));
+    assert!(patched["metadata"]["annotations"].to_string().contains("unmeasured"));
+}
