@@ -477,7 +477,9 @@ pub fn inject_pod_template(pod: &mut Value, options: &InjectOptions) -> Result<b
             };
             let flags = engine::read(&spec["containers"][index]);
             let mut serving = Serving {
-                role: router::role(&meta).or(flags.kv_producer.then_some(Role::Prefill)),
+                role: router::role(&meta)
+                    .or(flags.kv_producer.then_some(Role::Prefill))
+                    .or(flags.pd_router.then_some(Role::Router)),
                 ..Serving::default()
             };
             // Where the engine's clients reach it by number (the routers of a disaggregated pool,

@@ -14,6 +14,9 @@ pub(super) struct EngineFlags {
     pub(super) kv_producer: bool,
     /// A shell runs it (`sh -c "vllm serve …"`): its flags cannot be rewritten.
     pub(super) in_a_shell: bool,
+    /// It is a router that serves every request disaggregated (`vllm-router
+    /// --vllm-pd-disaggregation`, SGLang's `launch_router --pd-disaggregation`), not an engine.
+    pub(super) pd_router: bool,
 }
 
 /// The value of `--name` (`--name value` or `--name=value`) in `list`, and where it is.
@@ -27,6 +30,14 @@ fn flag<'a>(list: &'a [Value], name: &str) -> Option<(usize, usize, &'a str)> {
             _ => None,
         }
     })
+}
+
+/// Whether `--name` is given, alone or with a value.
+fn flag_given(list: &[Value], name: &str) -> bool {
+    let form = format!("--{name}");
+    list.iter()
+        .filter_map(Value::as_str)
+        .any(|arg| arg == form || arg.strip_prefix(form.as_str()).is_some_and(|v| v.starts_with('=')))
 }
 
 /// The container's command and args as one list of words.
@@ -55,10 +66,14 @@ pub(super) fn read(container: &Value) -> EngineFlags {
         && words
             .iter()
             .any(|w| w.as_str().is_some_and(|w| w.contains(' ') && w.contains("--")));
+    let said = |word: &str| words.iter().any(|w| w.as_str().is_some_and(|w| w.contains(word)));
+    let pd_router = (said("vllm-router") || said("vllm_router")) && flag_given(&words, "vllm-pd-disaggregation")
+        || said("sglang_router") && flag_given(&words, "pd-disaggregation");
     EngineFlags {
         tls,
         kv_producer,
         in_a_shell,
+        pd_router,
     }
 }
 

@@ -1057,3 +1057,43 @@ fn a_decode_pod_without_a_routing_sidecar_takes_the_port_its_router_sends_to() {
     );
     assert_eq!(spec["containers"][0]["readinessProbe"]["httpGet"]["port"], 8100);
 }
+
+#[test]
+fn a_pd_router_pod_gets_llmslo_on_its_port_as_a_router() {
+    let router = r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: vllm-router}
+spec:
+  selector: {matchLabels: {app: router}}
+  template:
+    metadata:
+      labels: {app: router, llmslo.io/inject: "true"}
+    spec:
+      containers:
+        - name: router
+          image: ghcr.io/vllm-project/router:latest
+          command: [vllm-router]
+          args: [--vllm-pd-disaggregation, --host, 0.0.0.0, --port, "8000", --prefill, "http://prefill:8000",
+                 --decode, "http://decode:8000"]
+          ports: [{containerPort: 8000}]
+"#;
+    let (spec, args, env) = injected_sidecar(router);
+    assert_eq!(env["LLMSLO_ROLE"], "router");
+    assert_eq!(args[2..5], ["http://127.0.0.1:8100", "--listen", "0.0.0.0:8000"]);
+    let moved = spec["containers"][0]["args"].as_array().unwrap();
+    assert!(
+        moved.windows(2).any(|w| w == [json!("--port"), json!("8100")]),
+        "{moved:?}"
+    );
+    // SGLang's router in P/D mode is one too; without P/D, a router is no role of ours.
+    let sglang = router
+        .replace(
+            "command: [vllm-router]",
+            "command: [python3, -m, sglang_router.launch_router]",
+        )
+        .replace("--vllm-pd-disaggregation", "--pd-disaggregation");
+    assert_eq!(injected_sidecar(&sglang).2["LLMSLO_ROLE"], "router");
+    let balancing = router.replace("--vllm-pd-disaggregation, ", "");
+    assert!(!injected_sidecar(&balancing).2.contains_key("LLMSLO_ROLE"));
+}
