@@ -400,3 +400,99 @@ async fn an_injected_kserve_pod_serves_its_https_clients_through_llmslo_on_the_p
     front.shutdown().await;
     engine.shutdown().await;
 }
+
+/// Streams a chat completion with the `openai` SDK to `base`, trusting `ca` alone; prints
+/// the text.
+const OPENAI_OVER_TLS: &str = r#"
+import ssl, sys, openai
+base, ca = sys.argv[1], sys.argv[2]
+trusted = ssl.create_default_context(cafile=ca)
+client = openai.OpenAI(base_url=base, api_key="x", http_client=openai.DefaultHttpx2Client(verify=trusted))
+stream = client.chat.completions.create(model="sim", max_tokens=6, stream=True,
+    messages=[{"role": "user", "content": "hello"}])
+print("".join(c.choices[0].delta.content or "" for c in stream if c.choices), end="")
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_clients_stream_through_tls_verified_on_both_sides_curl_over_h2_and_the_openai_sdk() {
+    let ca = TestCa::new("tls-clients");
+    let (cert, key) = ca.issue("tls", 30);
+    // The engine on HTTPS with a certificate from the same CA: llmslo verifies it (and speaks
+    // h2 to it, which its ALPN offers).
+    let engine_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let engine_addr = engine_listener.local_addr().unwrap();
+    let named = |path: &std::path::Path| llmslo::serve::tls::NamedPath {
+        path: path.to_path_buf(),
+        name: "the engine's".into(),
+    };
+    let engine_tls = llmslo::serve::tls::ServerTls::load(
+        llmslo::serve::tls::TlsSource::Files {
+            cert: named(&cert),
+            key: named(&key),
+        },
+        None,
+    )
+    .unwrap();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(llmslo::tools::simulate::SimEngine::new(timed_engine(5, 2)).serve_on(
+        engine_listener,
+        Some(engine_tls),
+        shutdown.clone(),
+    ));
+    let front = sidecar(&format!(
+        "upstream: https://localhost:{}\ntls: {{cert_file: {}, key_file: {}}}\nupstream_tls: {{ca_file: {}}}\n",
+        engine_addr.port(),
+        cert.display(),
+        key.display(),
+        ca.ca_file().display()
+    ))
+    .await;
+    let port = front.proxy_addr.port();
+    let body = r#"{"model":"sim","max_tokens":6,"stream":true,"messages":[{"role":"user","content":"hello"}]}"#;
+    let mut served = 0.0;
+    if let Some(curl) = required_tool("curl", &[], "apt-get install curl") {
+        let output = std::process::Command::new(curl)
+            .args(["-sS", "-N", "--http2", "--cacert"])
+            .arg(ca.ca_file())
+            .args(["--resolve", &format!("localhost:{port}:127.0.0.1")])
+            .args(["-H", "content-type: application/json", "-d", body])
+            .args(["-w", "\nhttp_version=%{http_version}"])
+            .arg(format!("https://localhost:{port}/v1/chat/completions"))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert!(
+            text.ends_with("data: [DONE]\n\n\nhttp_version=2"),
+            "h2 by ALPN, streamed whole: {text}"
+        );
+        served += 1.0;
+    }
+    if let Some(python) = required_tool(
+        "python-with-openai",
+        &["target/ci/tools/venv/bin/python"],
+        "bash .ci/k8s/tools.sh installs the openai SDK into target/ci/tools/venv",
+    ) {
+        let output = std::process::Command::new(python)
+            .args(["-c", OPENAI_OVER_TLS, &format!("https://localhost:{port}/v1")])
+            .arg(ca.ca_file())
+            .output()
+            .unwrap();
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        assert!(!output.stdout.is_empty(), "the SDK read the stream's text");
+        served += 1.0;
+    }
+    let page = settled(&front).await;
+    assert_eq!(
+        sample(&page, "llmslo_requests_total", &[("outcome", "success")]),
+        served,
+        "{page}"
+    );
+    assert_eq!(sample(&page, "llmslo_output_tokens_total", &[]), 6.0 * served);
+    front.shutdown().await;
+    shutdown.cancel();
+}
