@@ -238,8 +238,8 @@ impl DisaggFamilies {
         );
         r.register(
             "llmslo_requests_served",
-            "User requests by how they were served: disaggregated (the router named a prefill pod), decode_only, \
-             aggregated",
+            "User requests by how they were served: disaggregated (the router named a prefill pod, or a P/D router \
+             behind llmslo served it), decode_only, aggregated",
             families.served.clone(),
         );
         r.register_with_unit(
