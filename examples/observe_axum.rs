@@ -17,16 +17,16 @@ use http::{Request, StatusCode, Uri};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use llmslo::proxy::UpstreamBody;
+use llmslo::BoxBody;
 use llmslo::{Measurement, MeasurementSettings, ObserveLayer, ObserveSettings};
 use tower::ServiceBuilder;
 
 /// The gateway: `/metrics`, and everything else observed on its way to `upstream` and recorded
 /// into `measurement`'s readers.
 pub fn app(upstream: Uri, measurement: &Measurement) -> Router {
-    let client: Client<HttpConnector, UpstreamBody> = Client::builder(TokioExecutor::new()).build_http();
+    let client: Client<HttpConnector, BoxBody> = Client::builder(TokioExecutor::new()).build_http();
     // The engine client: any tower service whose response body streams will do.
-    let forward = tower::service_fn(move |mut request: Request<UpstreamBody>| {
+    let forward = tower::service_fn(move |mut request: Request<BoxBody>| {
         let path = request.uri().path_and_query().map_or("/", |p| p.as_str()).to_string();
         *request.uri_mut() = Uri::builder()
             .scheme(upstream.scheme_str().unwrap_or("http"))
@@ -37,7 +37,7 @@ pub fn app(upstream: Uri, measurement: &Measurement) -> Router {
         client.request(request)
     });
     let observed = ServiceBuilder::new()
-        .layer(HandleErrorLayer::new(|error: llmslo::upstream::BoxError| async move {
+        .layer(HandleErrorLayer::new(|error: llmslo::BoxError| async move {
             (StatusCode::BAD_GATEWAY, format!("the engine failed: {error}"))
         }))
         .layer(ObserveLayer::new(

@@ -10,9 +10,11 @@
 //!   (stream parsing and the per-request record), then what records go into: [`metrics`],
 //!   [`slo`], [`capacity`], and [`otel`] (trace context, spans, OTLP export); beside them
 //!   [`gpu`];
+//! - [`body`]: the body types and errors every layer shares ([`BoxBody`], [`BoxError`]);
 //! - [`k8s`]: the injector and the admission webhook; [`tools`]: demo, simulated engine,
 //!   sweep, bench; [`cli`]: the subcommands.
 
+pub mod body;
 pub mod capacity;
 pub mod cli;
 pub mod config;
@@ -41,5 +43,6 @@ pub mod upstream;
 pub mod window;
 pub mod workload;
 
+pub use body::{BoxBody, BoxError};
 pub use proxy::observe::{Observe, ObserveLayer, ObserveSettings};
 pub use sidecar::measurement::{Measurement, MeasurementSettings};

@@ -22,6 +22,7 @@ const FLOORS: &[&[&str]] = &[
     ],
     &[
         "record",
+        "body",
         "proto",
         "upstream",
         "provider",

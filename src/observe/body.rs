@@ -1,8 +1,8 @@
 //! The observed response body: forwards every frame unchanged while the tracker watches.
 
 use super::tracker::{End, RequestTracker};
+use crate::body::{BoxError, StreamIdle};
 use crate::record::Outcome;
-use crate::upstream::{BoxError, StreamIdle};
 use bytes::Bytes;
 use hyper::body::{Body, Frame, SizeHint};
 use std::pin::Pin;

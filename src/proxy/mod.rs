@@ -25,14 +25,12 @@ pub mod relay;
 pub mod request_body;
 
 use crate::observe::recorder::Recorder;
-use crate::upstream::{BoxError, UpstreamClient};
+use crate::upstream::UpstreamClient;
 use admit::{Admit, AdmitLayer};
-use bytes::Bytes;
 use deadline::{ResponseDeadline, ResponseDeadlineLayer};
 use forward::{ClientAddr, Forward};
 use guard::{Guard, GuardLayer, GuardSettings};
 use http::{Request, Response};
-use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use observe::{Observe, ObserveLayer, ObserveSettings};
 use std::convert::Infallible;
@@ -76,7 +74,7 @@ pub mod defaults {
 }
 
 /// Body type sent back to the client.
-pub type ProxyBody = UnsyncBoxBody<Bytes, BoxError>;
+pub type ProxyBody = crate::body::BoxBody;
 
 /// Proxy settings taken from the configuration.
 #[derive(Debug, Clone)]

@@ -18,10 +18,7 @@ use std::time::Duration;
 use tls::{EngineTls, UpstreamTls};
 use tokio::sync::Notify;
 
-/// The engine sent nothing on an open response body for `stream_idle_timeout`.
-#[derive(Debug, thiserror::Error)]
-#[error("the upstream sent nothing for {}", humantime::format_duration(*.0))]
-pub struct StreamIdle(pub Duration);
+pub use crate::body::StreamIdle;
 
 /// The innermost cause of an error: "Connection refused" rather than "client error (Connect)".
 pub fn innermost_cause(error: &dyn std::error::Error) -> String {

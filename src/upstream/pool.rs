@@ -8,7 +8,6 @@
 use super::tls::EngineTls;
 use super::wake::ConnWaker;
 use bytes::Bytes;
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Body;
 use hyper::body::Incoming;
@@ -27,10 +26,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-/// A boxed error, the error type of bodies that can fail in more than one way.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+pub use crate::body::BoxError;
 /// Body type sent to the upstream.
-pub type UpstreamBody = UnsyncBoxBody<Bytes, BoxError>;
+pub type UpstreamBody = crate::body::BoxBody;
 
 /// The most of the engine's bytes one HTTP/2 stream holds here unread (its flow-control
 /// window, a dozen stream events or more): a client that stops reading holds no more than this
