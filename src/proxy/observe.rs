@@ -20,6 +20,7 @@ use super::peek::{self, PeekError, Peeked, RequestFields};
 use super::relay::{self, PrefillRelay};
 use super::request_body::{ClientFault, FaultSlot, NotedBody};
 use super::{ProxyBody, UpstreamBody};
+use crate::body::{BoxError, Replayable, SendError};
 use crate::metrics::RefusalReason;
 use crate::observe::body::ObservedBody;
 use crate::observe::recorder::Recorder;
@@ -33,7 +34,6 @@ use crate::record::Engine;
 use crate::record::Operation;
 use crate::record::Outcome;
 use crate::record::{LegPhase, PrefillTimer, RelaySkip, Role, Served};
-use crate::upstream::{BoxError, Replayable};
 use bytes::Bytes;
 use http::{header, HeaderMap, Request, Response};
 use http_body_util::BodyExt;
@@ -429,9 +429,7 @@ fn failure_outcome(error: &BoxError) -> Outcome {
         return Outcome::Timeout;
     }
     // The sidecar's own client, or hyper-util's in an application that uses the layer.
-    let connect = error
-        .downcast_ref::<crate::upstream::SendError>()
-        .is_some_and(|e| e.is_connect())
+    let connect = error.downcast_ref::<SendError>().is_some_and(|e| e.is_connect())
         || error
             .downcast_ref::<hyper_util::client::legacy::Error>()
             .is_some_and(|e| e.is_connect());

@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-pub use crate::body::BoxError;
+pub use crate::body::{BoxError, Replayable, SendError};
 /// Body type sent to the upstream.
 pub type UpstreamBody = crate::body::BoxBody;
 
@@ -89,27 +89,6 @@ impl Conn {
     /// Open, and ready for its next request: polled once, it neither closed nor is busy.
     fn alive(&mut self) -> bool {
         !self.driver.poll(&mut Context::from_waker(Waker::noop())) && self.sender.is_ready()
-    }
-}
-
-/// Why no response came.
-#[derive(Debug, thiserror::Error)]
-pub enum SendError {
-    /// The engine could not be connected to.
-    #[error("cannot connect to the upstream")]
-    Connect(#[source] std::io::Error),
-    /// The connection failed during the exchange.
-    #[error("the upstream request failed")]
-    Request(#[source] hyper::Error),
-    /// A new HTTP/2 connection closed before the request's stream could open.
-    #[error("the upstream closed a new HTTP/2 connection before taking the request")]
-    ClosedBeforeUse,
-}
-
-impl SendError {
-    /// Whether the engine could not be connected to at all.
-    pub fn is_connect(&self) -> bool {
-        matches!(self, SendError::Connect(_))
     }
 }
 
@@ -531,11 +510,6 @@ fn is_h2(stream: &EngineIo) -> bool {
         tokio_util::either::Either::Right(tls) => tls.get_ref().1.alpn_protocol() == Some(b"h2"),
     }
 }
-
-/// A request body's bytes, kept beside it (in the request's extensions) so that the request can
-/// be sent again when the engine closed its connection before reading it.
-#[derive(Debug, Clone)]
-pub struct Replayable(pub Bytes);
 
 /// The same request again, when its body can be sent again: it has none, or is [`Replayable`].
 fn replay_of(request: &hyper::Request<UpstreamBody>) -> Option<hyper::Request<UpstreamBody>> {
