@@ -17,7 +17,6 @@ use super::defaults;
 use super::error::ProxyError;
 use super::forward::ClientAddr;
 use super::peek::{self, PeekError, Peeked, RequestFields};
-use super::relay::{self, PrefillRelay};
 use super::request_body::{ClientFault, FaultSlot, NotedBody};
 use super::{ProxyBody, UpstreamBody};
 use crate::body::{BoxError, Replayable, SendError};
@@ -33,7 +32,7 @@ use crate::provider;
 use crate::record::Engine;
 use crate::record::Operation;
 use crate::record::Outcome;
-use crate::record::{LegPhase, PrefillTimer, RelaySkip, Role, Served};
+use crate::record::{names_prefill_pod, LegPhase, PrefillDiverter, PrefillTimer, RelaySkip, Role, Served};
 use bytes::Bytes;
 use http::{header, HeaderMap, Request, Response};
 use http_body_util::BodyExt;
@@ -64,7 +63,7 @@ pub struct ObserveSettings {
     pub spans: Option<RequestSpans>,
     /// Relays the prefill legs of the requests it forwards, to time them (a decode pod's
     /// sidecar in front of the routing sidecar).
-    pub relay: Option<Arc<PrefillRelay>>,
+    pub relay: Option<Arc<dyn PrefillDiverter>>,
     /// Beside the pod itself (loopback), the clients whose requests may be decode legs on a
     /// decode pod: a router that sends legs from another pod (SGLang's, vLLM's).
     pub decode_leg_sources: Vec<ipnet::IpNet>,
@@ -357,11 +356,10 @@ impl Shared {
     /// leg then diverted to the relay, when there is one and the pod is of its pool), else as
     /// the pod's role says (every request in front of a P/D router is disaggregated).
     fn served(&self, headers: &mut HeaderMap) -> (Served, Result<Option<Box<dyn PrefillTimer>>, RelaySkip>) {
-        if self.settings.relay.is_some() {
-            // Only llmslo tags a request for its relay.
-            headers.remove(&relay::RELAY_HEADER);
+        if let Some(relay) = &self.settings.relay {
+            relay.untag(headers);
         }
-        if !relay::names_prefill_pod(headers) {
+        if !names_prefill_pod(headers) {
             let served = match self.recorder.role() {
                 Role::Decode => Served::DecodeOnly,
                 Role::Router => Served::Disaggregated,
@@ -370,9 +368,7 @@ impl Shared {
             return (served, Ok(None));
         }
         let ticket = match &self.settings.relay {
-            Some(relay) => relay
-                .divert(headers)
-                .map(|t| Some(Box::new(t) as Box<dyn PrefillTimer>)),
+            Some(relay) => relay.clone().divert_prefill(headers).map(Some),
             None => Ok(None),
         };
         (Served::Disaggregated, ticket)

@@ -15,7 +15,7 @@ pub mod pool;
 
 use super::error::error_response;
 use super::ProxyBody;
-use crate::record::{PrefillTimer, RelaySkip};
+use crate::record::{PrefillDiverter, PrefillTimer, RelaySkip, PREFILLER_HEADERS};
 use crate::upstream::tls::UpstreamTls;
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Request, Response, StatusCode, Uri};
@@ -33,27 +33,11 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::warn;
 
-/// The header llm-d's router names the prefill pod in; the older name before it.
-pub static PREFILLER_HEADERS: [HeaderName; 2] = [
-    HeaderName::from_static("x-prefiller-host-port"),
-    HeaderName::from_static("x-prefiller-url"),
-];
-
 /// The header that tags a request, and so its prefill leg, with its relay entry.
 pub static RELAY_HEADER: HeaderName = HeaderName::from_static("x-llmslo-relay");
 
 /// Longest `x-prefiller-host-port` value read (an IPv6 address in brackets and a port).
 const MAX_TARGET_BYTES: usize = 64;
-
-/// Whether the router named a prefill pod for this request.
-pub fn names_prefill_pod(headers: &HeaderMap) -> bool {
-    PREFILLER_HEADERS.iter().any(|name| {
-        headers
-            .get_all(name)
-            .iter()
-            .any(|v| !v.as_bytes().trim_ascii().is_empty())
-    })
-}
 
 /// The relay: the requests in flight whose prefill legs it expects, and its client.
 #[derive(Debug)]
@@ -246,6 +230,18 @@ impl PrefillRelay {
     }
 }
 
+impl PrefillDiverter for PrefillRelay {
+    /// Only llmslo tags a request for its relay.
+    fn untag(&self, headers: &mut HeaderMap) {
+        headers.remove(&RELAY_HEADER);
+    }
+
+    fn divert_prefill(self: Arc<Self>, headers: &mut HeaderMap) -> Result<Box<dyn PrefillTimer>, RelaySkip> {
+        self.divert(headers)
+            .map(|ticket| Box::new(ticket) as Box<dyn PrefillTimer>)
+    }
+}
+
 /// The relay's own answer, in the OpenAI error shape.
 fn refusal(status: StatusCode, message: &str) -> Response<ProxyBody> {
     error_response(status, "prefill_relay", message)
@@ -301,9 +297,6 @@ mod tests {
             assert_eq!(relay.divert(&mut h).unwrap_err(), why, "{values:?}");
             assert_eq!(h, before);
         }
-        assert!(names_prefill_pod(&headers(&["10.0.0.5:8000"])));
-        assert!(!names_prefill_pod(&headers(&[" "])));
-        assert!(!names_prefill_pod(&HeaderMap::new()));
         assert_eq!(relay.pending(), 0);
     }
 }

@@ -118,6 +118,36 @@ pub trait PrefillTimer: Send + Sync + std::fmt::Debug {
     fn prefill(&self) -> Option<Duration>;
 }
 
+/// The headers llm-d's router names a request's prefill pod in: `x-prefiller-host-port`, and
+/// the older `x-prefiller-url`.
+pub static PREFILLER_HEADERS: [http::HeaderName; 2] = [
+    http::HeaderName::from_static("x-prefiller-host-port"),
+    http::HeaderName::from_static("x-prefiller-url"),
+];
+
+/// Whether the router named a prefill pod for this request.
+pub fn names_prefill_pod(headers: &http::HeaderMap) -> bool {
+    PREFILLER_HEADERS.iter().any(|name| {
+        headers
+            .get_all(name)
+            .iter()
+            .any(|v| !v.as_bytes().trim_ascii().is_empty())
+    })
+}
+
+/// Where a decode pod's prefill legs go to be timed (the sidecar's relay), as the observer
+/// that diverts them sees it.
+pub trait PrefillDiverter: Send + Sync + std::fmt::Debug {
+    /// Drops from a request what only the diverter writes (a client's forged tag).
+    fn untag(&self, headers: &mut http::HeaderMap);
+    /// Has the prefill leg of a request that names a prefill pod come through the diverter:
+    /// what times it, or why it goes on untouched.
+    fn divert_prefill(
+        self: std::sync::Arc<Self>,
+        headers: &mut http::HeaderMap,
+    ) -> Result<Box<dyn PrefillTimer>, RelaySkip>;
+}
+
 /// How far the measured parts may add up past the TTFT (the engine rounds to milliseconds).
 const PARTS_SLACK_SECONDS: f64 = 0.001;
 
@@ -205,6 +235,20 @@ impl TtftParts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_names_a_prefill_pod_with_a_non_blank_header() {
+        let named = |values: &[&str]| {
+            let mut headers = http::HeaderMap::new();
+            for v in values {
+                headers.append(&PREFILLER_HEADERS[0], http::HeaderValue::from_str(v).unwrap());
+            }
+            names_prefill_pod(&headers)
+        };
+        assert!(named(&["10.0.0.5:8000"]));
+        assert!(!named(&[" "]));
+        assert!(!named(&[]));
+    }
 
     #[test]
     fn the_parts_add_up_to_the_ttft_only_when_each_is_known() {

@@ -13,7 +13,10 @@ mod operation;
 mod reader;
 mod trace;
 
-pub use disagg::{LegPhase, PrefillTimer, RelaySkip, Role, Served, TtftPart, TtftParts};
+pub use disagg::{
+    names_prefill_pod, LegPhase, PrefillDiverter, PrefillTimer, RelaySkip, Role, Served, TtftPart, TtftParts,
+    PREFILLER_HEADERS,
+};
 pub use engine::{Engine, EngineContext, EngineMoment, EngineTiming, Fault};
 pub use label_text::LabelText;
 pub use load::RequestLoad;

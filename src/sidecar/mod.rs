@@ -183,7 +183,7 @@ impl Sidecar {
                     inject_usage: config.inject_usage,
                     tokenizer,
                     spans: telemetry.spans(),
-                    relay: relay.clone(),
+                    relay: relay.clone().map(|r| r as Arc<dyn crate::record::PrefillDiverter>),
                     decode_leg_sources: config.decode_leg_sources.clone(),
                 },
             },
