@@ -2,8 +2,8 @@
 //! task (the one serving the client): the engine's bytes are read, parsed and written on to
 //! the client in one wake-up, with no hand-off between tasks. Between requests a connection is
 //! parked here, unpolled, and checked for life when it is taken again. An https engine whose
-//! ALPN chooses h2 gets one shared HTTP/2 connection instead, driven by a task of its own, each
-//! request a stream on it.
+//! ALPN chooses h2 gets shared HTTP/2 connections instead (a hundred streams each), driven by
+//! tasks of their own, each request a stream on one.
 
 use super::tls::EngineTls;
 use super::wake::ConnWaker;
@@ -120,7 +120,7 @@ pub struct Pool {
 
 /// How many streams at once one HTTP/2 connection carries before another is opened: the least
 /// that HTTP/2 asks servers to allow, so that no request waits on the engine's limit.
-pub const H2_STREAMS_PER_CONNECTION: usize = 100;
+const H2_STREAMS_PER_CONNECTION: usize = 100;
 
 /// A shared HTTP/2 connection, the streams it carries, and when a request last took it.
 #[derive(Debug)]
